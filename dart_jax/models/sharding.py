@@ -1,0 +1,38 @@
+"""Shardings of the model's trees (base params, KV cache, token batches) from logical rules."""
+
+from __future__ import annotations
+
+from jax.sharding import Mesh, NamedSharding
+
+from dart_jax.models.config import ModelConfig
+from dart_jax.models.transformer import param_shapes, unflatten
+from dart_jax.parallel.mesh import DEFAULT_RULES, LogicalRules, named_sharding, tree_shardings
+
+
+def base_shardings_flat(cfg: ModelConfig, mesh: Mesh, rules: LogicalRules = DEFAULT_RULES
+                        ) -> dict[str, NamedSharding]:
+    return tree_shardings(param_shapes(cfg), mesh, rules)
+
+
+def base_shardings(cfg: ModelConfig, mesh: Mesh, rules: LogicalRules = DEFAULT_RULES) -> dict:
+    return unflatten(base_shardings_flat(cfg, mesh, rules))
+
+
+def batch_sharding(shape, mesh: Mesh, rules: LogicalRules = DEFAULT_RULES) -> NamedSharding:
+    """i32[B, T] tokens / positions / routes: batch over data × fsdp."""
+    return named_sharding(("batch", "length"), shape, mesh, rules)
+
+
+def logits_sharding(shape, mesh: Mesh, rules: LogicalRules = DEFAULT_RULES) -> NamedSharding:
+    return named_sharding(("batch", "length", "vocab"), shape, mesh, rules)
+
+
+def cache_shardings(cfg: ModelConfig, batch: int, max_len: int, mesh: Mesh,
+                    rules: LogicalRules = DEFAULT_RULES) -> dict:
+    kv_shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    kv = named_sharding(("layers", "batch", "cache_length", "kv_heads", "head_dim"), kv_shape, mesh, rules)
+    return {
+        "k": kv, "v": kv,
+        "pos": named_sharding(("batch", "cache_length"), (batch, max_len), mesh, rules),
+        "index": named_sharding((), (), mesh, rules),
+    }

@@ -1,0 +1,225 @@
+"""The decoder-only transformer (Llama 3.x / SmolLM2 / Qwen2 / Qwen2.5 / Qwen3) as pure functions.
+
+    forward(base, adapters, tokens, positions, route_ids, cache, *, cfg) -> (logits, cache)
+
+`base` is the frozen param tree (see `param_shapes`), weights in einsum layout ('BTD,DNH->BTNH');
+`adapters` is None or a dict of LoRA adapters routed per token by `route_ids` (−1 = none);
+`positions` i32[B, T] are RoPE positions with −1 marking padding (left-padded batches); `cache` is
+None (plain forward, causal over the given tokens) or a KVCache the new keys are written into.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from dart_jax.models import lora as lora_lib
+from dart_jax.models import rope
+from dart_jax.models.cache import KVCache
+from dart_jax.models.config import ModelConfig
+
+Params = dict[str, Any]
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str | None, ...]]]:
+    """Flat map 'path/to/leaf' -> (shape, logical axis names) of the base tree."""
+    L, D, F, V = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    shapes = {
+        "embed": ((V, D), ("vocab", "embed")),
+        "final_norm": ((D,), ("norm",)),
+        "layers/attn_norm": ((L, D), ("layers", "norm")),
+        "layers/q": ((L, D, N, H), ("layers", "embed", "heads", "head_dim")),
+        "layers/k": ((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim")),
+        "layers/v": ((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim")),
+        "layers/o": ((L, N, H, D), ("layers", "heads", "head_dim", "embed")),
+        "layers/mlp_norm": ((L, D), ("layers", "norm")),
+        "layers/gate": ((L, D, F), ("layers", "embed", "mlp")),
+        "layers/up": ((L, D, F), ("layers", "embed", "mlp")),
+        "layers/down": ((L, F, D), ("layers", "mlp", "embed")),
+    }
+    if cfg.qkv_bias:
+        shapes["layers/q_bias"] = ((L, N, H), ("layers", "heads", "head_dim"))
+        shapes["layers/k_bias"] = ((L, K, H), ("layers", "kv_heads", "head_dim"))
+        shapes["layers/v_bias"] = ((L, K, H), ("layers", "kv_heads", "head_dim"))
+    if cfg.qk_norm:
+        shapes["layers/q_norm"] = ((L, H), ("layers", "head_dim"))
+        shapes["layers/k_norm"] = ((L, H), ("layers", "head_dim"))
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head"] = ((D, V), ("embed", "vocab"))
+    return shapes
+
+
+def unflatten(flat: dict[str, Any]) -> Params:
+    tree: Params = {}
+    for path, value in flat.items():
+        node = tree
+        *parents, leaf = path.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return tree
+
+
+def flatten(tree: Params, prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, path + "/"))
+        else:
+            flat[path] = value
+    return flat
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, std: float = 0.02) -> Params:
+    """Random base params (tests, benchmarks). Norm weights are 1, biases small."""
+    flat = {}
+    shapes = param_shapes(cfg)
+    keys = jax.random.split(key, len(shapes))
+    for k, (path, (shape, _)) in zip(keys, sorted(shapes.items())):
+        if path.endswith("norm"):
+            flat[path] = jnp.ones(shape, cfg.weight_dtype)
+        else:
+            flat[path] = (std * jax.random.normal(k, shape, jnp.float32)).astype(cfg.weight_dtype)
+    return unflatten(flat)
+
+
+def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
+    """weight · x / sqrt(mean(x²) + eps), statistics in fp32, as transformers' RMSNorm."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * xf.astype(x.dtype)
+
+
+def attention_mask(q_pos: jnp.ndarray, k_pos: jnp.ndarray) -> jnp.ndarray:
+    """bool[B, 1, T, S]: key s is visible to query t iff 0 ≤ pos_s ≤ pos_t."""
+    m = (k_pos[:, None, :] >= 0) & (k_pos[:, None, :] <= q_pos[:, :, None])
+    return m[:, None, :, :]
+
+
+def _proj(x, w, spec, layer_adapters, target, route_ids):
+    y = jnp.einsum(spec, x, w.astype(x.dtype))
+    delta = lora_lib.routed_delta(x, layer_adapters, target, route_ids)
+    return y if delta is None else y + delta
+
+
+def _layer(cfg: ModelConfig, x, p, layer_adapters, cache_k, cache_v, k_pos, cos, sin, mask,
+           route_ids, write_index):
+    """One pre-norm block. Returns (x, new_cache_k, new_cache_v)."""
+    h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+    q = _proj(h, p["q"], "btd,dnh->btnh", layer_adapters, "q", route_ids)
+    k = _proj(h, p["k"], "btd,dkh->btkh", layer_adapters, "k", route_ids)
+    v = _proj(h, p["v"], "btd,dkh->btkh", layer_adapters, "v", route_ids)
+    if cfg.qkv_bias:
+        q = q + p["q_bias"].astype(q.dtype)
+        k = k + p["k_bias"].astype(k.dtype)
+        v = v + p["v_bias"].astype(v.dtype)
+    if cfg.qk_norm:
+        q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+    q = rope.apply_rope(q, cos, sin)
+    k = rope.apply_rope(k, cos, sin)
+    q = checkpoint_name(q, "query_proj")
+    k = checkpoint_name(k, "key_proj")
+    v = checkpoint_name(v, "value_proj")
+    if cache_k is not None:
+        cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, k.astype(cache_k.dtype), write_index, axis=1)
+        cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v.astype(cache_v.dtype), write_index, axis=1)
+        k_all, v_all = cache_k.astype(q.dtype), cache_v.astype(q.dtype)
+    else:
+        k_all, v_all = k, v
+    attn = jax.nn.dot_product_attention(
+        q, k_all, v_all, mask=mask, scale=cfg.head_dim ** -0.5, implementation=cfg_attention_impl(cfg))
+    attn_out = _proj(attn, p["o"], "btnh,nhd->btd", layer_adapters, "o", route_ids)
+    x = x + attn_out
+    h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+    gate = _proj(h, p["gate"], "btd,df->btf", layer_adapters, "gate", route_ids)
+    up = _proj(h, p["up"], "btd,df->btf", layer_adapters, "up", route_ids)
+    mlp = _proj(jax.nn.silu(gate) * up, p["down"], "btf,fd->btd", layer_adapters, "down", route_ids)
+    return x + mlp, cache_k, cache_v
+
+
+def cfg_attention_impl(cfg: ModelConfig) -> str | None:
+    """"xla" is the portable implementation; "cudnn" demands cuDNN fused attention (GPU only);
+    "auto" lets JAX pick."""
+    return None if cfg.attention_impl == "auto" else cfg.attention_impl
+
+
+_REMAT = {
+    "full": lambda: jax.checkpoint_policies.nothing_saveable,
+    "dots": lambda: jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": lambda: jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "save_qkv_proj": lambda: jax.checkpoint_policies.save_only_these_names(
+        "query_proj", "key_proj", "value_proj"),
+}
+
+
+def hidden_states(base: Params, adapters, tokens: jnp.ndarray, positions: jnp.ndarray,
+                  route_ids: jnp.ndarray | None, cache: KVCache | None, *, cfg: ModelConfig
+                  ) -> tuple[jnp.ndarray, KVCache | None]:
+    """Final-normed hidden states [B, T, D] (compute dtype) and the updated cache."""
+    dtype = cfg.dtype
+    if route_ids is None:
+        route_ids = jnp.full(tokens.shape, -1, jnp.int32)
+    x = jnp.take(base["embed"], tokens, axis=0).astype(dtype)
+    cos, sin = rope.rope_tables(positions, rope.inverse_frequencies(cfg))
+    if cache is not None:
+        write_index = cache["index"]
+        k_pos = jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32),
+                                                    write_index, axis=1)
+    else:
+        write_index = None
+        k_pos = positions
+    mask = attention_mask(positions, k_pos)
+    layer_adapters = lora_lib.layer_slice(adapters)
+
+    def body(x, xs):
+        p, ad, ck, cv = xs
+        x, ck, cv = _layer(cfg, x, p, ad, ck, cv, k_pos, cos, sin, mask, route_ids, write_index)
+        return x, (ck, cv)
+
+    if cfg.remat_policy != "none":
+        body = jax.checkpoint(body, policy=_REMAT[cfg.remat_policy](), prevent_cse=not cfg.scan_layers)
+
+    ck_all = cache["k"] if cache is not None else None
+    cv_all = cache["v"] if cache is not None else None
+    xs = (base["layers"], layer_adapters, ck_all, cv_all)
+    if cfg.scan_layers:
+        x, (new_k, new_v) = jax.lax.scan(body, x, xs)
+    else:
+        new_ks, new_vs = [], []
+        for i in range(cfg.num_layers):
+            x, (ck, cv) = body(x, jax.tree_util.tree_map(lambda a, i=i: a[i], xs))
+            new_ks.append(ck)
+            new_vs.append(cv)
+        new_k = jnp.stack(new_ks) if cache is not None else None
+        new_v = jnp.stack(new_vs) if cache is not None else None
+    x = rms_norm(x, base["final_norm"], cfg.rms_norm_eps)
+    if cache is None:
+        return x, None
+    new_cache = KVCache(k=new_k, v=new_v, pos=k_pos, index=write_index + tokens.shape[1])
+    return x, new_cache
+
+
+def output_head(base: Params, cfg: ModelConfig) -> jnp.ndarray:
+    """[D, V] output projection (the embedding transposed when tied)."""
+    return base["embed"].T if cfg.tie_word_embeddings else base["lm_head"]
+
+
+def forward(base: Params, adapters, tokens: jnp.ndarray, positions: jnp.ndarray,
+            route_ids: jnp.ndarray | None, cache: KVCache | None, *, cfg: ModelConfig
+            ) -> tuple[jnp.ndarray, KVCache | None]:
+    """tokens, positions, route_ids: i32[B, T] -> logits f32[B, T, V], updated cache."""
+    x, cache = hidden_states(base, adapters, tokens, positions, route_ids, cache, cfg=cfg)
+    logits = jnp.einsum("btd,dv->btv", x, output_head(base, cfg).astype(x.dtype))
+    return logits.astype(jnp.float32), cache
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def forward_jit(base, adapters, tokens, positions, route_ids, cache, *, cfg: ModelConfig):
+    return forward(base, adapters, tokens, positions, route_ids, cache, cfg=cfg)

@@ -1,0 +1,97 @@
+"""Device mesh and logical-axis sharding rules.
+
+Mesh axes are ("data", "fsdp", "tensor"). We use classic GSPMD propagation (AxisType.Auto on
+every axis): params and batches are placed with NamedSharding and jitted functions get explicit
+in/out shardings, XLA propagates the rest. (jax's default Explicit axis types would require a
+sharding on every intermediate; we decided against mixing the two.)
+
+Logical rules are data: each logical axis name maps to a mesh axis, a tuple of mesh axes, or None
+(replicated). A dimension whose size is not divisible by its mesh axes is replicated instead, so
+models with awkward head counts (SmolLM2: 9 heads, 3 KV heads) still shard everything else.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+LogicalRules = Mapping[str, str | tuple[str, ...] | None]
+
+DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
+    "batch": ("data", "fsdp"),
+    "length": None,
+    "embed": "fsdp",
+    "vocab": "tensor",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "head_dim": None,
+    "mlp": "tensor",
+    "layers": None,
+    "norm": None,
+    "lora_rank": None,
+    "cache_length": None,
+}
+
+log = logging.getLogger(__name__)
+
+
+def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A ("data", "fsdp", "tensor") mesh; the product of `shape` must equal the device count."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 3:
+        raise ValueError(f"mesh shape {shape} must have 3 entries (data, fsdp, tensor)")
+    devices = list(devices if devices is not None else jax.devices())
+    if math.prod(shape) != len(devices):
+        raise ValueError(f"mesh shape {shape} needs {math.prod(shape)} devices; "
+                         f"{len(devices)} available")
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                    rules: LogicalRules = DEFAULT_RULES) -> P:
+    """PartitionSpec for a leaf with logical `axes`; indivisible dims and reused mesh axes are
+    replicated."""
+    used: set[str] = set()
+    spec = []
+    for name, dim in zip(axes, shape):
+        target = rules.get(name) if name is not None else None
+        if name is not None and name not in rules:
+            raise KeyError(f"logical axis {name!r} has no sharding rule")
+        mesh_axes = (target,) if isinstance(target, str) else tuple(target or ())
+        mesh_axes = tuple(a for a in mesh_axes if mesh.shape[a] > 1 and a not in used)
+        size = math.prod(mesh.shape[a] for a in mesh_axes)
+        if mesh_axes and dim % size:
+            log.info("replicating dim %s=%d (not divisible by %s=%d)", name, dim, mesh_axes, size)
+            mesh_axes = ()
+        used.update(mesh_axes)
+        spec.append(mesh_axes[0] if len(mesh_axes) == 1 else (mesh_axes or None))
+    return P(*spec)
+
+
+def named_sharding(axes, shape, mesh: Mesh, rules: LogicalRules = DEFAULT_RULES) -> NamedSharding:
+    return NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules))
+
+
+def tree_shardings(logical: Mapping[str, tuple[tuple[int, ...], tuple]], mesh: Mesh,
+                   rules: LogicalRules = DEFAULT_RULES) -> dict[str, NamedSharding]:
+    """Flat {path: (shape, axes)} -> flat {path: NamedSharding}."""
+    return {path: named_sharding(axes, shape, mesh, rules) for path, (shape, axes) in logical.items()}
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def host_device_count_flag(n: int) -> str:
+    return f"--xla_force_host_platform_device_count={n}"
+
+
+def describe(mesh: Mesh) -> str:
+    return " × ".join(f"{a}={s}" for a, s in mesh.shape.items()) + f" ({np.prod(list(mesh.shape.values()))} devices)"
