@@ -36,3 +36,21 @@ def cache_shardings(cfg: ModelConfig, batch: int, max_len: int, mesh: Mesh,
         "pos": named_sharding(("batch", "cache_length"), (batch, max_len), mesh, rules),
         "index": named_sharding((), (), mesh, rules),
     }
+
+
+def sharded_forward(cfg: ModelConfig, mesh: Mesh, batch_shape: tuple[int, int],
+                    rules: LogicalRules = DEFAULT_RULES):
+    """The plain forward (no adapters, no cache) jitted with explicit in/out shardings:
+    (base, tokens, positions) -> logits f32[B, T, V]."""
+    import jax
+
+    from dart_jax.models.transformer import forward
+
+    tok = batch_sharding(batch_shape, mesh, rules)
+    out = logits_sharding(batch_shape + (cfg.vocab_size,), mesh, rules)
+
+    def fn(base, tokens, positions):
+        logits, _ = forward(base, None, tokens, positions, None, None, cfg=cfg)
+        return logits
+
+    return jax.jit(fn, in_shardings=(base_shardings(cfg, mesh, rules), tok, tok), out_shardings=out)

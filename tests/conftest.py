@@ -1,0 +1,35 @@
+"""Test session set-up: 8 forced CPU devices (sharding tests), fp32 matmuls, shared fixtures."""
+
+import os
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """family -> (path of a saved tiny random HF model, the torch model)."""
+    import tiny_models
+    out = {}
+    for family in tiny_models.FAMILIES:
+        path = str(tmp_path_factory.mktemp(f"tiny_{family}"))
+        out[family] = (path, tiny_models.build(family, path))
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(config, base params, tokenizer) of the embedded SmolLM2-135M-Instruct GGUF."""
+    from dart_jax.checkpoints.registry import load_model
+    from dart_jax.tokenization.tokenizer import load_tokenizer
+    cfg, base = load_model("smollm2-135m-instruct")
+    return cfg, base, load_tokenizer("smollm2-135m-instruct")
