@@ -10,18 +10,108 @@ a token's gradient reaches only the adapter its route selects.
 
 from __future__ import annotations
 
-from typing import Mapping
+import math
+from typing import Mapping, Sequence
 
 import flax.struct
+import jax
 import jax.numpy as jnp
 
+from dart_jax.models.config import ModelConfig
+
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+INITS = ("normal", "kaiming_uniform")
 
 
 @flax.struct.dataclass
 class LoraAdapter:
-    params: dict  # target -> {"a": [L, *in, r], "b": [L, r, *out]}
+    """params: target -> {"a": [L, *in, r], "b": [L, r, *out]}; scale s = alpha/r (alpha/√r with
+    rslora); dropout on the adapter input x (PEFT's lora_dropout) when `dropout_key` holds one
+    key per layer (see `with_dropout`)."""
+
+    params: dict
     scale: float = flax.struct.field(pytree_node=False, default=1.0)
+    dropout_rate: float = flax.struct.field(pytree_node=False, default=0.0)
+    dropout_key: jax.Array | None = None
+
+    @property
+    def rank(self) -> int:
+        first = next(iter(self.params.values()))
+        return int(first["a"].shape[-1])
+
+
+def io_axes(cfg: ModelConfig, target: str) -> tuple[tuple, tuple, tuple, tuple]:
+    """(in_shape, in_axes, out_shape, out_axes) of one target projection (per layer)."""
+    D, F, N, K, H = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    table = {
+        "q": ((D,), ("embed",), (N, H), ("heads", "head_dim")),
+        "k": ((D,), ("embed",), (K, H), ("kv_heads", "head_dim")),
+        "v": ((D,), ("embed",), (K, H), ("kv_heads", "head_dim")),
+        "o": ((N, H), ("heads", "head_dim"), (D,), ("embed",)),
+        "gate": ((D,), ("embed",), (F,), ("mlp",)),
+        "up": ((D,), ("embed",), (F,), ("mlp",)),
+        "down": ((F,), ("mlp",), (D,), ("embed",)),
+    }
+    if target not in table:
+        raise ValueError(f"unknown LoRA target {target!r}; expected some of {TARGETS}")
+    return table[target]
+
+
+def lora_logical_shapes(cfg: ModelConfig, rank: int, targets: Sequence[str] = TARGETS
+                        ) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """Flat 'target/a' -> (shape, logical axes). A follows the layer's input-dim sharding, B its
+    output dim; the rank axis is replicated."""
+    out = {}
+    L = cfg.num_layers
+    for t in targets:
+        in_shape, in_axes, out_shape, out_axes = io_axes(cfg, t)
+        out[f"{t}/a"] = ((L, *in_shape, rank), ("layers", *in_axes, "lora_rank"))
+        out[f"{t}/b"] = ((L, rank, *out_shape), ("layers", "lora_rank", *out_axes))
+    return out
+
+
+def lora_scale(rank: int, alpha: float, rslora: bool = False) -> float:
+    return alpha / math.sqrt(rank) if rslora else alpha / rank
+
+
+def init_lora(cfg: ModelConfig, key: jax.Array, rank: int, alpha: float,
+              targets: Sequence[str] = TARGETS, init: str = "normal", init_std: float = 0.02,
+              rslora: bool = False, dropout: float = 0.0, dtype=jnp.float32) -> LoraAdapter:
+    """B = 0 (the adapter starts as the identity on the base); A ~ N(0, init_std²) (DART authors)
+    or PEFT's kaiming-uniform, A ~ U(±1/√fan_in) (`init="kaiming_uniform"`)."""
+    if init not in INITS:
+        raise ValueError(f"LoRA init {init!r}; expected one of {INITS}")
+    if rank <= 0:
+        raise ValueError(f"LoRA rank must be positive, got {rank}")
+    params = {}
+    shapes = lora_logical_shapes(cfg, rank, targets)
+    for i, t in enumerate(targets):
+        a_shape, _ = shapes[f"{t}/a"]
+        b_shape, _ = shapes[f"{t}/b"]
+        k = jax.random.fold_in(key, i)
+        fan_in = math.prod(a_shape[1:-1])
+        if init == "normal":
+            a = init_std * jax.random.normal(k, a_shape, jnp.float32)
+        else:
+            bound = 1.0 / math.sqrt(fan_in)
+            a = jax.random.uniform(k, a_shape, jnp.float32, -bound, bound)
+        params[t] = {"a": a.astype(dtype), "b": jnp.zeros(b_shape, dtype)}
+    return LoraAdapter(params=params, scale=lora_scale(rank, alpha, rslora), dropout_rate=dropout)
+
+
+def with_dropout(adapters: Mapping[str, LoraAdapter] | None, key: jax.Array | None
+                 ) -> Mapping[str, LoraAdapter] | None:
+    """Attach per-layer dropout keys for one training step (no-op when a rate is 0 or key None)."""
+    if not adapters or key is None:
+        return adapters
+    out = {}
+    for i, name in enumerate(adapter_names(adapters)):
+        ad = adapters[name]
+        if ad.dropout_rate > 0:
+            layers = next(iter(ad.params.values()))["a"].shape[0]
+            ad = ad.replace(dropout_key=jax.random.split(jax.random.fold_in(key, i), layers))
+        out[name] = ad
+    return out
 
 
 def adapter_names(adapters: Mapping[str, LoraAdapter] | None) -> tuple[str, ...]:
@@ -52,7 +142,13 @@ def routed_delta(x: jnp.ndarray, layer_adapters: Mapping[str, LoraAdapter] | Non
             continue
         a = adapter.params[target]["a"].astype(x.dtype)
         b = adapter.params[target]["b"].astype(x.dtype)
-        h = jnp.tensordot(x, a, axes=a.ndim - 1)
+        xin = x
+        if adapter.dropout_rate > 0 and adapter.dropout_key is not None:
+            keep = 1.0 - adapter.dropout_rate
+            k = jax.random.fold_in(adapter.dropout_key, TARGETS.index(target))
+            mask = jax.random.bernoulli(k, keep, x.shape)
+            xin = jnp.where(mask, x / keep, jnp.zeros((), x.dtype))
+        h = jnp.tensordot(xin, a, axes=a.ndim - 1)
         d = jnp.tensordot(h, b, axes=1) * jnp.asarray(adapter.scale, x.dtype)
         sel = (route_ids == i).reshape(route_ids.shape + (1,) * (d.ndim - 2))
         d = jnp.where(sel, d, jnp.zeros((), d.dtype))

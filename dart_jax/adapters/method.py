@@ -1,0 +1,103 @@
+"""Method variants as configuration: which adapters exist, how tokens route, what trains.
+
+| variant | adapters            | routes                         | trainable (optimizer sees) |
+|---------|---------------------|--------------------------------|----------------------------|
+| full    | none                | −1 everywhere                  | the base tree              |
+| lora    | {"shared"}          | 0 on every real position       | the shared adapter only    |
+| dart    | {"reasoning","tool"}| router role (0 reas., 1 tool)  | both adapters only         |
+
+`role_mask` ("both" | "reasoning" | "tool") keeps only that role's tokens in the policy gradient
+(CEA's M_Unified / M_Reas / M_Tool: m_t of METHOD §2). `isolation` ("forward" | "strict") applies
+to dart (see `dart_jax.adapters.isolation`). Seams for later variants: a soft router (MixLoRA)
+replaces `routes_for` with per-token mixing weights; two-model routing (2-Agent, H_Tool, H_Reas)
+routes roles to two (base, adapters) pairs instead of two adapters of one base.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from dart_jax.models import lora as lora_lib
+from dart_jax.models.config import ModelConfig
+from dart_jax.rollout.router import PAD_ROLE, REASONING, TOOL
+
+VARIANTS = ("full", "lora", "dart")
+ROLE_MASKS = ("both", "reasoning", "tool")
+ISOLATIONS = ("forward", "strict")
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+    variant: str = "dart"
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = lora_lib.TARGETS
+    init: str = "normal"
+    init_std: float = 0.02
+    rslora: bool = False
+    dropout: float = 0.0
+    isolation: str = "forward"
+    role_mask: str = "both"
+    adapter_dtype: str = "float32"
+
+    def __post_init__(self):
+        for field, allowed in (("variant", VARIANTS), ("role_mask", ROLE_MASKS), ("isolation", ISOLATIONS)):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"method.{field}={getattr(self, field)!r}; expected one of {allowed}")
+        if self.isolation == "strict" and self.variant != "dart":
+            raise ValueError(f"isolation='strict' needs two role adapters (variant 'dart'), got {self.variant!r}")
+        bad = set(self.targets) - set(lora_lib.TARGETS)
+        if bad:
+            raise ValueError(f"method.targets has unknown projections {sorted(bad)}; expected some of {lora_lib.TARGETS}")
+
+    @property
+    def adapter_names(self) -> tuple[str, ...]:
+        return {"full": (), "lora": ("shared",), "dart": ("reasoning", "tool")}[self.variant]
+
+    @property
+    def trains_base(self) -> bool:
+        return self.variant == "full"
+
+
+def init_adapters(spec: MethodSpec, cfg: ModelConfig, key: jax.Array) -> dict[str, lora_lib.LoraAdapter] | None:
+    if not spec.adapter_names:
+        return None
+    return {name: lora_lib.init_lora(cfg, jax.random.fold_in(key, i), spec.rank, spec.alpha,
+                                     spec.targets, spec.init, spec.init_std, spec.rslora,
+                                     spec.dropout, jnp.dtype(spec.adapter_dtype))
+            for i, name in enumerate(spec.adapter_names)}
+
+
+def routes_for(spec: MethodSpec, roles: jnp.ndarray) -> jnp.ndarray:
+    """Router roles i32[B, T] (−1 padding) -> adapter route ids for the forward pass."""
+    if spec.variant == "full":
+        return jnp.full(roles.shape, -1, jnp.int32)
+    if spec.variant == "lora":
+        return jnp.where(roles == PAD_ROLE, -1, 0).astype(jnp.int32)
+    # sorted adapter names give reasoning = 0, tool = 1: the same ids as the roles
+    return roles.astype(jnp.int32)
+
+
+def role_token_mask(spec: MethodSpec, token_roles: jnp.ndarray) -> jnp.ndarray:
+    """f32[B, T] m_t: 1 where token t's (loss) role keeps its gradient under `role_mask`."""
+    if spec.role_mask == "both":
+        keep = token_roles != PAD_ROLE
+    elif spec.role_mask == "reasoning":
+        keep = token_roles == REASONING
+    else:
+        keep = token_roles == TOOL
+    return keep.astype(jnp.float32)
+
+
+def trainable(spec: MethodSpec, base: Any, adapters: Any) -> Any:
+    """The tree the optimizer sees (and gradients are taken w.r.t.)."""
+    return base if spec.trains_base else adapters
+
+
+def model_trees(spec: MethodSpec, params: Any, base: Any, adapters: Any) -> tuple[Any, Any]:
+    """(base, adapters) for the forward pass, with `params` (the trainable tree) substituted."""
+    return (params, adapters) if spec.trains_base else (base, params)
