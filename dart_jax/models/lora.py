@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dart_jax.models.config import ModelConfig
 
@@ -130,16 +131,38 @@ def routed_delta(x: jnp.ndarray, layer_adapters: Mapping[str, LoraAdapter] | Non
                  route_ids: jnp.ndarray | None) -> jnp.ndarray | None:
     """Σ_i [route == i] · s_i · (x A_i) B_i for one layer and one target projection.
 
-    x: [B, T, *in_dims] in compute dtype; layer params a: [*in_dims, r], b: [r, *out_dims];
+    x: [B, T, *in_dims] in compute dtype; layer params a: [*in_dims, r_i], b: [r_i, *out_dims];
     route_ids: i32[B, T]. Returns [B, T, *out_dims] or None when no adapter targets `target`.
+
+    The adapters are stacked along the rank axis (A_cat = [A_0 … A_n], B_cat likewise), so the
+    routed pair costs one LoRA of rank Σ r_i: h = x A_cat, then per token `jnp.where` keeps only
+    the rank block of the selected adapter (scaled by its s_i), then h B_cat. A zeroed block
+    passes no gradient, so on the direct path a token reaches only its own adapter's A and B.
     """
     if not layer_adapters or route_ids is None:
         return None
+    names = [n for n in sorted(layer_adapters) if target in layer_adapters[n].params]
+    if not names:
+        return None
+    ids = [sorted(layer_adapters).index(n) for n in names]
+    ads = [layer_adapters[n] for n in names]
+    if any(a.dropout_rate > 0 and a.dropout_key is not None for a in ads):
+        return _routed_delta_with_dropout(x, ads, ids, target, route_ids)
+    a_cat = jnp.concatenate([a.params[target]["a"].astype(x.dtype) for a in ads], axis=-1)
+    b_cat = jnp.concatenate([a.params[target]["b"].astype(x.dtype) for a in ads], axis=0)
+    ranks = [a.params[target]["a"].shape[-1] for a in ads]
+    owner = np.concatenate([np.full(r, i, np.int32) for i, r in zip(ids, ranks)])
+    scale = np.concatenate([np.full(r, a.scale, np.float32) for a, r in zip(ads, ranks)])
+    h = jnp.tensordot(x, a_cat, axes=a_cat.ndim - 1)                     # [B, T, R]
+    keep = route_ids[..., None] == jnp.asarray(owner)                     # [B, T, R]
+    h = jnp.where(keep, h * jnp.asarray(scale, x.dtype), jnp.zeros((), x.dtype))
+    return jnp.tensordot(h, b_cat, axes=1)
+
+
+def _routed_delta_with_dropout(x, ads, ids, target, route_ids):
+    """Per-adapter path: each adapter drops its own input units (PEFT's lora_dropout)."""
     total = None
-    for i, name in enumerate(sorted(layer_adapters)):
-        adapter = layer_adapters[name]
-        if target not in adapter.params:
-            continue
+    for i, adapter in zip(ids, ads):
         a = adapter.params[target]["a"].astype(x.dtype)
         b = adapter.params[target]["b"].astype(x.dtype)
         xin = x
@@ -148,8 +171,7 @@ def routed_delta(x: jnp.ndarray, layer_adapters: Mapping[str, LoraAdapter] | Non
             k = jax.random.fold_in(adapter.dropout_key, TARGETS.index(target))
             mask = jax.random.bernoulli(k, keep, x.shape)
             xin = jnp.where(mask, x / keep, jnp.zeros((), x.dtype))
-        h = jnp.tensordot(xin, a, axes=a.ndim - 1)
-        d = jnp.tensordot(h, b, axes=1) * jnp.asarray(adapter.scale, x.dtype)
+        d = jnp.tensordot(jnp.tensordot(xin, a, axes=a.ndim - 1), b, axes=1) * jnp.asarray(adapter.scale, x.dtype)
         sel = (route_ids == i).reshape(route_ids.shape + (1,) * (d.ndim - 2))
         d = jnp.where(sel, d, jnp.zeros((), d.dtype))
         total = d if total is None else total + d

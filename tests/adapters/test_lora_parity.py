@@ -9,12 +9,12 @@ import torch
 import transformers
 
 import tiny_models
-import torch_lora_ref
-from dart_jax.checkpoints.peft_io import export_peft, import_peft, merge_adapter
+from dart_jax.checkpoints.peft_io import HF_MODULES, export_peft, import_peft, merge_adapter
 from dart_jax.checkpoints.hf_export import save_hf
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.lora import LoraAdapter, init_lora
 from dart_jax.models.transformer import forward
+from dart_jax.parity import torch_lora
 from dart_jax.rollout.router import RouterSpec, route_roles
 
 TOL = 1e-5  # absolute, plus RTOL: logits here reach |z|≈6, where fp32 sums differ by ~1 ulp·depth
@@ -84,7 +84,7 @@ def test_one_adapter_matches_peft_logits_and_grads(qwen2, tmp_path):
     np.testing.assert_allclose(float(loss), float(tl), atol=TOL)
     named = dict(pm.named_parameters())
     r = adapter.rank
-    for target, module in torch_lora_ref.MODULES.items():
+    for target, module in HF_MODULES.items():
         for l in range(cfg.num_layers):
             prefix = f"base_model.model.model.layers.{l}.{module}"
             ga = named[f"{prefix}.lora_A.default.weight"].grad.numpy()
@@ -107,8 +107,8 @@ def test_two_routed_adapters_match_torch_reference(qwen2):
         lambda a: jax_loss(base, a, tokens, positions, routes, targets, cfg), has_aux=True)(ads)
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    factors = [torch_lora_ref.torch_factors(ads["reasoning"]), torch_lora_ref.torch_factors(ads["tool"])]
-    torch_lora_ref.install(hf, factors, [ads["reasoning"].scale, ads["tool"].scale], np.asarray(routes))
+    factors = [torch_lora.torch_factors(ads["reasoning"]), torch_lora.torch_factors(ads["tool"])]
+    torch_lora.install(hf, factors, [ads["reasoning"].scale, ads["tool"].scale], np.asarray(routes))
     out = hf(input_ids=torch.tensor(tokens, dtype=torch.long)).logits
     tl = torch_loss(out, targets)
     tl.backward()

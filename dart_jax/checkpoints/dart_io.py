@@ -1,0 +1,84 @@
+"""A DART adapter directory: both role adapters as PEFT directories plus what routing needs.
+
+    DIR/dart_adapters.json               adapter names, router tags and convention, base vocab size
+    DIR/<name>/                          one PEFT LoRA directory per adapter
+    DIR/sentinel_embeddings.safetensors  rows of the added tag tokens (embed; lm_head when untied)
+    DIR/tokenizer files                  the tokenizer with the tags added
+
+Each role loads alone in PEFT (serve one role with `PeftModel.from_pretrained(base, DIR/<name>)`
+after resizing the embeddings); `import_dart` restores the routed pair in dart_jax.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors.numpy import save_file
+
+from dart_jax.checkpoints.peft_io import export_peft, import_peft
+from dart_jax.checkpoints.safetensors_mmap import SafetensorsFile
+from dart_jax.models.config import ModelConfig
+from dart_jax.models.lora import LoraAdapter, adapter_names
+from dart_jax.models.transformer import Params
+from dart_jax.rollout.router import RouterSpec
+from dart_jax.tokenization.sentinels import sentinel_ids
+
+MANIFEST = "dart_adapters.json"
+ROWS = "sentinel_embeddings.safetensors"
+
+
+def export_dart(out_dir: str, adapters: dict[str, LoraAdapter], cfg: ModelConfig, base: Params, tokenizer,
+                open_tag: str = "<search>", close_tag: str = "</search>", convention: str = "dart_jax",
+                tags: tuple[str, ...] | None = None, base_model: str | None = None) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    names = adapter_names(adapters)
+    for name in names:
+        export_peft(adapters[name], cfg, os.path.join(out_dir, name), base_model_name_or_path=base_model)
+    ids = sentinel_ids(tokenizer, tags) if tags else sentinel_ids(tokenizer)
+    rows = {"ids": np.asarray(list(ids.values()), np.int64),
+            "embed": np.asarray(jax.device_get(base["embed"]))[list(ids.values())].astype(np.float32)}
+    if not cfg.tie_word_embeddings:
+        rows["lm_head"] = np.asarray(jax.device_get(base["lm_head"])).T[list(ids.values())].astype(np.float32)
+    save_file(rows, os.path.join(out_dir, ROWS))
+    tokenizer.save_pretrained(out_dir)
+    manifest = {"adapters": list(names), "route_ids": {n: i for i, n in enumerate(names)},
+                "router": {"open": [open_tag], "close": [close_tag], "convention": convention},
+                "tags": list(ids), "vocab_size": cfg.vocab_size, "base_model": base_model}
+    with open(os.path.join(out_dir, MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=2)
+    return out_dir
+
+
+def import_dart(path: str, base: Params, cfg: ModelConfig):
+    """-> (adapters, RouterSpec, base with the tag rows, cfg with the grown vocab, tokenizer)."""
+    import transformers
+    mpath = os.path.join(path, MANIFEST)
+    if not os.path.isfile(mpath):
+        raise FileNotFoundError(f"{mpath} not found: not a DART adapter directory (see export_dart)")
+    with open(mpath) as f:
+        manifest = json.load(f)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    rows = SafetensorsFile(os.path.join(path, ROWS))
+    ids = np.asarray(rows.get("ids"))
+    vocab = int(manifest["vocab_size"])
+    base = dict(base)
+    tables = {"embed": 0} if cfg.tie_word_embeddings else {"embed": 0, "lm_head": 1}
+    if not cfg.tie_word_embeddings and "lm_head" not in rows.keys():
+        raise ValueError(f"{path}: model has an untied output head but {ROWS} has no lm_head rows")
+    for name, axis in tables.items():
+        table = np.asarray(jax.device_get(base[name]), np.float32)
+        table = table if axis == 0 else table.T
+        if vocab > table.shape[0]:
+            table = np.concatenate([table, np.zeros((vocab - table.shape[0], table.shape[1]), np.float32)])
+        table[ids] = np.asarray(rows.get(name))
+        base[name] = jnp.asarray(table if axis == 0 else table.T, cfg.weight_dtype)
+    cfg = cfg.replace(vocab_size=max(vocab, cfg.vocab_size))
+    adapters = {n: import_peft(os.path.join(path, n), cfg) for n in manifest["adapters"]}
+    r = manifest["router"]
+    tid = sentinel_ids(tokenizer, tuple(r["open"]) + tuple(r["close"]))
+    spec = RouterSpec(tuple(tid[t] for t in r["open"]), tuple(tid[t] for t in r["close"]), r["convention"])
+    return adapters, spec, base, cfg, tokenizer

@@ -1,0 +1,45 @@
+"""PyTorch reference for routed LoRA, written independently of dart_jax's JAX code:
+
+    y = W x + b + Σ_i m_i · s_i · B_i A_i x,   m_i = [route == i] per token
+
+installed as forward hooks on the target nn.Linear modules of a transformers model. Used by the
+routed-adapter tests and by `launch.crosscheck --adapters`. Imports torch: reference side only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dart_jax.checkpoints.peft_io import HF_MODULES
+
+
+def torch_factors(adapter) -> dict:
+    """A LoraAdapter -> {(layer, target): (A [r, in], B [out, r])}, torch leaves with grad."""
+    out = {}
+    for target, ab in adapter.params.items():
+        a = np.asarray(ab["a"], np.float32)
+        b = np.asarray(ab["b"], np.float32)
+        r = a.shape[-1]
+        for layer in range(a.shape[0]):
+            out[(layer, target)] = (torch.tensor(a[layer].reshape(-1, r).T.copy(), requires_grad=True),
+                                    torch.tensor(b[layer].reshape(r, -1).T.copy(), requires_grad=True))
+    return out
+
+
+def install(model, adapters: list[dict], scales: list[float], routes: np.ndarray) -> list:
+    """adapters: torch_factors dicts, route id = list index; routes: int [B, T]. -> hook handles."""
+    route_t = torch.tensor(np.asarray(routes))
+    handles = []
+    for layer_idx, layer in enumerate(model.model.layers):
+        for target, name in HF_MODULES.items():
+            def hook(mod, inputs, output, layer_idx=layer_idx, target=target):
+                x = inputs[0]
+                for i, (factors, s) in enumerate(zip(adapters, scales)):
+                    if (layer_idx, target) in factors:
+                        A, B = factors[(layer_idx, target)]
+                        m = (route_t == i).to(x.dtype)[..., None]
+                        output = output + m * s * (x @ A.T @ B.T)
+                return output
+            handles.append(layer.get_submodule(name).register_forward_hook(hook))
+    return handles
