@@ -1,0 +1,222 @@
+"""The JAX sampler: prefill, a jitted decode loop over a preallocated KV cache, and appends that
+resume a paused batch from its cache (tool observations) without recomputing anything earlier.
+
+State between calls is one `DecodeState`. Every row always holds a *pending* token: sampled (its
+log-prob and route already known) but not yet written to the cache. A decode segment records the
+pending token, then repeatedly consumes it (one forward step) and samples the next, until the row
+hits a stop sequence or the segment's budget. An append consumes the pending token followed by the
+observation ids in one forward, then samples a new pending token from the last observation
+position. Rows that are finished run along with position −1, so their cache slots are masked.
+
+Routing: the router's incremental state advances when a token is sampled, so each token's route
+(the adapter used at the position the token occupies) is known before the token is consumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from dart_jax.models.cache import KVCache
+from dart_jax.models.config import ModelConfig
+from dart_jax.models.transformer import hidden_states, output_head
+from dart_jax.rollout.router import RouterSpec, route_roles, route_step, state_after
+from dart_jax.rollout.sampling import SamplingConfig, sample
+
+RUNNING, STOPPED, LENGTH = 0, 1, 2
+ROUTE_MODES = ("role", "shared", "none")
+BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def bucket(n: int) -> int:
+    """Smallest bucket ≥ n, so segment and chunk lengths compile a bounded number of times."""
+    for b in BUCKETS:
+        if n <= b:
+            return b
+    return -(-n // BUCKETS[-1]) * BUCKETS[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerSpec:
+    """Static configuration of the sampler (a jit static argument)."""
+
+    model: ModelConfig
+    router: RouterSpec
+    sampling: SamplingConfig
+    stops: tuple[tuple[int, ...], ...]
+    route_mode: str = "role"  # role: router role -> adapter; shared: adapter 0; none: no adapter
+
+    def __post_init__(self):
+        if self.route_mode not in ROUTE_MODES:
+            raise ValueError(f"route_mode={self.route_mode!r}; expected one of {ROUTE_MODES}")
+        if not self.stops or any(len(s) == 0 for s in self.stops):
+            raise ValueError("stop sequences must be non-empty token-id tuples")
+
+    def routes(self, roles: jnp.ndarray) -> jnp.ndarray:
+        if self.route_mode == "role":
+            return roles
+        if self.route_mode == "shared":
+            return jnp.where(roles < 0, -1, 0).astype(jnp.int32)
+        return jnp.full(roles.shape, -1, jnp.int32)
+
+
+@flax.struct.dataclass
+class DecodeState:
+    cache: KVCache
+    pending: jnp.ndarray        # i32[B] sampled, not yet in the cache
+    pending_lp: jnp.ndarray     # f32[B] its log-prob at the sampling temperature
+    pending_route: jnp.ndarray  # i32[B] adapter route of the position it will occupy
+    router: jnp.ndarray         # bool[B] router state after the pending token
+    next_pos: jnp.ndarray       # i32[B] position the pending token will occupy
+    rng: jax.Array
+
+
+@flax.struct.dataclass
+class Segment:
+    tokens: jnp.ndarray    # i32[B, N] recorded tokens (−1 past `count`)
+    logprobs: jnp.ndarray  # f32[B, N]
+    routes: jnp.ndarray    # i32[B, N] route of each token's position
+    count: jnp.ndarray     # i32[B]
+    finish: jnp.ndarray    # i32[B] RUNNING (inactive rows) / STOPPED / LENGTH
+    stop_index: jnp.ndarray  # i32[B] which stop sequence ended the row (−1 none)
+
+
+def _last_logits(base, cfg, x, index):
+    """x: [B, T, D] hidden -> f32[B, V] logits at per-row index (only that position's head)."""
+    h = jnp.take_along_axis(x, index[:, None, None], axis=1)[:, 0]
+    return jnp.einsum("bd,dv->bv", h, output_head(base, cfg).astype(h.dtype)).astype(jnp.float32)
+
+
+def _sample_pending(state_router, logits, key, spec: SamplerSpec):
+    tok, lp = sample(logits, key, spec.sampling)
+    router, role = route_step(state_router, tok, spec.router)
+    return tok, lp, spec.routes(role), router
+
+
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("cache",))
+def prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache,
+            rng: jax.Array, *, spec: SamplerSpec) -> tuple[DecodeState, jnp.ndarray]:
+    """tokens, positions: i32[B, T] left-padded prompts (−1 positions on padding).
+    -> (state with the first response token pending, prompt routes i32[B, T])."""
+    valid = positions >= 0
+    roles = route_roles(tokens, spec.router, valid)
+    routes = spec.routes(roles)
+    x, cache = hidden_states(base, adapters, tokens, positions, routes, cache, cfg=spec.model)
+    logits = _last_logits(base, spec.model, x, jnp.full((tokens.shape[0],), tokens.shape[1] - 1))
+    rng, key = jax.random.split(rng)
+    router0 = state_after(jnp.where(valid, tokens, -1), spec.router)
+    tok, lp, route, router = _sample_pending(router0, logits, key, spec)
+    return DecodeState(cache=cache, pending=tok, pending_lp=lp, pending_route=route, router=router,
+                       next_pos=jnp.max(positions, axis=1) + 1, rng=rng), routes
+
+
+def _stop_hit(hist: jnp.ndarray, stops, enabled: jnp.ndarray) -> jnp.ndarray:
+    """hist: i32[B, K] last K tokens (newest last) -> i32[B] index of the first matching enabled
+    stop sequence, −1 if none."""
+    hit = jnp.full(hist.shape[:1], -1, jnp.int32)
+    for i in reversed(range(len(stops))):
+        seq = jnp.asarray(stops[i], jnp.int32)
+        match = jnp.all(hist[:, hist.shape[1] - len(stops[i]):] == seq, axis=1) & enabled[:, i]
+        hit = jnp.where(match, i, hit)
+    return hit
+
+
+def _merge(mask: jnp.ndarray, new: DecodeState, old: DecodeState) -> DecodeState:
+    """Per-row fields from `new` where mask, else from `old`; cache and rng from `new` (finished
+    rows wrote only masked slots)."""
+    pick = lambda a, b: jnp.where(mask, a, b)  # noqa: E731
+    return new.replace(pending=pick(new.pending, old.pending), pending_lp=pick(new.pending_lp, old.pending_lp),
+                       pending_route=pick(new.pending_route, old.pending_route),
+                       router=pick(new.router, old.router), next_pos=pick(new.next_pos, old.next_pos))
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "length"), donate_argnames=("state",))
+def decode_segment(base, adapters, state: DecodeState, active: jnp.ndarray, stop_enabled: jnp.ndarray,
+                   budget: jnp.ndarray, *, spec: SamplerSpec, length: int) -> tuple[DecodeState, Segment]:
+    """Generate up to budget[b] (1 ≤ budget ≤ `length`, the bucket) tokens for each `active` row.
+
+    active: bool[B]; stop_enabled: bool[B, S] per-row switch of each stop sequence (e.g. the tool
+    stop is off in the final answer-only segment). Writes (steps taken − 1) cache slots."""
+    b = active.shape[0]
+    k = max(len(s) for s in spec.stops)
+    out_tok = jnp.full((b, length), -1, jnp.int32)
+    out_lp = jnp.zeros((b, length), jnp.float32)
+    out_route = jnp.full((b, length), -1, jnp.int32)
+
+    def record(n, running, tok, lp, route, outs, hist):
+        out_tok, out_lp, out_route = outs
+        out_tok = out_tok.at[:, n].set(jnp.where(running, tok, -1))
+        out_lp = out_lp.at[:, n].set(jnp.where(running, lp, 0.0))
+        out_route = out_route.at[:, n].set(jnp.where(running, route, -1))
+        hist = jnp.where(running[:, None], jnp.concatenate([hist[:, 1:], tok[:, None]], axis=1), hist)
+        hit = jnp.where(running, _stop_hit(hist, spec.stops, stop_enabled), -1)
+        return (out_tok, out_lp, out_route), hist, hit
+
+    hist = jnp.full((b, k), -1, jnp.int32)
+    outs, hist, hit = record(0, active, state.pending, state.pending_lp, state.pending_route,
+                             (out_tok, out_lp, out_route), hist)
+    count = active.astype(jnp.int32)
+    done = ~active | (hit >= 0) | (count >= budget)
+
+    def cond(carry):
+        n, _, _, _, done, _, _ = carry
+        return (n < length) & ~jnp.all(done)
+
+    def body(carry):
+        n, state, outs, hist, done, count, stop_idx = carry
+        running = ~done
+        pos = jnp.where(running, state.next_pos, -1)
+        route = jnp.where(running, state.pending_route, -1)
+        x, cache = hidden_states(base, adapters, state.pending[:, None], pos[:, None], route[:, None],
+                                 state.cache, cfg=spec.model)
+        logits = _last_logits(base, spec.model, x, jnp.zeros((b,), jnp.int32))
+        rng, key = jax.random.split(state.rng)
+        tok, lp, new_route, router = _sample_pending(state.router, logits, key, spec)
+        new = DecodeState(cache=cache, pending=tok, pending_lp=lp, pending_route=new_route, router=router,
+                          next_pos=state.next_pos + 1, rng=rng)
+        state = _merge(running, new, state)
+        outs, hist, hit = record(n, running, tok, lp, new_route, outs, hist)
+        stop_idx = jnp.where(hit >= 0, hit, stop_idx)
+        count = count + running
+        return n + 1, state, outs, hist, done | (hit >= 0) | (count >= budget), count, stop_idx
+
+    carry = (jnp.asarray(1, jnp.int32), state, outs, hist, done, count, hit)
+    _, state, (out_tok, out_lp, out_route), _, done, count, stop_idx = jax.lax.while_loop(cond, body, carry)
+    finish = jnp.where(~active, RUNNING, jnp.where(stop_idx >= 0, STOPPED, LENGTH))
+    return state, Segment(tokens=out_tok, logprobs=out_lp, routes=out_route, count=count, finish=finish,
+                          stop_index=stop_idx)
+
+
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
+def append(base, adapters, state: DecodeState, obs: jnp.ndarray, obs_len: jnp.ndarray,
+           do_append: jnp.ndarray, *, spec: SamplerSpec) -> tuple[DecodeState, jnp.ndarray]:
+    """Consume each appending row's pending token followed by its observation ids, then sample a
+    new pending token from the last observation position.
+
+    obs: i32[B, To] right-padded; obs_len: i32[B]; do_append: bool[B]. Writes To + 1 cache slots
+    (padding slots carry position −1). -> (state, routes i32[B, To] of the observation positions)."""
+    b, to = obs.shape
+    idx = jnp.arange(to, dtype=jnp.int32)
+    obs_valid = (idx[None] < obs_len[:, None]) & do_append[:, None]
+    chunk = jnp.concatenate([state.pending[:, None], obs], axis=1)
+    valid = jnp.concatenate([do_append[:, None], obs_valid], axis=1)
+    pos = jnp.where(valid, state.next_pos[:, None] + jnp.arange(to + 1, dtype=jnp.int32)[None], -1)
+
+    def step(r, t):
+        r2, role = route_step(r, t, spec.router)
+        return r2, role
+    router_end, obs_roles = jax.lax.scan(step, state.router, jnp.where(obs_valid, obs, -1).T)
+    obs_routes = jnp.where(obs_valid, spec.routes(obs_roles.T), -1)
+    routes = jnp.concatenate([jnp.where(do_append, state.pending_route, -1)[:, None], obs_routes], axis=1)
+    x, cache = hidden_states(base, adapters, chunk, pos, routes, state.cache, cfg=spec.model)
+    logits = _last_logits(base, spec.model, x, jnp.maximum(obs_len, 0))
+    rng, key = jax.random.split(state.rng)
+    tok, lp, route, router = _sample_pending(router_end, logits, key, spec)
+    new = DecodeState(cache=cache, pending=tok, pending_lp=lp, pending_route=route, router=router,
+                      next_pos=state.next_pos + obs_len + 1, rng=rng)
+    state = _merge(do_append, new, state)
+    return state, obs_routes
