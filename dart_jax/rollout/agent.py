@@ -1,0 +1,193 @@
+"""The agent loop (host side): decode until a tool call, an answer or a limit; run the tool for all
+paused rows in one batch; append the observation ids into the existing KV cache; resume.
+
+Nothing is re-tokenised: the tool call is parsed from the segment's own ids (only the span between
+the tags is decoded), observations are tokenised alone and appended, and the trajectory is the
+exact id stream the model saw.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dart_jax.models.cache import init_cache
+from dart_jax.models.generate import left_pad
+from dart_jax.rollout.protocol import Protocol, stop_sequences
+from dart_jax.rollout.router import RouterSpec
+from dart_jax.rollout.sampler import (LENGTH, STOPPED, SamplerSpec, append, bucket, decode_segment, prefill)
+from dart_jax.rollout.sampling import SamplingConfig
+from dart_jax.rollout.trajectory import TrajectoryBatch, assemble
+from dart_jax.tokenization.sentinels import sentinel_ids
+
+INVALID_POLICIES = ("search_r1", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    max_turns: int = 4                 # action budget B
+    max_tokens_per_turn: int = 256
+    max_response_tokens: int = 1024    # generated + observation tokens
+    max_obs_tokens: int = 500          # observation cap, closing tag kept
+    invalid_action: str = "search_r1"  # corrective message (Search-R1) or "none" (DART: end the row)
+    final_answer_segment: bool = True  # after the budget, one segment with the tool stop disabled
+    route_mode: str = "role"
+
+    def __post_init__(self):
+        if self.invalid_action not in INVALID_POLICIES:
+            raise ValueError(f"invalid_action={self.invalid_action!r}; expected one of {INVALID_POLICIES}")
+
+
+ToolFn = Callable[[list[str], list[dict]], list[str]]
+
+
+class Agent:
+    """Binds a model, tokenizer, protocol and tool; `rollout(prompts)` returns a TrajectoryBatch."""
+
+    def __init__(self, cfg, tokenizer, protocol: Protocol, tool: ToolFn, sampling: SamplingConfig,
+                 rollout: RolloutConfig = RolloutConfig(), router_convention: str = "dart_jax"):
+        self.tok, self.protocol, self.tool, self.rc = tokenizer, protocol, tool, rollout
+        ids = sentinel_ids(tokenizer, (protocol.tool_open, protocol.tool_close))
+        self.open_id, self.close_id = ids[protocol.tool_open], ids[protocol.tool_close]
+        stops, self.stop_groups = stop_sequences(tokenizer, protocol, cfg.eos_token_ids)
+        router = RouterSpec((self.open_id,), (self.close_id,), router_convention)
+        self.spec = SamplerSpec(cfg, router, sampling, stops, rollout.route_mode)
+        self.obs_close_ids = tokenizer.encode(protocol.obs_close, add_special_tokens=False)
+
+    # -- host helpers -------------------------------------------------------------------------
+    def _query(self, seg_ids: list[int]) -> str | None:
+        """The tool call of a segment that ended with the closing tag: the ids after the last
+        opening tag, decoded alone. None when the segment has no opening tag."""
+        if self.open_id not in seg_ids:
+            return None
+        start = len(seg_ids) - 1 - seg_ids[::-1].index(self.open_id)
+        return self.tok.decode(seg_ids[start + 1:-1], skip_special_tokens=True).strip()
+
+    def _obs_ids(self, text: str) -> list[int]:
+        ids = self.tok.encode(text, add_special_tokens=False)
+        cap = self.rc.max_obs_tokens
+        if len(ids) <= cap:
+            return ids
+        tail = self.tok.encode(self.protocol.obs_close + "\n\n", add_special_tokens=False)
+        return ids[:cap - len(tail)] + tail
+
+    def _has_answer(self, text: str) -> bool:
+        return self.protocol.answer_open in text and self.protocol.answer_close in text
+
+    # -- the loop -----------------------------------------------------------------------------
+    def rollout(self, base, adapters, prompts: list[list[int]], uids: list, meta: list[dict] | None = None,
+                seed: int = 0) -> TrajectoryBatch:
+        rc, spec = self.rc, self.spec
+        b = len(prompts)
+        meta = meta or [{} for _ in range(b)]
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        t_prompt = bucket(max(len(p) for p in prompts))
+        tokens, positions = left_pad(prompts, pad)
+        extra = t_prompt - tokens.shape[1]
+        tokens = jnp.pad(tokens, ((0, 0), (extra, 0)), constant_values=pad)
+        positions = jnp.pad(positions, ((0, 0), (extra, 0)), constant_values=-1)
+        obs_bucket = bucket(rc.max_obs_tokens)
+        seg_bucket = bucket(rc.max_tokens_per_turn)
+        capacity = t_prompt + rc.max_response_tokens + (rc.max_turns + 2) * (obs_bucket + 1) + 2
+        cache = init_cache(spec.model, b, capacity)
+        state, prompt_routes = prefill(base, adapters, tokens, positions, cache, jax.random.PRNGKey(seed), spec=spec)
+        prompt_routes = np.asarray(prompt_routes)
+        resp = [{"ids": [], "mask": [], "logprobs": [], "routes": []} for _ in range(b)]
+        turns: list[list[dict]] = [[] for _ in range(b)]
+        finish: list[str | None] = [None] * b
+        calls = np.zeros(b, np.int32)
+        n_stops = len(spec.stops)
+        for turn in range(rc.max_turns + (2 if rc.final_answer_segment else 1)):
+            active = np.asarray([f is None for f in finish])
+            if not active.any():
+                break
+            final = calls >= rc.max_turns
+            enabled = np.ones((b, n_stops), bool)
+            enabled[np.ix_(final, self.stop_groups["tool"])] = False
+            room = np.asarray([rc.max_response_tokens - len(r["ids"]) for r in resp])
+            budget = np.clip(np.minimum(room, rc.max_tokens_per_turn), 1, seg_bucket)
+            state, seg = decode_segment(base, adapters, state, jnp.asarray(active), jnp.asarray(enabled),
+                                        jnp.asarray(budget, jnp.int32), spec=spec, length=seg_bucket)
+            seg = jax.device_get(seg)
+            queries, q_rows, obs_texts = [], [], {}
+            for i in np.nonzero(active)[0]:
+                n = int(seg.count[i])
+                ids = seg.tokens[i, :n].tolist()
+                resp[i]["ids"] += ids
+                resp[i]["mask"] += [1.0] * n
+                resp[i]["logprobs"] += seg.logprobs[i, :n].tolist()
+                resp[i]["routes"] += seg.routes[i, :n].tolist()
+                text = self.tok.decode(ids, skip_special_tokens=True)
+                stop = int(seg.stop_index[i])
+                record = {"tokens": n, "action": None, "query": None, "observation": None}
+                out_of_room = len(resp[i]["ids"]) >= rc.max_response_tokens
+                if seg.finish[i] == STOPPED and stop in self.stop_groups["answer"]:
+                    record["action"], finish[i] = "answer", "answer"
+                elif seg.finish[i] == STOPPED and stop in self.stop_groups["tool"]:
+                    q = self._query(ids)
+                    if q is None:
+                        record["action"] = "invalid"
+                    else:
+                        record["action"], record["query"] = "tool", q
+                        calls[i] += 1
+                        queries.append(q)
+                        q_rows.append(i)
+                elif self._has_answer(text):
+                    record["action"], finish[i] = "answer", "answer"
+                else:
+                    record["action"] = "invalid"
+                if record["action"] == "invalid":
+                    if out_of_room:
+                        finish[i] = "length"
+                    elif final[i]:
+                        finish[i] = "budget"  # the answer-only segment gave no answer
+                    elif rc.invalid_action == "none":
+                        finish[i] = "invalid"
+                    else:
+                        obs_texts[i] = self.protocol.invalid_message
+                elif record["action"] == "tool" and out_of_room:
+                    finish[i] = "length"
+                    q_rows.pop()
+                    queries.pop()
+                turns[i].append(record)
+            if queries:
+                bodies = self.tool(queries, [meta[i] for i in q_rows])
+                for i, body in zip(q_rows, bodies):
+                    left = rc.max_turns - int(calls[i])
+                    obs_texts[i] = self.protocol.render_observation(body, left)
+                    turns[i][-1]["observation"] = body
+            if not obs_texts:
+                continue
+            obs = np.zeros((b, obs_bucket), np.int32)
+            obs_len = np.zeros(b, np.int32)
+            do = np.zeros(b, bool)
+            for i, text in obs_texts.items():
+                ids = self._obs_ids(text)
+                if len(resp[i]["ids"]) + len(ids) >= rc.max_response_tokens:
+                    finish[i] = "length"
+                    continue
+                obs[i, :len(ids)], obs_len[i], do[i] = ids, len(ids), True
+                resp[i]["ids"] += ids
+                resp[i]["mask"] += [0.0] * len(ids)
+                resp[i]["logprobs"] += [0.0] * len(ids)
+            if do.any():
+                state, obs_routes = append(base, adapters, state, jnp.asarray(obs), jnp.asarray(obs_len),
+                                           jnp.asarray(do), spec=spec)
+                obs_routes = np.asarray(obs_routes)
+                for i in np.nonzero(do)[0]:
+                    resp[i]["routes"] += obs_routes[i, :obs_len[i]].tolist()
+        finish = [f or "budget" for f in finish]
+        texts = [self.tok.decode(r["ids"], skip_special_tokens=True) for r in resp]
+        p_routes = [prompt_routes[i, t_prompt - len(p):].tolist() for i, p in enumerate(prompts)]
+        return assemble(prompts, p_routes, resp, uids, finish, turns, texts)
+
+
+def tool_for(protocol: Protocol, tool: Any) -> ToolFn:
+    """Adapts a RetrievalTool (queries) or SQLiteTool (queries, db paths) to the agent's ToolFn."""
+    if protocol.name == "sql":
+        return lambda queries, metas: tool.batch(queries, [m["db_path"] for m in metas])
+    return lambda queries, metas: tool.batch(queries)

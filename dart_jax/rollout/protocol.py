@@ -1,0 +1,69 @@
+"""Task protocols: the tags, stop sequences and observation rendering of Search-R1 QA and
+SkyRL-SQL (REFERENCE §7, §9)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dart_jax.tokenization.tokenizer import stop_ids
+
+SEARCH_R1_INVALID = ("\nMy previous action is invalid. If I want to search, I should put the query between "
+                     "<search> and </search>. If I want to give the final answer, I should put the answer "
+                     "between <answer> and </answer>. Let me try again.\n")
+SQL_INVALID = ("\nMy previous action is invalid. If I want to query the database, I should put one SQL "
+               "statement between <sql> and </sql>. If I want to give the final answer, I should put the "
+               "SQL between <solution> and </solution>. Let me try again.\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+    name: str
+    tool_open: str
+    tool_close: str
+    answer_open: str
+    answer_close: str
+    obs_open: str
+    obs_close: str
+    invalid_message: str
+
+    def render_observation(self, body: str, turns_left: int | None = None) -> str:
+        if self.name == "sql":
+            left = "" if turns_left is None else (f"\n<reminder>You have {turns_left} turns left to complete the "
+                                                  "task.</reminder>")
+            return f"\n\n{self.obs_open}{body}{left}{self.obs_close}\n\n"
+        return f"\n\n{self.obs_open}{body}{self.obs_close}\n\n"
+
+
+QA = Protocol("qa", "<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>",
+              SEARCH_R1_INVALID)
+SQL = Protocol("sql", "<sql>", "</sql>", "<solution>", "</solution>", "<observation>", "</observation>",
+               SQL_INVALID)
+PROTOCOLS = {"qa": QA, "sql": SQL}
+
+
+def tag_variants(tokenizer, tag: str) -> list[tuple[int, ...]]:
+    """Token-id sequences the tag can take in running text (alone, after a space, a newline or a
+    word), so a multi-token tag such as </answer> stops generation however it was tokenised."""
+    out = []
+    for ctx in ("", " ", "\n", "x", "x "):
+        base = tokenizer.encode(ctx, add_special_tokens=False) if ctx else []
+        ids = tokenizer.encode(ctx + tag, add_special_tokens=False)
+        if ids[:len(base)] == base and len(ids) > len(base):
+            seq = tuple(ids[len(base):])
+            if seq not in out:
+                out.append(seq)
+    return out
+
+
+def stop_sequences(tokenizer, protocol: Protocol, eos: tuple[int, ...] = ()) -> tuple[tuple[tuple[int, ...], ...], dict]:
+    """-> (stop sequences, {"tool": [indices], "answer": [...], "eos": [...]})."""
+    groups: dict[str, list[int]] = {"tool": [], "answer": [], "eos": []}
+    stops: list[tuple[int, ...]] = []
+    for group, seqs in (("tool", tag_variants(tokenizer, protocol.tool_close)),
+                        ("answer", tag_variants(tokenizer, protocol.answer_close)),
+                        ("eos", [(i,) for i in stop_ids(tokenizer, eos)])):
+        for s in seqs:
+            if s not in stops:
+                groups[group].append(len(stops))
+                stops.append(s)
+    return tuple(stops), groups
