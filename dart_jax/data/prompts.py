@@ -1,0 +1,62 @@
+"""Prompt builders: Search-R1 QA (REFERENCE §7) and SkyRL-SQL NL2SQL (REFERENCE §9)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+SEARCH_R1_TEMPLATE = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you "
+    "get new information. After reasoning, if you find you lack some knowledge, you can call a search engine "
+    "by <search> query </search> and it will return the top searched results between <information> and "
+    "</information>. You can search as many times as your want. If you find no further external knowledge "
+    "needed, you can directly provide the answer inside <answer> and </answer>, without detailed "
+    "illustrations. For example, <answer> Beijing </answer>. Question: {question}\n")
+
+SQL_TEMPLATE = (
+    "Task Overview:\nYou are a data science expert. Below, you are provided with a database schema and a natural "
+    "language question. Your task is to understand the schema and generate a valid SQL query to answer the "
+    "question within limited turns. You should breakdown the problem, draft your reasoning process, and generate "
+    "the solution.\n\nDatabase Engine:\nSQLite\n\nDatabase Schema:\n{schema}\nThis schema describes the database's "
+    "structure, including tables, columns, primary keys, foreign keys, and any relevant relationships or "
+    "constraints.\n\nExternal Knowledge:\n{evidence}\n\nQuestion:\n{question}\n\nInstructions:\n"
+    "- Make sure you only output the information that is asked in the question. If the question asks for a "
+    "specific column, make sure to only include that column in the SELECT clause, nothing more.\n"
+    "- The generated query should return all of the information asked in the question without any missing or "
+    "extra information.\n- Before generating the final SQL query, please think through the steps of how to "
+    "write the query. It should include detailed considerations such as analysing questions, summarizing "
+    "relevant findings, brainstorming new ideas, verifying the accuracy of the current steps, refining any "
+    "errors, thinking of how to call SQL tools, and revisiting previous steps.\n\nFormat:\n"
+    "- Conduct thinking inside <think>...</think> blocks every time you get new observation or information.\n"
+    "- You can use SQL tool written within a single <sql>your sql</sql> block to explore or verify. SQL tool "
+    "output will be shown as dataframe inside <observation>...</observation>. Based on this observation, you "
+    "can think again and refine.\n- The returned dataframe will be truncated in 50 rows if observation is too "
+    "long.\n- If you find no further exploration is needed or reaches max turns, you MUST directly provide the "
+    "final SQL query solution inside <solution>...</solution>.\n")
+
+
+def qa_question(question: str) -> str:
+    """Search-R1: strip, append '?' if missing."""
+    q = question.strip()
+    return q if q.endswith("?") else q + "?"
+
+
+def qa_prompt(question: str) -> str:
+    return SEARCH_R1_TEMPLATE.format(question=qa_question(question))
+
+
+def schema_ddl(db_path: str) -> str:
+    """CREATE TABLE statements (with keys) read from the SQLite file itself."""
+    if not os.path.isfile(db_path):
+        raise FileNotFoundError(f"SQLite database {db_path} not found")
+    conn = sqlite3.connect(f"file:{os.path.abspath(db_path)}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL "
+                            "AND name NOT LIKE 'sqlite_%' ORDER BY rowid").fetchall()
+    finally:
+        conn.close()
+    return "\n\n".join(r[0].strip() + ";" for r in rows)
+
+
+def sql_prompt(question: str, db_path: str, evidence: str = "") -> str:
+    return SQL_TEMPLATE.format(schema=schema_ddl(db_path), evidence=evidence or "", question=question.strip())

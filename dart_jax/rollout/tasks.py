@@ -1,0 +1,58 @@
+"""Ready-made rollout tasks on the embedded data: QA over the shipped corpus, NL2SQL on Spider dev.
+Each returns prompts (chat-templated ids), uids, per-row metadata and a reward function."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from dart_jax.data.corpus import read_jsonl
+from dart_jax.data.prompts import qa_prompt, sql_prompt
+from dart_jax.rewards.qa import em_reward
+from dart_jax.rewards.sql import sql_training_reward
+from dart_jax.tokenization.tokenizer import encode_chat
+
+DATA = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "data"))
+
+
+def qa_rows(path: str | None = None, n: int = 4, offset: int = 0) -> list[dict]:
+    path = path or os.path.join(DATA, "qa", "nq_oracle.jsonl")
+    rows = list(read_jsonl(path))[offset:offset + n]
+    for r in rows:
+        if "question" not in r or "golden_answers" not in r:
+            raise ValueError(f"{path}: row {r.get('id')} lacks 'question' or 'golden_answers'")
+    return rows
+
+
+def spider_rows(n: int = 4, offset: int = 0, spider_dir: str | None = None) -> list[dict]:
+    """Spider dev gold queries whose database is present (wta_1 is not shipped)."""
+    spider_dir = spider_dir or os.path.join(DATA, "spider")
+    out = []
+    with open(os.path.join(spider_dir, "dev_gold.sql")) as f:
+        for k, line in enumerate(f):
+            sql, db = line.rstrip("\n").rsplit("\t", 1)
+            path = os.path.join(spider_dir, "database", db, f"{db}.sqlite")
+            if os.path.isfile(path):
+                out.append({"id": f"spider-dev-{k}", "db_id": db, "db_path": path, "query": sql})
+    questions = os.path.join(spider_dir, "dev_questions.jsonl")
+    if os.path.isfile(questions):
+        qs = {r["id"]: r["question"] for r in read_jsonl(questions)}
+        for r in out:
+            r["question"] = qs.get(r["id"], "")
+    return out[offset:offset + n]
+
+
+def qa_task(tokenizer, rows: list[dict]) -> tuple[list[list[int]], list, list[dict], Callable]:
+    prompts = [encode_chat(tokenizer, [{"role": "user", "content": qa_prompt(r["question"])}]) for r in rows]
+    metas = [{"golden_answers": r["golden_answers"]} for r in rows]
+    return prompts, [r["id"] for r in rows], metas, lambda text, meta: em_reward(text, meta["golden_answers"])
+
+
+def sql_task(tokenizer, rows: list[dict]) -> tuple[list[list[int]], list, list[dict], Callable]:
+    prompts = [encode_chat(tokenizer, [{"role": "user", "content": sql_prompt(r["question"], r["db_path"])}])
+               for r in rows]
+    metas = [{"db_path": r["db_path"], "gold_sql": r["query"]} for r in rows]
+    return prompts, [r["id"] for r in rows], metas, \
+        lambda text, meta: sql_training_reward(text, meta["db_path"], meta["gold_sql"])
+
+
