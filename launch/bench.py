@@ -1,4 +1,4 @@
-"""python -m launch.bench [--json FILE] {forward,adapters} [options]"""
+"""python -m launch.bench [--json FILE] {forward,adapters,sampler,resume} [options]"""
 
 from __future__ import annotations
 
@@ -22,6 +22,17 @@ def main(argv=None) -> int:
     a.add_argument("--length", type=int, default=256)
     a.add_argument("--repeats", type=int, default=3)
     a.add_argument("--no-torch", action="store_true")
+    sp = sub.add_parser("sampler", help="decode tok/s vs transformers generate; FLOP/s vs matmul")
+    sp.add_argument("--model", default="smollm2-135m-instruct")
+    sp.add_argument("--batches", default="1,8,32")
+    sp.add_argument("--new-tokens", type=int, default=128)
+    sp.add_argument("--no-torch", action="store_true")
+    rs = sub.add_parser("resume", help="cache resume vs re-prefilling the history every turn")
+    rs.add_argument("--model", default="smollm2-135m-instruct")
+    rs.add_argument("--batch", type=int, default=8)
+    rs.add_argument("--turns", type=int, default=4)
+    rs.add_argument("--obs-len", type=int, default=400, help="observation tokens per call (3 passages ≈ 400)")
+    rs.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--json", default=None, help="also write the result to this file")
     args = ap.parse_args(argv)
     if args.which == "forward":
@@ -39,6 +50,23 @@ def main(argv=None) -> int:
         print(f"DART / LoRA = {res['dart_over_lora']:.3f}x, full / LoRA = {res['full_over_lora']:.3f}x"
               + (f", torch PEFT LoRA / ours LoRA = {res['torch_peft_over_ours_lora']:.2f}x"
                  if "torch_peft_over_ours_lora" in res else ""))
+    if args.which == "sampler":
+        from dart_jax.bench.sampler import bench_sampler
+        res = bench_sampler(args.model, tuple(int(x) for x in args.batches.split(",")), args.new_tokens,
+                            with_torch=not args.no_torch)
+        print(f"matmul peak {res['matmul_flops'] / 1e9:.1f} GFLOP/s; {res['new_tokens']} new tokens")
+        for r in res["rows"]:
+            line = (f"batch {r['batch']:>3}: dart_jax {r['ours_tok_s']:8.1f} tok/s "
+                    f"({100 * r['ours_flops_frac_of_matmul']:.1f}% of matmul FLOP/s)")
+            if "hf_tok_s" in r:
+                line += f", transformers generate {r['hf_tok_s']:8.1f} tok/s, ratio {r['speedup']:.2f}x"
+            print(line)
+    if args.which == "resume":
+        from dart_jax.bench.sampler import bench_resume
+        res = bench_resume(args.model, args.batch, args.prompt_len, args.turns, obs_len=args.obs_len)
+        print(f"{res['turns']} tool calls, batch {res['batch']}, prompt {res['prompt_len']}, "
+              f"{res['gen_per_turn']} generated + {res['obs_len']} observation tokens per turn: cache resume {res['resume_s']:.2f} s, "
+              f"re-prefill {res['reprefill_s']:.2f} s, ratio {res['speedup']:.2f}x")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(res, fh, indent=2)

@@ -108,9 +108,10 @@ def _proj(x, w, spec, layer_adapters, target, route_ids):
     return y if delta is None else y + delta
 
 
-def _layer(cfg: ModelConfig, x, p, layer_adapters, cache_k, cache_v, k_pos, cos, sin, mask,
-           route_ids, write_index):
-    """One pre-norm block. Returns (x, new_cache_k, new_cache_v)."""
+def _layer(cfg: ModelConfig, x, p, layer_adapters, cached, cos, sin, self_mask, route_ids):
+    """One pre-norm block. `cached` is None or this layer's (k, v, mask) of the KV cache *before*
+    this chunk; the chunk's own keys are attended as a second block. Returns (x, (k, v)): the
+    chunk's keys and values, which the caller writes into the cache once for all layers."""
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
     q = _proj(h, p["q"], "btd,dnh->btnh", layer_adapters, "q", route_ids)
     k = _proj(h, p["k"], "btd,dkh->btkh", layer_adapters, "k", route_ids)
@@ -127,27 +128,45 @@ def _layer(cfg: ModelConfig, x, p, layer_adapters, cache_k, cache_v, k_pos, cos,
     q = checkpoint_name(q, "query_proj")
     k = checkpoint_name(k, "key_proj")
     v = checkpoint_name(v, "value_proj")
-    if cache_k is not None:
-        cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, k.astype(cache_k.dtype), write_index, axis=1)
-        cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v.astype(cache_v.dtype), write_index, axis=1)
-        k_all, v_all = cache_k.astype(q.dtype), cache_v.astype(q.dtype)
-    else:
-        k_all, v_all = k, v
-    attn = jax.nn.dot_product_attention(
-        q, k_all, v_all, mask=mask, scale=cfg.head_dim ** -0.5, implementation=cfg_attention_impl(cfg))
+    blocks = ([cached] if cached is not None else []) + [(k, v, self_mask)]
+    attn = attention(q, blocks, cfg)
     attn_out = _proj(attn, p["o"], "btnh,nhd->btd", layer_adapters, "o", route_ids)
     x = x + attn_out
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
     gate = _proj(h, p["gate"], "btd,df->btf", layer_adapters, "gate", route_ids)
     up = _proj(h, p["up"], "btd,df->btf", layer_adapters, "up", route_ids)
     mlp = _proj(jax.nn.silu(gate) * up, p["down"], "btf,fd->btd", layer_adapters, "down", route_ids)
-    return x + mlp, cache_k, cache_v
+    return x + mlp, (k, v)
 
 
-def cfg_attention_impl(cfg: ModelConfig) -> str | None:
-    """"xla" is the portable implementation; "cudnn" demands cuDNN fused attention (GPU only);
-    "auto" lets JAX pick."""
-    return None if cfg.attention_impl == "auto" else cfg.attention_impl
+def attention(q: jnp.ndarray, blocks: list[tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]],
+              cfg: ModelConfig) -> jnp.ndarray:
+    """Softmax attention of q: [B, T, N, H] over key/value blocks [(k, v, mask)], k, v:
+    [B, S_i, K, H] (KV heads not repeated), mask: bool[B, 1, T, S_i]. One softmax spans all
+    blocks, so the cache block and the new chunk are attended without concatenating them.
+
+    "xla": grouped einsums — queries reshaped to [B, T, K, N/K, H] so each KV head serves its
+    group without materialising repeated keys; scores and softmax in fp32.
+    "cudnn" / "auto": `jax.nn.dot_product_attention` over the concatenated blocks."""
+    if cfg.attention_impl != "xla":
+        impl = None if cfg.attention_impl == "auto" else cfg.attention_impl
+        k = jnp.concatenate([blk[0] for blk in blocks], axis=1)
+        v = jnp.concatenate([blk[1] for blk in blocks], axis=1)
+        mask = jnp.concatenate([blk[2] for blk in blocks], axis=-1)
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=cfg.head_dim ** -0.5, implementation=impl)
+    b, t, n, h = q.shape
+    kv = blocks[0][0].shape[2]
+    qg = q.reshape(b, t, kv, n // kv, h)
+    scores = [jnp.where(m[:, :, None], jnp.einsum("btkgh,bskh->bkgts", qg, k.astype(q.dtype),
+                                                  preferred_element_type=jnp.float32) * (h ** -0.5),
+                        jnp.finfo(jnp.float32).min) for k, _, m in blocks]
+    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
+    out, start = 0.0, 0
+    for (k, v, _), sc in zip(blocks, scores):
+        p_blk = jax.lax.slice_in_dim(probs, start, start + sc.shape[-1], axis=-1).astype(v.dtype)
+        out = out + jnp.einsum("bkgts,bskh->btkgh", p_blk, v.astype(q.dtype))
+        start += sc.shape[-1]
+    return out.reshape(b, t, n, h)
 
 
 _REMAT = {
@@ -160,49 +179,50 @@ _REMAT = {
 
 
 def hidden_states(base: Params, adapters, tokens: jnp.ndarray, positions: jnp.ndarray,
-                  route_ids: jnp.ndarray | None, cache: KVCache | None, *, cfg: ModelConfig
-                  ) -> tuple[jnp.ndarray, KVCache | None]:
-    """Final-normed hidden states [B, T, D] (compute dtype) and the updated cache."""
+                  route_ids: jnp.ndarray | None, cache: KVCache | None, *, cfg: ModelConfig,
+                  cache_is_empty: bool = False) -> tuple[jnp.ndarray, KVCache | None]:
+    """Final-normed hidden states [B, T, D] (compute dtype) and the updated cache.
+    `cache_is_empty` (static): the cache holds nothing yet (a prefill), so attention skips it and
+    only the chunk's keys are written."""
     dtype = cfg.dtype
     if route_ids is None:
         route_ids = jnp.full(tokens.shape, -1, jnp.int32)
     x = jnp.take(base["embed"], tokens, axis=0).astype(dtype)
     cos, sin = rope.rope_tables(positions, rope.inverse_frequencies(cfg))
-    if cache is not None:
-        write_index = cache["index"]
-        k_pos = jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32),
-                                                    write_index, axis=1)
-    else:
-        write_index = None
-        k_pos = positions
-    mask = attention_mask(positions, k_pos)
     layer_adapters = lora_lib.layer_slice(adapters)
+    self_mask = attention_mask(positions, positions)
+    read_cache = cache is not None and not cache_is_empty
+    cache_mask = attention_mask(positions, cache["pos"]) if read_cache else None
 
     def body(x, xs):
         p, ad, ck, cv = xs
-        x, ck, cv = _layer(cfg, x, p, ad, ck, cv, k_pos, cos, sin, mask, route_ids, write_index)
-        return x, (ck, cv)
+        cached = None if ck is None else (ck, cv, cache_mask)
+        x, kv = _layer(cfg, x, p, ad, cached, cos, sin, self_mask, route_ids)
+        return x, kv
 
     if cfg.remat_policy != "none":
         body = jax.checkpoint(body, policy=_REMAT[cfg.remat_policy](), prevent_cse=not cfg.scan_layers)
 
-    ck_all = cache["k"] if cache is not None else None
-    cv_all = cache["v"] if cache is not None else None
-    xs = (base["layers"], layer_adapters, ck_all, cv_all)
+    xs = (base["layers"], layer_adapters, cache["k"] if read_cache else None, cache["v"] if read_cache else None)
     if cfg.scan_layers:
         x, (new_k, new_v) = jax.lax.scan(body, x, xs)
     else:
-        new_ks, new_vs = [], []
+        kvs = []
         for i in range(cfg.num_layers):
-            x, (ck, cv) = body(x, jax.tree_util.tree_map(lambda a, i=i: a[i], xs))
-            new_ks.append(ck)
-            new_vs.append(cv)
-        new_k = jnp.stack(new_ks) if cache is not None else None
-        new_v = jnp.stack(new_vs) if cache is not None else None
+            x, kv = body(x, jax.tree_util.tree_map(lambda a, i=i: a[i], xs))
+            kvs.append(kv)
+        new_k, new_v = jnp.stack([kv[0] for kv in kvs]), jnp.stack([kv[1] for kv in kvs])
     x = rms_norm(x, base["final_norm"], cfg.rms_norm_eps)
     if cache is None:
         return x, None
-    new_cache = KVCache(k=new_k, v=new_v, pos=k_pos, index=write_index + tokens.shape[1])
+    # one write of every layer's new keys: the cache buffer is updated in place (donated)
+    w = cache["index"]
+    zero = jnp.zeros((), jnp.int32)
+    new_cache = KVCache(
+        k=jax.lax.dynamic_update_slice(cache["k"], new_k.astype(cache["k"].dtype), (zero, zero, w, zero, zero)),
+        v=jax.lax.dynamic_update_slice(cache["v"], new_v.astype(cache["v"].dtype), (zero, zero, w, zero, zero)),
+        pos=jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32), w, axis=1),
+        index=w + tokens.shape[1])
     return x, new_cache
 
 

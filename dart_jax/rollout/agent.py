@@ -19,7 +19,8 @@ from dart_jax.models.cache import init_cache
 from dart_jax.models.generate import left_pad
 from dart_jax.rollout.protocol import Protocol, stop_sequences
 from dart_jax.rollout.router import RouterSpec
-from dart_jax.rollout.sampler import (LENGTH, STOPPED, SamplerSpec, append, bucket, decode_segment, prefill)
+from dart_jax.rollout.sampler import (STOPPED, SamplerSpec, append, bucket, cache_used, decode_segment,
+                                      ensure_capacity, prefill)
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.trajectory import TrajectoryBatch, assemble
 from dart_jax.tokenization.sentinels import sentinel_ids
@@ -92,8 +93,7 @@ class Agent:
         positions = jnp.pad(positions, ((0, 0), (extra, 0)), constant_values=-1)
         obs_bucket = bucket(rc.max_obs_tokens)
         seg_bucket = bucket(rc.max_tokens_per_turn)
-        capacity = t_prompt + rc.max_response_tokens + (rc.max_turns + 2) * (obs_bucket + 1) + 2
-        cache = init_cache(spec.model, b, capacity)
+        cache = init_cache(spec.model, b, bucket(t_prompt + seg_bucket))
         state, prompt_routes = prefill(base, adapters, tokens, positions, cache, jax.random.PRNGKey(seed), spec=spec)
         prompt_routes = np.asarray(prompt_routes)
         resp = [{"ids": [], "mask": [], "logprobs": [], "routes": []} for _ in range(b)]
@@ -110,6 +110,7 @@ class Agent:
             enabled[np.ix_(final, self.stop_groups["tool"])] = False
             room = np.asarray([rc.max_response_tokens - len(r["ids"]) for r in resp])
             budget = np.clip(np.minimum(room, rc.max_tokens_per_turn), 1, seg_bucket)
+            state = ensure_capacity(state, cache_used(state) + seg_bucket)
             state, seg = decode_segment(base, adapters, state, jnp.asarray(active), jnp.asarray(enabled),
                                         jnp.asarray(budget, jnp.int32), spec=spec, length=seg_bucket)
             seg = jax.device_get(seg)
@@ -175,6 +176,7 @@ class Agent:
                 resp[i]["mask"] += [0.0] * len(ids)
                 resp[i]["logprobs"] += [0.0] * len(ids)
             if do.any():
+                state = ensure_capacity(state, cache_used(state) + obs_bucket + 1 + seg_bucket)
                 state, obs_routes = append(base, adapters, state, jnp.asarray(obs), jnp.asarray(obs_len),
                                            jnp.asarray(do), spec=spec)
                 obs_routes = np.asarray(obs_routes)

@@ -85,6 +85,29 @@ class Segment:
     stop_index: jnp.ndarray  # i32[B] which stop sequence ended the row (−1 none)
 
 
+@functools.partial(jax.jit, static_argnames=("capacity",))
+def _grow(state: DecodeState, *, capacity: int) -> DecodeState:
+    c = state.cache
+    extra = capacity - c["pos"].shape[1]
+    pad_kv = ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0))
+    cache = KVCache(k=jnp.pad(c["k"], pad_kv), v=jnp.pad(c["v"], pad_kv),
+                    pos=jnp.pad(c["pos"], ((0, 0), (0, extra)), constant_values=-1), index=c["index"])
+    return state.replace(cache=cache)
+
+
+def ensure_capacity(state: DecodeState, need: int) -> DecodeState:
+    """Grow the cache to bucket(need) slots when it holds fewer. Decode attention reads every
+    slot of the cache, so it is kept at the smallest bucket that fits (one copy per growth,
+    a bounded number of compiled shapes) instead of being preallocated for the longest episode."""
+    if state.cache["pos"].shape[1] >= need:
+        return state
+    return _grow(state, capacity=bucket(need))
+
+
+def cache_used(state: DecodeState) -> int:
+    return int(state.cache["index"])
+
+
 def _last_logits(base, cfg, x, index):
     """x: [B, T, D] hidden -> f32[B, V] logits at per-row index (only that position's head)."""
     h = jnp.take_along_axis(x, index[:, None, None], axis=1)[:, 0]
@@ -100,12 +123,13 @@ def _sample_pending(state_router, logits, key, spec: SamplerSpec):
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("cache",))
 def prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache,
             rng: jax.Array, *, spec: SamplerSpec) -> tuple[DecodeState, jnp.ndarray]:
-    """tokens, positions: i32[B, T] left-padded prompts (−1 positions on padding).
+    """tokens, positions: i32[B, T] left-padded prompts (−1 positions on padding); `cache` must be
+    fresh (index 0): its contents are not attended.
     -> (state with the first response token pending, prompt routes i32[B, T])."""
     valid = positions >= 0
     roles = route_roles(tokens, spec.router, valid)
     routes = spec.routes(roles)
-    x, cache = hidden_states(base, adapters, tokens, positions, routes, cache, cfg=spec.model)
+    x, cache = hidden_states(base, adapters, tokens, positions, routes, cache, cfg=spec.model, cache_is_empty=True)
     logits = _last_logits(base, spec.model, x, jnp.full((tokens.shape[0],), tokens.shape[1] - 1))
     rng, key = jax.random.split(rng)
     router0 = state_after(jnp.where(valid, tokens, -1), spec.router)

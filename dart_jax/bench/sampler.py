@@ -1,0 +1,131 @@
+"""Sampler benchmarks: decode throughput vs transformers `generate`, achieved FLOP/s vs a plain
+matmul on the same machine, and KV-cache resume vs re-prefilling the history every turn."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dart_jax.bench.timing import time_fn
+from dart_jax.checkpoints.registry import load_model, resolve
+from dart_jax.models.cache import init_cache
+from dart_jax.rollout.router import RouterSpec
+from dart_jax.rollout.sampler import (SamplerSpec, append, bucket, cache_used, decode_segment, ensure_capacity,
+                                      prefill)
+from dart_jax.rollout.sampling import SamplingConfig
+
+
+def matmul_flops(n: int = 2048, repeats: int = 5) -> float:
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    t = time_fn(lambda: f(a).block_until_ready(), repeats=repeats)
+    return 2 * n ** 3 / t["median_s"]
+
+
+def _spec(cfg) -> SamplerSpec:
+    never = cfg.vocab_size + 7  # an id no row can sample: decode runs the full budget
+    return SamplerSpec(cfg, RouterSpec((never + 1,), (never + 2,)), SamplingConfig(temperature=0.0), ((never,),), "none")
+
+
+def decode_flops_per_token(cfg, context: int) -> float:
+    """2 · (non-embedding params + output head) + attention over `context` keys, per token."""
+    d, v = cfg.hidden_size, cfg.vocab_size
+    dense = cfg.num_params() - v * d * (1 if cfg.tie_word_embeddings else 2)
+    attn = 2 * 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context
+    return 2 * (dense + d * v) + attn
+
+
+def _ours_generate(base, cfg, prompt: np.ndarray, new: int):
+    spec = _spec(cfg)
+    b, t = prompt.shape
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+
+    def run():
+        cache = init_cache(cfg, b, t + new + 1)
+        state, _ = prefill(base, None, jnp.asarray(prompt), pos, cache, jax.random.PRNGKey(0), spec=spec)
+        state, seg = decode_segment(base, None, state, jnp.ones((b,), bool), jnp.ones((b, 1), bool),
+                                    jnp.full((b,), new, jnp.int32), spec=spec, length=new)
+        return jax.block_until_ready(seg.tokens)
+    return run
+
+
+def bench_sampler(model: str = "smollm2-135m-instruct", batches=(1, 8, 32), new_tokens: int = 128,
+                  prompt_len: int = 32, repeats: int = 2, with_torch: bool = True) -> dict:
+    path = resolve(model)
+    cfg, base = load_model(path)
+    peak = matmul_flops()
+    rng = np.random.default_rng(0)
+    rows = []
+    ref = None
+    if with_torch:
+        import torch
+
+        from dart_jax.parity.crosscheck import load_torch_model
+        ref = load_torch_model(path)
+    for b in batches:
+        prompt = rng.integers(100, cfg.vocab_size, (b, prompt_len)).astype(np.int32)
+        ours = time_fn(_ours_generate(base, cfg, prompt, new_tokens), repeats=repeats)
+        row = {"batch": b, "ours_s": ours["median_s"], "ours_tok_s": b * new_tokens / ours["median_s"]}
+        flops = b * new_tokens * decode_flops_per_token(cfg, prompt_len + new_tokens // 2)
+        row["ours_flops_frac_of_matmul"] = flops / ours["median_s"] / peak
+        if ref is not None:
+            tt = torch.tensor(prompt, dtype=torch.long)
+
+            def hf():
+                with torch.no_grad():
+                    ref.generate(tt, attention_mask=torch.ones_like(tt), max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+            theirs = time_fn(hf, warmup=1, repeats=repeats)
+            row.update(hf_s=theirs["median_s"], hf_tok_s=b * new_tokens / theirs["median_s"],
+                       speedup=theirs["median_s"] / ours["median_s"])
+        rows.append(row)
+    return {"bench": "sampler", "model": model, "new_tokens": new_tokens, "prompt_len": prompt_len,
+            "matmul_flops": peak, "rows": rows}
+
+
+def bench_resume(model: str = "smollm2-135m-instruct", batch: int = 8, prompt_len: int = 256, turns: int = 4,
+                 gen_per_turn: int = 64, obs_len: int = 128, repeats: int = 2) -> dict:
+    """A rollout with `turns` tool calls: ours appends each observation to the cache; the
+    re-prefill way (Search-R1 / SkyRL) prefills the whole history again before every turn."""
+    cfg, base = load_model(resolve(model))
+    spec = _spec(cfg)
+    rng = np.random.default_rng(0)
+    prompt = jnp.asarray(rng.integers(100, cfg.vocab_size, (batch, prompt_len)), jnp.int32)
+    obs = [jnp.asarray(rng.integers(100, cfg.vocab_size, (batch, obs_len)), jnp.int32) for _ in range(turns)]
+    ones, stop_on = jnp.ones((batch,), bool), jnp.ones((batch, 1), bool)
+    budget = jnp.full((batch,), gen_per_turn, jnp.int32)
+
+    def resume():
+        cache = init_cache(cfg, batch, bucket(prompt_len + gen_per_turn))
+        pos = jnp.broadcast_to(jnp.arange(prompt_len, dtype=jnp.int32), (batch, prompt_len))
+        state, _ = prefill(base, None, prompt, pos, cache, jax.random.PRNGKey(0), spec=spec)
+        for k in range(turns + 1):
+            state = ensure_capacity(state, cache_used(state) + gen_per_turn)
+            state, seg = decode_segment(base, None, state, ones, stop_on, budget, spec=spec, length=gen_per_turn)
+            if k < turns:
+                state = ensure_capacity(state, cache_used(state) + obs_len + 1 + gen_per_turn)
+                state, _ = append(base, None, state, obs[k], jnp.full((batch,), obs_len, jnp.int32), ones, spec=spec)
+        return jax.block_until_ready(seg.tokens)
+
+    def reprefill():
+        history = prompt
+        for k in range(turns + 1):
+            t = history.shape[1]
+            cache = init_cache(cfg, batch, t + gen_per_turn + 1)
+            pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (batch, t))
+            state, _ = prefill(base, None, history, pos, cache, jax.random.PRNGKey(0), spec=spec)
+            state, seg = decode_segment(base, None, state, ones, stop_on, budget, spec=spec, length=gen_per_turn)
+            if k < turns:
+                history = jnp.concatenate([history, seg.tokens, obs[k]], axis=1)
+        return jax.block_until_ready(seg.tokens)
+
+    t0 = time.perf_counter()
+    a = time_fn(resume, repeats=repeats)
+    b = time_fn(reprefill, repeats=repeats)
+    return {"bench": "resume", "model": model, "batch": batch, "turns": turns, "prompt_len": prompt_len,
+            "gen_per_turn": gen_per_turn, "obs_len": obs_len, "resume_s": a["median_s"],
+            "reprefill_s": b["median_s"], "speedup": b["median_s"] / a["median_s"],
+            "wall_s": time.perf_counter() - t0}
