@@ -1,4 +1,7 @@
-"""8 forced CPU devices: every mesh shape gives the single-device logits (fp32, tol 1e-5)."""
+"""8 forced CPU devices: every mesh shape gives the single-device logits.
+
+Tolerance 5e-5 absolute (fp32): sharding the embed dim over fsdp splits each contraction across
+devices, which changes the summation order (measured max |Δ| 1.03e-5 on logits of magnitude ~5)."""
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +43,7 @@ def test_mesh_shapes_match_single_device(model, shape):
     out = fn(base, tokens, positions)
     assert out.sharding.spec[0] is not None or shape[0] * shape[1] == 1
     valid = np.asarray(positions) >= 0
-    np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(ref)[valid], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(ref)[valid], atol=5e-5, rtol=0)
 
 
 def test_params_are_really_sharded(model):

@@ -35,3 +35,20 @@ def test_minilm_matches_transformers():
 def test_e5_prefixes_by_name():
     assert default_prefixes("/models/e5-base-v2") == ("query: ", "passage: ")
     assert default_prefixes("/models/all-MiniLM-L6-v2") == ("", "")
+
+
+def test_tiny_random_e5_layout_matches_transformers(tmp_path):
+    """An E5-style directory (BertModel saved with a `bert.`-free layout, name containing e5):
+    prefixes applied, pooled embeddings equal transformers' on the prefixed texts."""
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=128, max_position_embeddings=512)
+    path = tmp_path / "tiny-e5-base-v2"
+    transformers.BertModel(cfg, add_pooling_layer=False).eval().save_pretrained(path)
+    Encoder("all-minilm-l6-v2").tokenizer.save_pretrained(path)
+    enc = Encoder(str(path))
+    assert (enc.query_prefix, enc.passage_prefix) == ("query: ", "passage: ")
+    np.testing.assert_allclose(enc.encode(TEXTS, kind="query"), reference(str(path), ["query: " + t for t in TEXTS]),
+                               atol=1e-4)
+    np.testing.assert_allclose(enc.encode(TEXTS[:2], kind="passage"),
+                               reference(str(path), ["passage: " + t for t in TEXTS[:2]]), atol=1e-4)
