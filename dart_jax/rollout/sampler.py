@@ -95,13 +95,22 @@ def _grow(state: DecodeState, *, capacity: int) -> DecodeState:
     return state.replace(cache=cache)
 
 
+CACHE_STEP = 256
+
+
+def cache_bucket(need: int) -> int:
+    """Capacity for `need` slots: power-of-two buckets up to 512, then multiples of CACHE_STEP,
+    so at most CACHE_STEP empty slots are read per decode step on long episodes."""
+    return bucket(need) if need <= 2 * CACHE_STEP else -(-need // CACHE_STEP) * CACHE_STEP
+
+
 def ensure_capacity(state: DecodeState, need: int) -> DecodeState:
-    """Grow the cache to bucket(need) slots when it holds fewer. Decode attention reads every
-    slot of the cache, so it is kept at the smallest bucket that fits (one copy per growth,
-    a bounded number of compiled shapes) instead of being preallocated for the longest episode."""
+    """Grow the cache to cache_bucket(need) slots when it holds fewer. Decode attention reads every
+    slot of the cache, so it is kept near what the episode has used (one copy per growth, a
+    bounded number of compiled shapes) instead of being preallocated for the longest episode."""
     if state.cache["pos"].shape[1] >= need:
         return state
-    return _grow(state, capacity=bucket(need))
+    return _grow(state, capacity=cache_bucket(need))
 
 
 def cache_used(state: DecodeState) -> int:
