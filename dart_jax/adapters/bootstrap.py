@@ -8,19 +8,13 @@ import jax
 
 from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.checkpoints.dart_io import export_dart
-from dart_jax.checkpoints.registry import load_model, resolve
-from dart_jax.tokenization.sentinels import SENTINEL_TAGS, add_sentinel_tokens, grow_embeddings
-from dart_jax.tokenization.tokenizer import load_tokenizer
+from dart_jax.tokenization.tokenizer import load_tagged_model
 
 
 def init_dart_directory(model: str, out_dir: str, spec: MethodSpec = MethodSpec("dart"), seed: int = 0,
                         b_std: float = 0.0, open_tag: str = "<search>", close_tag: str = "</search>") -> str:
-    path = resolve(model)
-    cfg, base = load_model(path)
-    tok = load_tokenizer(path)
-    add_sentinel_tokens(tok)
     key = jax.random.PRNGKey(seed)
-    base, cfg = grow_embeddings(base, cfg, tok, SENTINEL_TAGS, jax.random.fold_in(key, 0))
+    cfg, base, tok = load_tagged_model(model, jax.random.fold_in(key, 0))
     adapters = init_adapters(spec, cfg, jax.random.fold_in(key, 1))
     if b_std > 0:
         adapters = {

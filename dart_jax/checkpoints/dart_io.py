@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import os
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import save_file
 
@@ -25,7 +23,7 @@ from dart_jax.models.config import ModelConfig
 from dart_jax.models.lora import LoraAdapter, adapter_names
 from dart_jax.models.transformer import Params
 from dart_jax.rollout.router import RouterSpec
-from dart_jax.tokenization.sentinels import sentinel_ids
+from dart_jax.tokenization.sentinels import sentinel_ids, set_token_rows, token_rows
 
 MANIFEST = "dart_adapters.json"
 ROWS = "sentinel_embeddings.safetensors"
@@ -39,10 +37,8 @@ def export_dart(out_dir: str, adapters: dict[str, LoraAdapter], cfg: ModelConfig
     for name in names:
         export_peft(adapters[name], cfg, os.path.join(out_dir, name), base_model_name_or_path=base_model)
     ids = sentinel_ids(tokenizer, tags) if tags else sentinel_ids(tokenizer)
-    rows = {"ids": np.asarray(list(ids.values()), np.int64),
-            "embed": np.asarray(jax.device_get(base["embed"]))[list(ids.values())].astype(np.float32)}
-    if not cfg.tie_word_embeddings:
-        rows["lm_head"] = np.asarray(jax.device_get(base["lm_head"])).T[list(ids.values())].astype(np.float32)
+    rows = {n: t[list(ids.values())] for n, t in token_rows(base, cfg).items()}
+    rows["ids"] = np.asarray(list(ids.values()), np.int64)
     save_file(rows, os.path.join(out_dir, ROWS))
     tokenizer.save_pretrained(out_dir)
     manifest = {"adapters": list(names), "route_ids": {n: i for i, n in enumerate(names)},
@@ -64,19 +60,13 @@ def import_dart(path: str, base: Params, cfg: ModelConfig):
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     rows = SafetensorsFile(os.path.join(path, ROWS))
     ids = np.asarray(rows.get("ids"))
-    vocab = int(manifest["vocab_size"])
-    base = dict(base)
-    tables = {"embed": 0} if cfg.tie_word_embeddings else {"embed": 0, "lm_head": 1}
-    if not cfg.tie_word_embeddings and "lm_head" not in rows.keys():
-        raise ValueError(f"{path}: model has an untied output head but {ROWS} has no lm_head rows")
-    for name, axis in tables.items():
-        table = np.asarray(jax.device_get(base[name]), np.float32)
-        table = table if axis == 0 else table.T
-        if vocab > table.shape[0]:
-            table = np.concatenate([table, np.zeros((vocab - table.shape[0], table.shape[1]), np.float32)])
-        table[ids] = np.asarray(rows.get(name))
-        base[name] = jnp.asarray(table if axis == 0 else table.T, cfg.weight_dtype)
-    cfg = cfg.replace(vocab_size=max(vocab, cfg.vocab_size))
+    names = ("embed",) if cfg.tie_word_embeddings else ("embed", "lm_head")
+    missing = [n for n in names if n not in rows.keys()]
+    if missing:
+        raise ValueError(f"{path}: {ROWS} lacks rows for {missing} (the model's head is "
+                         f"{'tied' if cfg.tie_word_embeddings else 'untied'})")
+    base, cfg = set_token_rows(base, cfg, ids, {n: np.asarray(rows.get(n)) for n in names},
+                               int(manifest["vocab_size"]))
     adapters = {n: import_peft(os.path.join(path, n), cfg) for n in manifest["adapters"]}
     r = manifest["router"]
     tid = sentinel_ids(tokenizer, tuple(r["open"]) + tuple(r["close"]))

@@ -7,7 +7,6 @@ casts to the param dtype. Nothing passes through torch.
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 import jax
@@ -71,7 +70,3 @@ def load_base(source: TensorSource, cfg: ModelConfig,
         flat[path] = jax.make_array_from_callback(shape, sharding, callback)
         source.release()
     return unflatten(flat)
-
-
-def nbytes(tree) -> int:
-    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))

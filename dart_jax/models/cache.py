@@ -31,7 +31,3 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCach
         pos=jnp.full((batch, max_len), -1, jnp.int32),
         index=jnp.zeros((), jnp.int32),
     )
-
-
-def cache_capacity(cache: KVCache) -> int:
-    return cache["pos"].shape[1]

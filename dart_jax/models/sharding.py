@@ -27,17 +27,6 @@ def logits_sharding(shape, mesh: Mesh, rules: LogicalRules = DEFAULT_RULES) -> N
     return named_sharding(("batch", "length", "vocab"), shape, mesh, rules)
 
 
-def cache_shardings(cfg: ModelConfig, batch: int, max_len: int, mesh: Mesh,
-                    rules: LogicalRules = DEFAULT_RULES) -> dict:
-    kv_shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
-    kv = named_sharding(("layers", "batch", "cache_length", "kv_heads", "head_dim"), kv_shape, mesh, rules)
-    return {
-        "k": kv, "v": kv,
-        "pos": named_sharding(("batch", "cache_length"), (batch, max_len), mesh, rules),
-        "index": named_sharding((), (), mesh, rules),
-    }
-
-
 def sharded_forward(cfg: ModelConfig, mesh: Mesh, batch_shape: tuple[int, int],
                     rules: LogicalRules = DEFAULT_RULES):
     """The plain forward (no adapters, no cache) jitted with explicit in/out shardings:

@@ -10,7 +10,6 @@ None (plain forward, causal over the given tokens) or a KVCache the new keys are
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -238,8 +237,3 @@ def forward(base: Params, adapters, tokens: jnp.ndarray, positions: jnp.ndarray,
     x, cache = hidden_states(base, adapters, tokens, positions, route_ids, cache, cfg=cfg)
     logits = jnp.einsum("btd,dv->btv", x, output_head(base, cfg).astype(x.dtype))
     return logits.astype(jnp.float32), cache
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def forward_jit(base, adapters, tokens, positions, route_ids, cache, *, cfg: ModelConfig):
-    return forward(base, adapters, tokens, positions, route_ids, cache, cfg=cfg)

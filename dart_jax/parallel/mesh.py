@@ -17,7 +17,6 @@ import math
 from typing import Mapping, Sequence
 
 import jax
-import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -83,15 +82,3 @@ def tree_shardings(logical: Mapping[str, tuple[tuple[int, ...], tuple]], mesh: M
                    rules: LogicalRules = DEFAULT_RULES) -> dict[str, NamedSharding]:
     """Flat {path: (shape, axes)} -> flat {path: NamedSharding}."""
     return {path: named_sharding(axes, shape, mesh, rules) for path, (shape, axes) in logical.items()}
-
-
-def replicated(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, P())
-
-
-def host_device_count_flag(n: int) -> str:
-    return f"--xla_force_host_platform_device_count={n}"
-
-
-def describe(mesh: Mesh) -> str:
-    return " × ".join(f"{a}={s}" for a, s in mesh.shape.items()) + f" ({np.prod(list(mesh.shape.values()))} devices)"

@@ -13,7 +13,6 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.checkpoints.registry import is_gguf, load_model, resolve

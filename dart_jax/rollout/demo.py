@@ -10,8 +10,7 @@ from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
 from dart_jax.rollout.protocol import PROTOCOLS
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.tasks import qa_rows, qa_task, spider_rows, sql_task
-from dart_jax.tokenization.sentinels import SENTINEL_TAGS, add_sentinel_tokens, grow_embeddings
-from dart_jax.tokenization.tokenizer import load_tokenizer
+from dart_jax.tokenization.tokenizer import load_tagged_model
 from dart_jax.tools.retrieval import Retriever, RetrievalTool, ensure_index
 from dart_jax.tools.sqlite_exec import SQLiteTool
 
@@ -19,13 +18,12 @@ from dart_jax.tools.sqlite_exec import SQLiteTool
 def run_rollout_demo(model: str, task: str = "qa", n: int = 4, adapters: str | None = None,
                      temperature: float = 1.0, max_turns: int = 2, max_tokens_per_turn: int = 128,
                      seed: int = 0, offset: int = 0) -> tuple[object, list[float]]:
-    cfg, base = load_model(model)
     if adapters:
+        cfg, base = load_model(model)
         ads, _, base, cfg, tok = import_dart(adapters, base, cfg)
     else:
-        ads, tok = None, load_tokenizer(model)
-        add_sentinel_tokens(tok)
-        base, cfg = grow_embeddings(base, cfg, tok, SENTINEL_TAGS, jax.random.PRNGKey(seed))
+        ads = None
+        cfg, base, tok = load_tagged_model(model, jax.random.PRNGKey(seed))
     protocol = PROTOCOLS[task]
     if task == "qa":
         tool = tool_for(protocol, RetrievalTool(Retriever(ensure_index())))

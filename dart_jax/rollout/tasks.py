@@ -35,10 +35,13 @@ def spider_rows(n: int = 4, offset: int = 0, spider_dir: str | None = None) -> l
             if os.path.isfile(path):
                 out.append({"id": f"spider-dev-{k}", "db_id": db, "db_path": path, "query": sql})
     questions = os.path.join(spider_dir, "dev_questions.jsonl")
-    if os.path.isfile(questions):
-        qs = {r["id"]: r["question"] for r in read_jsonl(questions)}
-        for r in out:
-            r["question"] = qs.get(r["id"], "")
+    if not os.path.isfile(questions):
+        raise FileNotFoundError(f"{questions} not found: Spider questions (id, db_id, question, query) per line")
+    qs = {r["id"]: r["question"] for r in read_jsonl(questions)}
+    for r in out:
+        if r["id"] not in qs:
+            raise ValueError(f"{questions}: no question for {r['id']} ({r['db_id']})")
+        r["question"] = qs[r["id"]]
     return out[offset:offset + n]
 
 

@@ -51,6 +51,31 @@ def add_sentinel_tokens(tokenizer, tags: Mapping[str, str] = SENTINEL_TAGS) -> l
     return missing
 
 
+def token_rows(base: Params, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Host copies of the per-token tables as f32[V, D]: the embedding and, when untied, the
+    output head transposed."""
+    names = ("embed",) if cfg.tie_word_embeddings else ("embed", "lm_head")
+    return {n: np.asarray(jax.device_get(base[n]), np.float32).T if n == "lm_head"
+            else np.asarray(jax.device_get(base[n]), np.float32) for n in names}
+
+
+def set_token_rows(base: Params, cfg: ModelConfig, ids, rows: Mapping[str, np.ndarray],
+                   vocab_size: int) -> tuple[Params, ModelConfig]:
+    """Writes rows[name][k] as token ids[k]'s row of each table, growing the vocabulary to
+    `vocab_size` (new rows zero). rows["lm_head"] is required exactly when the head is untied."""
+    tables = token_rows(base, cfg)
+    if set(rows) != set(tables):
+        raise ValueError(f"token rows given for {sorted(rows)}, the model needs {sorted(tables)}")
+    vocab = max(vocab_size, cfg.vocab_size)
+    base = dict(base)
+    for name, table in tables.items():
+        if vocab > table.shape[0]:
+            table = np.concatenate([table, np.zeros((vocab - table.shape[0], table.shape[1]), np.float32)])
+        table[np.asarray(ids)] = rows[name]
+        base[name] = jnp.asarray(table.T if name == "lm_head" else table, cfg.weight_dtype)
+    return base, cfg.replace(vocab_size=vocab)
+
+
 def grow_embeddings(base: Params, cfg: ModelConfig, tokenizer, tags: Mapping[str, str],
                     key: jax.Array, noise_scale: float = 0.01) -> tuple[Params, ModelConfig]:
     """Makes the vocabulary hold every tokenizer id and seeds each tag's row.
@@ -59,20 +84,14 @@ def grow_embeddings(base: Params, cfg: ModelConfig, tokenizer, tags: Mapping[str
     when untied, the output head's column. Rows between the old size and the new one that belong
     to no tag (padding in some vocabularies) are left as they are or zero when newly created.
     """
-    new_vocab = max(len(tokenizer), cfg.vocab_size)
-    base = dict(base)
-    tables = {"embed": 0} if cfg.tie_word_embeddings else {"embed": 0, "lm_head": 1}
     ids = sentinel_ids(tokenizer, tuple(tags))
-    for name, axis in tables.items():
-        table = np.asarray(jax.device_get(base[name]), np.float32)
-        rows = table if axis == 0 else table.T
-        std = float(rows[: cfg.vocab_size].std())
-        if new_vocab > rows.shape[0]:
-            rows = np.concatenate([rows, np.zeros((new_vocab - rows.shape[0], rows.shape[1]), np.float32)])
+    rows = {}
+    for axis, (name, table) in enumerate(token_rows(base, cfg).items()):
+        std = float(table.std())
+        seeded = []
         for i, (tag, word) in enumerate(tags.items()):
             ref = tokenizer.encode(word, add_special_tokens=False)
-            noise = np.asarray(jax.random.normal(jax.random.fold_in(key, i * 2 + axis), (rows.shape[1],)))
-            rows[ids[tag]] = rows[ref].mean(axis=0) + noise_scale * std * noise
-        table = rows if axis == 0 else rows.T
-        base[name] = jnp.asarray(table, cfg.weight_dtype)
-    return base, cfg.replace(vocab_size=new_vocab)
+            noise = np.asarray(jax.random.normal(jax.random.fold_in(key, i * 2 + axis), (table.shape[1],)))
+            seeded.append(table[ref].mean(axis=0) + noise_scale * std * noise)
+        rows[name] = np.stack(seeded)
+    return set_token_rows(base, cfg, [ids[t] for t in tags], rows, len(tokenizer))

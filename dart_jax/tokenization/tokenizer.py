@@ -39,3 +39,16 @@ def stop_ids(tokenizer, cfg_eos: tuple[int, ...] = ()) -> tuple[int, ...]:
         if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
             ids.add(tid)
     return tuple(sorted(ids))
+
+
+def load_tagged_model(name_or_path: str, key, mesh=None):
+    """Model + tokenizer with the sentinel tags added and their embedding rows seeded: the
+    starting point of every DART run. -> (cfg, base, tokenizer)."""
+    from dart_jax.checkpoints.registry import load_model
+    from dart_jax.tokenization.sentinels import SENTINEL_TAGS, add_sentinel_tokens, grow_embeddings
+    path = resolve(name_or_path)
+    cfg, base = load_model(path, mesh=mesh)
+    tok = load_tokenizer(path)
+    add_sentinel_tokens(tok)
+    base, cfg = grow_embeddings(base, cfg, tok, SENTINEL_TAGS, key)
+    return cfg, base, tok

@@ -4,7 +4,6 @@ tiny untied Llama that uses the real SmolLM2 tokenizer (so the tags are real add
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
 
