@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import param_shapes, unflatten
@@ -43,3 +43,18 @@ def sharded_forward(cfg: ModelConfig, mesh: Mesh, batch_shape: tuple[int, int],
         return logits
 
     return jax.jit(fn, in_shardings=(base_shardings(cfg, mesh, rules), tok, tok), out_shardings=out)
+
+
+def adapter_shardings(adapters, cfg: ModelConfig, mesh: Mesh, rules: LogicalRules = DEFAULT_RULES):
+    """The adapters' tree (dict name -> LoraAdapter) with a NamedSharding at every leaf: A follows
+    the projection's input dims, B its output dims, the rank axis is replicated."""
+    from dart_jax.models.lora import lora_logical_shapes
+
+    out = {}
+    for name, ad in adapters.items():
+        logical = lora_logical_shapes(cfg, ad.rank, tuple(ad.params))
+        flat = tree_shardings(logical, mesh, rules)
+        params = {t: {"a": flat[f"{t}/a"], "b": flat[f"{t}/b"]} for t in ad.params}
+        key = None if ad.dropout_key is None else NamedSharding(mesh, PartitionSpec())
+        out[name] = ad.replace(params=params, dropout_key=key)
+    return out

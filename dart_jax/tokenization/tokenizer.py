@@ -41,13 +41,14 @@ def stop_ids(tokenizer, cfg_eos: tuple[int, ...] = ()) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def load_tagged_model(name_or_path: str, key, mesh=None):
+def load_tagged_model(name_or_path: str, key, mesh=None, **overrides):
     """Model + tokenizer with the sentinel tags added and their embedding rows seeded: the
-    starting point of every DART run. -> (cfg, base, tokenizer)."""
+    starting point of every DART run. -> (cfg, base, tokenizer). `overrides` set ModelConfig
+    fields (dtypes, remat, scan)."""
     from dart_jax.checkpoints.registry import load_model
     from dart_jax.tokenization.sentinels import SENTINEL_TAGS, add_sentinel_tokens, grow_embeddings
     path = resolve(name_or_path)
-    cfg, base = load_model(path, mesh=mesh)
+    cfg, base = load_model(path, mesh=mesh, **overrides)
     tok = load_tokenizer(path)
     add_sentinel_tokens(tok)
     base, cfg = grow_embeddings(base, cfg, tok, SENTINEL_TAGS, key)

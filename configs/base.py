@@ -1,0 +1,47 @@
+"""Defaults shared by every config: the paper's hyper-parameters (METHOD §5, REFERENCE §1–6).
+
+Each experiment file calls `base.get()` and overrides what differs. Field groups map one-to-one on
+dataclasses: method -> MethodSpec, loss -> LossConfig, optim -> OptimConfig, rollout ->
+RolloutConfig, sampling -> SamplingConfig.
+"""
+
+from ml_collections import ConfigDict
+
+
+def get() -> ConfigDict:
+    c = ConfigDict()
+    c.task = "qa"                       # qa (Search-R1) | sql (SkyRL-SQL)
+    c.init_from = ""                    # a DART adapter directory to start from
+    c.model = ConfigDict(dict(path="", param_dtype="bfloat16", compute_dtype="bfloat16",
+                              remat_policy="dots", scan_layers=True))
+    c.method = ConfigDict(dict(variant="dart", rank=8, alpha=16.0,
+                               targets=("q", "k", "v", "o", "gate", "up", "down"), init="normal",
+                               init_std=0.02, rslora=False, dropout=0.0, isolation="forward",
+                               role_mask="both", adapter_dtype="float32"))
+    c.router = ConfigDict(dict(convention="dart_jax"))
+    c.algo = ConfigDict(dict(norm_adv_by_std=True))
+    c.loss = ConfigDict(dict(temperature=1.0, clip_low=0.2, clip_high=0.2, dual_clip=3.0, kl_coef=0.001,
+                             kl_type="k3", kl_clamp=True, entropy_coef=0.0, agg_mode="token-mean",
+                             micro_mode="global", logprob_chunk=256))
+    c.optim = ConfigDict(dict(lr=1e-5, warmup_steps=10, total_steps=100, schedule="constant", min_lr_ratio=0.0,
+                              weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0))
+    c.sampling = ConfigDict(dict(temperature=1.0, top_p=1.0, top_k=0))
+    c.rollout = ConfigDict(dict(max_turns=4, max_tokens_per_turn=500, max_response_tokens=4096,
+                                max_obs_tokens=1024, invalid_action="none", final_answer_segment=True))
+    c.retriever = ConfigDict(dict(url="", index_dir="", corpus="data/corpus/wiki_sample.jsonl",
+                                  encoder="all-minilm-l6-v2", topk=3))
+    c.tool = ConfigDict(dict(sql_timeout_s=5.0))
+    c.data = ConfigDict(dict(train=[]))
+    c.train = ConfigDict(dict(steps=100, prompts_per_step=256, group_size=16, mini_batch=1024, micro_batch=8,
+                              ppo_epochs=1, seed=0, shuffle=True, shuffle_minibatches=True, pad_multiple=128))
+    c.mesh = ConfigDict(dict(shape=()))  # () = every device on the data axis
+    c.output = ConfigDict(dict(dir="runs/default", checkpoint_every=20, keep=3, tensorboard=True, progress=True,
+                               export_adapters=True))
+    return c
+
+
+
+
+def search_r1_data(train_parquet: str = "") -> list:
+    """Search-R1's merged NQ + HotpotQA train parquet (the user supplies the path)."""
+    return [dict(reader="search_r1_parquet", path=train_parquet, data_source="")]

@@ -1,0 +1,217 @@
+"""Dataset readers -> plain task rows, each with a unique prompt uid.
+
+QA row:  {"id": uid, "question", "golden_answers": [str], "data_source"}
+SQL row: {"id": uid, "question", "query" (gold SQL), "db_id", "db_path", "evidence", "data_source"}
+
+Formats: Search-R1 parquet (`data_source`, `prompt`, `golden_answers`, `reward_model.ground_truth`),
+FlashRAG jsonl (`id`, `question`, `golden_answers`), question/answer json lists, SkyRL-SQL rows,
+Spider and BIRD json, and optionally tensorflow-datasets builders. The uid is
+"{data_source}-{row id}": Search-R1's merged NQ + HotpotQA set reuses row indices per dataset, so a
+bare index would merge unrelated questions into one GRPO group. Missing files and fields raise an
+error naming the file, the row and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Iterable, Sequence
+
+from dart_jax.data.corpus import read_jsonl
+
+
+class DataError(ValueError):
+    pass
+
+
+def _need(row: dict, field: str, path: str, k: int) -> Any:
+    if field not in row or row[field] is None:
+        raise DataError(f"{path}: row {k} has no field {field!r} (fields: {sorted(row)})")
+    return row[field]
+
+
+def _exists(path: str) -> str:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"dataset file {path} not found")
+    return path
+
+
+def _answers(value, path: str, k: int) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, dict) and "target" in value:
+        return _answers(value["target"], path, k)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value) and value:
+        return list(value)
+    raise DataError(f"{path}: row {k} has golden answers {value!r}; expected a string or a non-empty list of strings")
+
+
+_QUESTION = re.compile(r"Question:\s*(.*?)\s*$", re.S)
+
+
+def read_search_r1_parquet(path: str, data_source: str | None = None) -> list[dict]:
+    """Search-R1's `nq_search` / `nq_hotpotqa_train` parquet files."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(_exists(path)).to_pylist()
+    rows = []
+    for k, r in enumerate(table):
+        source = data_source or _need(r, "data_source", path, k)
+        if r.get("question"):
+            question = r["question"]
+        else:
+            prompt = _need(r, "prompt", path, k)
+            text = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
+            m = _QUESTION.search(text)
+            if not m:
+                raise DataError(f"{path}: row {k} has no 'question' and its prompt has no 'Question: …' line")
+            question = m.group(1)
+        if r.get("golden_answers") is not None:
+            gold = _answers(r["golden_answers"], path, k)
+        else:
+            rm = _need(r, "reward_model", path, k)
+            gold = _answers(_need(rm, "ground_truth", f"{path}: reward_model", k), path, k)
+        rid = r.get("id") if r.get("id") is not None else (r.get("extra_info") or {}).get("index", k)
+        rows.append({"id": f"{source}-{rid}", "question": question, "golden_answers": gold, "data_source": source})
+    return _unique(rows, path)
+
+
+def read_flashrag_jsonl(path: str, data_source: str | None = None) -> list[dict]:
+    """FlashRAG jsonl: {"id", "question", "golden_answers", ...} per line."""
+    source = data_source or os.path.basename(os.path.dirname(os.path.abspath(path)))
+    rows = []
+    for k, r in enumerate(read_jsonl(_exists(path))):
+        q = _need(r, "question", path, k)
+        gold = _answers(_need(r, "golden_answers", path, k), path, k)
+        rid = str(r.get("id", k))
+        uid = rid if rid.startswith(f"{r.get('data_source', source)}-") else f"{r.get('data_source', source)}-{rid}"
+        rows.append({"id": uid, "question": q, "golden_answers": gold,
+                     "data_source": r.get("data_source", source)})
+    return _unique(rows, path)
+
+
+def read_qa_json(path: str, data_source: str) -> list[dict]:
+    """A json list of {"question", "answer" (str or list)} (the full NQ / HotpotQA / 2Wiki dev files)."""
+    with open(_exists(path)) as f:
+        data = json.load(f)
+    rows = []
+    for k, r in enumerate(data):
+        rows.append({"id": f"{data_source}-{k}", "question": _need(r, "question", path, k),
+                     "golden_answers": _answers(_need(r, "answer", path, k), path, k), "data_source": data_source})
+    return rows
+
+
+def _db_path(db_root: str, db_id: str) -> str:
+    return os.path.join(db_root, db_id, f"{db_id}.sqlite")
+
+
+def _sql_rows(records: Iterable[dict], path: str, db_root: str, source: str, sql_fields: Sequence[str],
+              question_field: str = "question") -> tuple[list[dict], int]:
+    """-> (rows whose database exists, count skipped for a missing database)."""
+    rows, missing = [], 0
+    for k, r in enumerate(records):
+        db_id = _need(r, "db_id", path, k)
+        sql = next((r[f] for f in sql_fields if r.get(f)), None)
+        if sql is None:
+            raise DataError(f"{path}: row {k} has no gold SQL (looked for {list(sql_fields)})")
+        db = _db_path(db_root, db_id)
+        if not os.path.isfile(db):
+            missing += 1
+            continue
+        rid = r.get("question_id", r.get("id", k))
+        rows.append({"id": f"{source}-{rid}", "question": _need(r, question_field, path, k), "query": sql,
+                     "db_id": db_id, "db_path": db, "evidence": r.get("evidence") or "", "data_source": source})
+    return rows, missing
+
+
+def read_spider_json(path: str, db_root: str, data_source: str = "spider_dev",
+                     question_field: str = "question") -> tuple[list[dict], int]:
+    """Spider (and DK / Realistic / Syn: `question_field="SpiderSynQuestion"`) json lists."""
+    with open(_exists(path)) as f:
+        data = json.load(f)
+    return _sql_rows(data, path, db_root, data_source, ("query",), question_field)
+
+
+def read_bird_json(path: str, db_root: str, data_source: str = "bird_dev") -> tuple[list[dict], int]:
+    """BIRD dev json ({"question_id", "db_id", "question", "evidence", "SQL"}); databases from `db_root`."""
+    with open(_exists(path)) as f:
+        data = json.load(f)
+    return _sql_rows(data, path, db_root, data_source, ("SQL", "sql"))
+
+
+def read_skyrl_sql(path: str, db_root: str, data_source: str = "skyrl_sql") -> tuple[list[dict], int]:
+    """SkyRL-SQL-653 rows (parquet or json/jsonl): db_id, question (or the user prompt), gold `sql`."""
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+        records = pq.read_table(_exists(path)).to_pylist()
+    elif path.endswith(".jsonl"):
+        records = list(read_jsonl(_exists(path)))
+    else:
+        with open(_exists(path)) as f:
+            records = json.load(f)
+    return _sql_rows(records, path, db_root, data_source, ("sql", "SQL", "query", "gold_sql"))
+
+
+def read_tfds(name: str, split: str, data_source: str, data_dir: str | None = None,
+              question_key: str = "question", answer_key: str = "answer") -> list[dict]:
+    """A tensorflow-datasets builder already prepared in `data_dir` (nothing downloads)."""
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as e:
+        raise ImportError("reader 'tfds' needs tensorflow-datasets (pip install tensorflow-datasets)") from e
+    ds = tfds.load(name, split=split, data_dir=data_dir, download=False)
+    rows = []
+    for k, ex in enumerate(tfds.as_numpy(ds)):
+        ans = ex[answer_key]
+        ans = [a.decode() if isinstance(a, bytes) else str(a) for a in (ans if hasattr(ans, "__len__") and
+                                                                          not isinstance(ans, bytes) else [ans])]
+        q = ex[question_key]
+        rows.append({"id": f"{data_source}-{k}", "question": q.decode() if isinstance(q, bytes) else str(q),
+                     "golden_answers": ans, "data_source": data_source})
+    return rows
+
+
+def _unique(rows: list[dict], path: str) -> list[dict]:
+    seen = set()
+    for r in rows:
+        if r["id"] in seen:
+            raise DataError(f"{path}: prompt uid {r['id']!r} occurs twice")
+        seen.add(r["id"])
+    return rows
+
+
+def merge(*row_lists: list[dict]) -> list[dict]:
+    """Concatenate datasets; uids must stay unique across them (they carry the data source)."""
+    out = [r for rows in row_lists for r in rows]
+    return _unique(out, "merged datasets")
+
+
+READERS = {"search_r1_parquet": read_search_r1_parquet, "flashrag": read_flashrag_jsonl, "qa_json": read_qa_json,
+           "spider": read_spider_json, "bird": read_bird_json, "skyrl_sql": read_skyrl_sql, "tfds": read_tfds}
+
+
+def load_rows(spec: dict, base_dir: str | None = None) -> list[dict]:
+    """One dataset from a config entry {"reader", "path", "data_source", "db_root", "limit", "offset"}."""
+    reader = spec.get("reader", "flashrag")
+    if reader not in READERS:
+        raise DataError(f"dataset reader {reader!r}; expected one of {sorted(READERS)}")
+    path = spec["path"]
+    if base_dir and not os.path.isabs(path) and not os.path.exists(path):
+        path = os.path.join(base_dir, path)
+    kw = {"data_source": spec["data_source"]} if spec.get("data_source") else {}
+    if reader in ("spider", "bird", "skyrl_sql"):
+        db_root = spec.get("db_root") or ""
+        if base_dir and db_root and not os.path.isabs(db_root) and not os.path.exists(db_root):
+            db_root = os.path.join(base_dir, db_root)
+        rows, _ = READERS[reader](path, db_root, **kw)
+    elif reader == "tfds":
+        rows = read_tfds(spec["name"], spec.get("split", "train"), spec.get("data_source") or spec["name"],
+                         spec.get("data_dir"))
+    else:
+        rows = READERS[reader](path, **kw)
+    start = int(spec.get("offset", 0) or 0)
+    limit = spec.get("limit")
+    return rows[start:start + int(limit)] if limit else rows[start:]

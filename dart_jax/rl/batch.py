@@ -1,0 +1,56 @@
+"""From a rollout (TrajectoryBatch + rewards) to the arrays the train step consumes.
+
+Everything stays token ids: routes and loss roles come from the router applied to the ids (the
+same pure function the sampler ran incrementally), the loss mask is the rollout's (1 on sampled
+tokens only) times CEA's role mask, and rows are padded to a multiple of `pad_multiple` so the
+jitted step sees few distinct shapes.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from dart_jax.adapters.method import MethodSpec, role_token_mask, routes_for
+from dart_jax.rl.advantages import group_index, grpo_advantages
+from dart_jax.rollout.router import RouterSpec, loss_roles, route_roles
+from dart_jax.rollout.trajectory import TrajectoryBatch
+
+
+def round_up(n: int, multiple: int) -> int:
+    return ((n + multiple - 1) // multiple) * multiple
+
+
+def build_batch(tb: TrajectoryBatch, scores: np.ndarray, method: MethodSpec, router: RouterSpec,
+                pad_multiple: int = 64, norm_adv_by_std: bool = True) -> dict[str, np.ndarray]:
+    """-> {tokens, positions, route_ids, loss_roles, loss_mask, sampler_logp [N, L]; advantages,
+    scores [N]} as numpy arrays."""
+    n, width = tb.ids.shape
+    length = round_up(width, pad_multiple)
+    pad = ((0, 0), (0, length - width))
+    tokens = np.pad(tb.ids, pad)
+    positions = np.pad(tb.positions, pad, constant_values=-1)
+    valid = jnp.asarray(positions >= 0)
+    roles = route_roles(jnp.asarray(tokens), router, valid)
+    lroles = jnp.where(valid, loss_roles(roles), -1)
+    routes = routes_for(method, roles)
+    mask = np.pad(tb.loss_mask, pad) * np.asarray(role_token_mask(method, lroles))
+    ids, groups = group_index(tb.uids)
+    adv = grpo_advantages(jnp.asarray(scores, jnp.float32), jnp.asarray(ids), groups, norm_adv_by_std)
+    return {"tokens": tokens.astype(np.int32), "positions": positions.astype(np.int32),
+            "route_ids": np.asarray(routes, np.int32), "loss_roles": np.asarray(lroles, np.int32),
+            "loss_mask": mask.astype(np.float32), "sampler_logp": np.pad(tb.sampler_logprobs, pad).astype(np.float32),
+            "advantages": np.asarray(adv, np.float32), "scores": np.asarray(scores, np.float32)}
+
+
+def minibatches(batch: dict[str, np.ndarray], order: np.ndarray, mini_batch: int, micro_batch: int,
+                keys: tuple[str, ...]):
+    """Yield {key: [M, micro_batch, ...]} for consecutive mini-batches of `order`."""
+    n = len(order)
+    if n % mini_batch or mini_batch % micro_batch:
+        raise ValueError(f"{n} trajectories per step must split into mini-batches of {mini_batch} and those "
+                         f"into micro-batches of {micro_batch}")
+    m = mini_batch // micro_batch
+    for start in range(0, n, mini_batch):
+        rows = order[start:start + mini_batch]
+        yield {k: batch[k][rows].reshape((m, micro_batch) + batch[k].shape[1:]) for k in keys}

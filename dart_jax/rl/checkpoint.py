@@ -1,0 +1,122 @@
+"""Orbax train-state checkpoints: trainable params, optimiser state, step, RNG and data position.
+
+The frozen base is never written (it is reloaded from its own file). Each save is followed by a
+SHA-256 manifest of the step's files (`<dir>/integrity/<step>.json`); restoring verifies it, and a
+checkpoint whose files are missing, truncated or altered — or that orbax cannot read — is reported
+and skipped for the previous one. keep-last-k through orbax's `max_to_keep`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+
+def _key(path) -> str:
+    parts = []
+    for p in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(p, attr):
+                parts.append(str(getattr(p, attr)))
+                break
+        else:
+            parts.append(str(p))
+    return ".".join(parts)
+
+
+def flatten_state(tree: Any) -> dict[str, Any]:
+    """Pytree -> {dotted path: leaf} (orbax then stores plain dicts, independent of pytree classes)."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {_key(path): leaf for path, leaf in flat}
+
+
+def unflatten_state(flat: dict[str, Any], like: Any) -> Any:
+    paths, treedef = jax.tree_util.tree_flatten_with_path(like)
+    keys = [_key(p) for p, _ in paths]
+    missing = [k for k in keys if k not in flat]
+    extra = sorted(set(flat) - set(keys))
+    if missing or extra:
+        raise ValueError(f"checkpoint does not match the train state: missing {missing[:5]}, unexpected {extra[:5]}")
+    return jax.tree_util.tree_unflatten(treedef, [flat[k] for k in keys])
+
+
+def _digest(step_dir: str) -> dict[str, str]:
+    out = {}
+    for root, _, files in os.walk(step_dir):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            out[os.path.relpath(path, step_dir)] = h.hexdigest()
+    return out
+
+
+class CorruptCheckpoint(RuntimeError):
+    pass
+
+
+class Checkpointer:
+    def __init__(self, directory: str, keep: int = 3):
+        self.directory = os.path.abspath(directory)
+        os.makedirs(os.path.join(self.directory, "integrity"), exist_ok=True)
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def save(self, step: int, state: Any, meta: dict) -> None:
+        arrays = flatten_state(state)
+        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
+                                                        meta=ocp.args.JsonSave(meta)))
+        self.manager.wait_until_finished()
+        with open(os.path.join(self.directory, "integrity", f"{step}.json"), "w") as f:
+            json.dump(_digest(os.path.join(self.directory, str(step))), f)
+        kept = {str(s) for s in self.steps()}
+        for name in os.listdir(os.path.join(self.directory, "integrity")):
+            if name.removesuffix(".json") not in kept:
+                os.remove(os.path.join(self.directory, "integrity", name))
+
+    def verify(self, step: int) -> None:
+        manifest = os.path.join(self.directory, "integrity", f"{step}.json")
+        if not os.path.isfile(manifest):
+            raise CorruptCheckpoint(f"checkpoint {step}: no integrity manifest ({manifest}); the save did not finish")
+        with open(manifest) as f:
+            want = json.load(f)
+        have = _digest(os.path.join(self.directory, str(step)))
+        bad = sorted(k for k in want if have.get(k) != want[k])
+        if bad:
+            raise CorruptCheckpoint(f"checkpoint {step}: files missing or altered: {bad[:5]}")
+
+    def restore(self, step: int, like: Any) -> tuple[Any, dict]:
+        self.verify(step)
+        abstract = {k: ocp.utils.to_shape_dtype_struct(v) if hasattr(v, "shape") else v
+                    for k, v in flatten_state(like).items()}
+        out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                                 meta=ocp.args.JsonRestore()))
+        return unflatten_state(dict(out["state"]), like), dict(out["meta"])
+
+    def restore_latest(self, like: Any) -> tuple[int, Any, dict] | None:
+        """Newest checkpoint that verifies and loads; corrupt ones are logged and skipped."""
+        for step in reversed(self.steps()):
+            try:
+                state, meta = self.restore(step, like)
+                return step, state, meta
+            except Exception as e:  # orbax raises many types for unreadable files
+                log.warning("checkpoint %d in %s is unusable (%s: %s); trying the previous one",
+                            step, self.directory, type(e).__name__, e)
+        return None
+
+    def close(self) -> None:
+        self.manager.close()
+

@@ -1,0 +1,155 @@
+"""The jitted GRPO update: micro-batch gradient accumulation, AdamW, non-finite skip.
+
+One call updates on one mini-batch laid out as [M micro-batches, b rows, T tokens]:
+
+    loss = Σ_m c_m Σ_{b,t} w_{m,b,t} ℓ_{m,b,t}
+    ℓ = pg(logp, old_logp, A) − entropy_coef·H + kl_coef·KL(logp, ref_logp)
+
+with w, D from `losses.aggregation_weights` and c_m from `losses.micro_scales`: the (Σ numerator,
+Σ count) of the mini-batch is known from the masks before the forward, so the true global token
+mean (or verl's per-micro-batch mean) is exact under accumulation. Gradients accumulate in fp32
+through a `lax.scan` over micro-batches; a non-finite global norm leaves params and optimiser
+state untouched and counts the step in `skipped`.
+
+The loss mask already holds CEA's role mask m_t (`trainer.build_batch`), so the denominators count
+only the tokens that keep gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from dart_jax.adapters.isolation import isolated_loss
+from dart_jax.adapters.method import MethodSpec, model_trees
+from dart_jax.models import lora as lora_lib
+from dart_jax.models.config import ModelConfig
+from dart_jax.models.transformer import hidden_states, output_head
+from dart_jax.rl import losses
+from dart_jax.rl.logprobs import token_logprobs
+
+BATCH_KEYS = ("tokens", "positions", "route_ids", "loss_roles", "loss_mask", "old_logp", "ref_logp", "advantages")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    temperature: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0
+    kl_coef: float = 0.001
+    kl_type: str = "k3"
+    kl_clamp: bool = True
+    entropy_coef: float = 0.0
+    agg_mode: str = "token-mean"
+    micro_mode: str = "global"
+    logprob_chunk: int = 256
+
+    def __post_init__(self):
+        for field, allowed in (("kl_type", losses.KL_TYPES), ("agg_mode", losses.AGG_MODES),
+                               ("micro_mode", losses.MICRO_MODES)):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"loss.{field}={getattr(self, field)!r}; expected one of {allowed}")
+
+
+@flax.struct.dataclass
+class TrainState:
+    params: Any          # the trainable tree (adapters, or the base for the full variant)
+    opt_state: Any
+    step: jnp.ndarray    # i32: optimiser updates applied
+    skipped: jnp.ndarray  # i32: updates skipped for a non-finite gradient norm
+
+
+def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
+    return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+
+
+def sequence_logprobs(base, adapters, tokens, positions, route_ids, *, cfg: ModelConfig, temperature: float,
+                      chunk: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Teacher-forced (logp, entropy) f32[B, T], token-aligned, at the rollout temperature."""
+    h, _ = hidden_states(base, adapters, tokens, positions, route_ids, None, cfg=cfg)
+    return token_logprobs(h, output_head(base, cfg), tokens, temperature, chunk)
+
+
+def per_token_terms(base, adapters, mb: dict, *, cfg: ModelConfig, lc: LossConfig) -> tuple[jnp.ndarray, dict]:
+    """ℓ f32[b, T] and per-token metric values for one micro-batch."""
+    logp, ent = sequence_logprobs(base, adapters, mb["tokens"], mb["positions"], mb["route_ids"], cfg=cfg,
+                                  temperature=lc.temperature, chunk=lc.logprob_chunk)
+    adv = mb["advantages"][:, None]
+    pg, ind = losses.clipped_policy_loss(logp, mb["old_logp"], adv, lc.clip_low, lc.clip_high, lc.dual_clip)
+    kl = losses.kl_penalty(logp, mb["ref_logp"], lc.kl_type, lc.kl_clamp)
+    loss = pg + lc.kl_coef * kl - lc.entropy_coef * ent
+    return loss, {"pg_loss": pg, "kl": kl, "entropy": ent, "pg_clipfrac": ind["clipped"],
+                  "pg_clipfrac_lower": ind["clipped_lower"], "ppo_kl": ind["ppo_kl"]}
+
+
+def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, optimizer: optax.GradientTransformation):
+    """-> step(state, base, adapters_frozen, batch, key) -> (state, metrics). `base` is the frozen
+    base (the reference policy for the full variant); `batch` holds BATCH_KEYS, each [M, b, ...]."""
+
+    def micro_loss(params, base, mb, scale, key):
+        base_, ads = model_trees(method, params, base, None)
+
+        def per_token(adapters):
+            return per_token_terms(base_, lora_lib.with_dropout(adapters, key), mb, cfg=cfg, lc=lc)
+
+        w, _ = losses.aggregation_weights(mb["loss_mask"], lc.agg_mode)
+        w = w * scale
+        if ads is None or method.isolation == "forward":
+            loss, terms = per_token(ads)
+            total = jnp.sum(w * loss)
+        else:
+            total, terms = isolated_loss(per_token, ads, w, mb["loss_roles"], method.isolation, has_aux=True)
+        metrics = {k: jnp.sum(w * jax.lax.stop_gradient(v)) for k, v in terms.items()}
+        metrics["loss"] = jax.lax.stop_gradient(total)
+        return total, metrics
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def step(state: TrainState, base, batch: dict, key: jax.Array) -> tuple[TrainState, dict]:
+        denominators = jax.vmap(lambda m: losses.aggregation_weights(m, lc.agg_mode)[1])(batch["loss_mask"])
+        scales = losses.micro_scales(denominators, lc.micro_mode)
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+        n_micro = batch["tokens"].shape[0]
+
+        def body(carry, xs):
+            grads, sums = carry
+            mb, scale, i = xs
+            (_, metrics), g = grad_fn(state.params, base, mb, scale, jax.random.fold_in(key, i))
+            grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
+            sums = jax.tree.map(jnp.add, sums, metrics)
+            return (grads, sums), None
+
+        metric0 = {k: jnp.zeros((), jnp.float32) for k in
+                   ("loss", "pg_loss", "kl", "entropy", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")}
+        (grads, sums), _ = jax.lax.scan(body, (zeros, metric0), (batch, scales, jnp.arange(n_micro)))
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+        gnorm = optax.global_norm(grads)
+        finite = jnp.isfinite(gnorm)
+        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+        new_state = TrainState(keep(new_params, state.params), keep(new_opt, state.opt_state),
+                               state.step + finite.astype(jnp.int32), state.skipped + (~finite).astype(jnp.int32))
+        metrics = dict(sums, grad_norm=gnorm, skipped=(~finite).astype(jnp.float32),
+                       loss_tokens=jnp.sum(batch["loss_mask"]))
+        return new_state, metrics
+
+    return step
+
+
+def make_scorer(cfg: ModelConfig, temperature: float, chunk: int):
+    """-> score(base, adapters, tokens, positions, route_ids) -> logp f32[B, T] (no gradient):
+    the old-policy and reference log-probs."""
+
+    def score(base, adapters, tokens, positions, route_ids):
+        logp, _ = sequence_logprobs(base, adapters, tokens, positions, route_ids, cfg=cfg,
+                                    temperature=temperature, chunk=chunk)
+        return logp
+
+    return score

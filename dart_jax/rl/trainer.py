@@ -1,0 +1,374 @@
+"""The GRPO trainer loop: prompts -> rollout -> rewards -> advantages -> mini-batch updates -> metrics.
+
+    for step in steps:
+        P prompts × G samples ── Agent.rollout (sampler + tools, current policy) ──► trajectories
+        rewards (EM / SQL execution) ► GRPO advantages by prompt uid
+        old log-probs (current policy) and reference log-probs (adapters off / frozen base)
+        ppo_epochs × mini-batches ► jitted, sharded train step (micro-batch accumulation)
+        metrics (jsonl, TensorBoard, progress bar) ► checkpoint every N steps
+
+Every random choice derives from (seed, step), and the data position is part of the checkpoint, so
+a resumed run continues exactly where the interrupted one stood.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from dart_jax.adapters.method import MethodSpec, init_adapters, model_trees, trainable
+from dart_jax.checkpoints.dart_io import export_dart, import_dart
+from dart_jax.checkpoints.registry import load_model
+from dart_jax.data.readers import load_rows, merge
+from dart_jax.models.sharding import adapter_shardings, base_shardings
+from dart_jax.parallel.mesh import make_mesh, named_sharding
+from dart_jax.rewards.qa import em
+from dart_jax.rl import batch as batch_lib
+from dart_jax.rl.checkpoint import Checkpointer
+from dart_jax.rl.metrics import MetricsWriter, plot_curves
+from dart_jax.rl.optim import OptimConfig, make_optimizer
+from dart_jax.rl.step import (
+    BATCH_KEYS,
+    LossConfig,
+    init_state,
+    make_scorer,
+    make_train_step,
+)
+from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
+from dart_jax.rollout.protocol import PROTOCOLS
+from dart_jax.rollout.router import REASONING, TOOL
+from dart_jax.rollout.sampling import SamplingConfig
+from dart_jax.rollout.tasks import DATA, qa_task, sql_task
+from dart_jax.tokenization.tokenizer import load_tagged_model
+
+log = logging.getLogger(__name__)
+
+ROUTE_MODE = {"dart": "role", "lora": "shared", "full": "none"}
+
+
+def _sub(config, name) -> dict:
+    return dict(config[name]) if name in config else {}
+
+
+def _tuple_fields(d: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+
+
+class DataStream:
+    """Epoch-wise shuffled order over the rows; `position` (prompts consumed) is checkpointed."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True, position: int = 0):
+        self.n, self.seed, self.shuffle, self.position = n, seed, shuffle, position
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.n)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.n)
+
+    def take(self, k: int) -> list[int]:
+        out = []
+        for _ in range(k):
+            epoch, i = divmod(self.position, self.n)
+            out.append(int(self._order(epoch)[i]))
+            self.position += 1
+        return out
+
+
+def build_tool(config, protocol):
+    if protocol.name == "sql":
+        from dart_jax.tools.sqlite_exec import SQLiteTool
+        return tool_for(protocol, SQLiteTool(timeout_s=float(config.tool.sql_timeout_s)))
+    from dart_jax.tools.retrieval import RetrievalTool, Retriever, ensure_index
+    rc = config.retriever
+    if rc.url:
+        from dart_jax.tools.retrieval_server import RemoteRetriever
+        searcher = RemoteRetriever(rc.url)
+    else:
+        index = rc.index_dir or ensure_index(_data_path(rc.corpus), rc.encoder)
+        searcher = Retriever(index)
+    return tool_for(protocol, RetrievalTool(searcher, topk=int(rc.topk)))
+
+
+def _data_path(path: str) -> str:
+    if os.path.isabs(path) or os.path.exists(path):
+        return path
+    return os.path.join(os.path.dirname(DATA), path)
+
+
+def load_task_rows(config) -> list[dict]:
+    sets = [load_rows(dict(spec), base_dir=os.path.dirname(DATA)) for spec in config.data.train]
+    rows = merge(*sets)
+    if not rows:
+        raise ValueError("config.data.train selected no rows")
+    return rows
+
+
+class Trainer:
+    def __init__(self, config, on_step: Callable[[int, dict], None] | None = None):
+        self.config = config
+        self.on_step = on_step
+        tc = config.train
+        self.method = MethodSpec(**_tuple_fields(_sub(config, "method")))
+        self.loss_cfg = LossConfig(**_sub(config, "loss"))
+        self.optim_cfg = OptimConfig(**_sub(config, "optim"))
+        self.rollout_cfg = RolloutConfig(**_sub(config, "rollout"), route_mode=ROUTE_MODE[self.method.variant])
+        self.sampling = SamplingConfig(**_sub(config, "sampling"))
+        n_traj = tc.prompts_per_step * tc.group_size
+        if n_traj % tc.mini_batch or tc.mini_batch % tc.micro_batch:
+            raise ValueError(f"train.prompts_per_step × train.group_size = {n_traj} must be a multiple of "
+                             f"train.mini_batch ({tc.mini_batch}), itself a multiple of train.micro_batch "
+                             f"({tc.micro_batch})")
+        shape = tuple(config.mesh.shape) if config.mesh.shape else (jax.device_count(), 1, 1)
+        if math.prod(shape) > jax.device_count():
+            raise ValueError(f"mesh.shape={shape} needs {math.prod(shape)} devices; {jax.device_count()} available")
+        self.mesh = make_mesh(shape, jax.devices()[:math.prod(shape)])
+        key = jax.random.PRNGKey(tc.seed)
+        overrides = {k: v for k, v in _sub(config, "model").items() if k != "path" and v not in (None, "")}
+        if config.init_from:
+            cfg, base = load_model(config.model.path, mesh=self.mesh, **overrides)
+            adapters, _, base, cfg, tok = import_dart(config.init_from, base, cfg)
+            if self.method.variant != "dart":
+                raise ValueError(f"init_from={config.init_from!r} is a DART adapter directory; method.variant must be 'dart'")
+        else:
+            cfg, base, tok = load_tagged_model(config.model.path, jax.random.fold_in(key, 0), self.mesh, **overrides)
+            adapters = init_adapters(self.method, cfg, jax.random.fold_in(key, 1))
+        self.cfg, self.tok = cfg, tok
+        self.base = jax.device_put(base, base_shardings(cfg, self.mesh))
+        params = trainable(self.method, self.base, adapters)
+        if self.method.trains_base:
+            params_sh = base_shardings(cfg, self.mesh)
+            params = jax.tree.map(jnp.copy, params)  # the base stays as the reference policy
+        else:
+            params_sh = adapter_shardings(params, cfg, self.mesh)
+        params = jax.device_put(params, params_sh)
+        self.optimizer = make_optimizer(self.optim_cfg)
+        self.state = jax.jit(lambda p: init_state(p, self.optimizer))(params)
+        self.key = jax.random.fold_in(key, 2)
+
+        self.protocol = PROTOCOLS[config.task]
+        self.rows = load_task_rows(config)
+        self.agent = Agent(cfg, tok, self.protocol, build_tool(config, self.protocol), self.sampling,
+                           self.rollout_cfg, config.router.convention)
+        self.router = self.agent.spec.router
+        self.stream = DataStream(len(self.rows), tc.seed, tc.shuffle)
+        self._compile(params_sh)
+
+    # -- jitted functions with explicit shardings ----------------------------------------------
+    def _compile(self, params_sh):
+        mesh = self.mesh
+        rep = NamedSharding(mesh, P())
+        state_sh = jax.tree.map(lambda x: x.sharding, self.state)
+        base_sh = jax.tree.map(lambda x: x.sharding, self.base)
+        self.state_sh = state_sh
+
+        def batch_sh(key, shape):
+            names = (None, "batch", "length") if len(shape) == 3 else (None, "batch")
+            return named_sharding(names, shape, mesh)
+
+        self._batch_sh = batch_sh
+        step = make_train_step(self.cfg, self.method, self.loss_cfg, self.optimizer)
+        self._step_jits: dict = {}
+
+        def step_for(batch):
+            shapes = tuple((k, batch[k].shape) for k in BATCH_KEYS)
+            if shapes not in self._step_jits:
+                in_b = {k: batch_sh(k, s) for k, s in shapes}
+                self._step_jits[shapes] = jax.jit(step, in_shardings=(state_sh, base_sh, in_b, rep),
+                                                  out_shardings=(state_sh, rep), donate_argnums=(0,))
+            return self._step_jits[shapes]
+
+        self._step_for = step_for
+        score = make_scorer(self.cfg, self.loss_cfg.temperature, self.loss_cfg.logprob_chunk)
+        method = self.method
+
+        def old_logp(params, base, tokens, positions, routes):
+            b, a = model_trees(method, params, base, None)
+            return score(b, a, tokens, positions, routes)
+
+        def ref_logp(base, tokens, positions):
+            return score(base, None, tokens, positions, None)
+
+        self._old = jax.jit(old_logp)
+        self._ref = jax.jit(ref_logp)
+
+    def rollout_trees(self):
+        return model_trees(self.method, self.state.params, self.base, None)
+
+    # -- one step --------------------------------------------------------------------------------
+    def _score(self, batch: dict) -> tuple[np.ndarray, np.ndarray]:
+        mb = self.config.train.micro_batch
+        n = batch["tokens"].shape[0]
+        olds, refs = [], []
+        for s in range(0, n, mb):
+            t, p, r = (jnp.asarray(batch[k][s:s + mb]) for k in ("tokens", "positions", "route_ids"))
+            olds.append(np.asarray(self._old(self.state.params, self.base, t, p, r)))
+            if self.loss_cfg.kl_coef != 0:
+                refs.append(np.asarray(self._ref(self.base, t, p)))
+        old = np.concatenate(olds)
+        return old, (np.concatenate(refs) if refs else old)
+
+    def _rewards(self, tb, metas) -> tuple[np.ndarray, np.ndarray]:
+        scores = np.asarray([self.reward_fn(tb.response_text[i], metas[i]) for i in range(tb.batch_size)], np.float32)
+        if self.protocol.name == "qa":
+            acc = np.asarray([em(tb.response_text[i], metas[i]["golden_answers"]) for i in range(tb.batch_size)],
+                             np.float32)
+        else:
+            acc = (scores > 0).astype(np.float32)
+        return scores, acc
+
+    def train_step(self, step: int) -> dict:
+        tc = self.config.train
+        t0 = time.perf_counter()
+        picks = self.stream.take(tc.prompts_per_step)
+        rows = [self.rows[i] for i in picks for _ in range(tc.group_size)]
+        prompts, uids, metas, self.reward_fn = self.task_fn(self.tok, rows)
+        for m, r in zip(metas, rows):
+            m["data_source"] = r.get("data_source", "data")
+        rollout_base, rollout_ads = self.rollout_trees()
+        seed = int(jax.random.randint(jax.random.fold_in(self.key, step), (), 0, 2 ** 31 - 1))
+        tb = self.agent.rollout(rollout_base, rollout_ads, prompts, uids, metas, seed=seed)
+        t_roll = time.perf_counter()
+        scores, acc = self._rewards(tb, metas)
+        batch = batch_lib.build_batch(tb, scores, self.method, self.router, tc.pad_multiple,
+                                      self.config.algo.norm_adv_by_std)
+        batch["old_logp"], batch["ref_logp"] = self._score(batch)
+        t_score = time.perf_counter()
+        upd: list[dict] = []
+        key = jax.random.fold_in(self.key, 10_000 + step)
+        for epoch in range(tc.ppo_epochs):
+            order = np.arange(len(rows))
+            if tc.shuffle_minibatches:
+                order = np.random.default_rng([tc.seed, step, epoch]).permutation(len(rows))
+            for k, mb in enumerate(batch_lib.minibatches(batch, order, tc.mini_batch, tc.micro_batch, BATCH_KEYS)):
+                mb = {name: jax.device_put(v, self._batch_sh(name, v.shape)) for name, v in mb.items()}
+                self.state, m = self._step_for(mb)(self.state, self.base, mb, jax.random.fold_in(key, epoch * 1000 + k))
+                upd.append(jax.device_get(m))
+        t_end = time.perf_counter()
+        return self._metrics(step, tb, batch, scores, acc, metas, upd, t0, t_roll, t_score, t_end)
+
+    def _metrics(self, step, tb, batch, scores, acc, metas, upd, t0, t_roll, t_score, t_end) -> dict:
+        m: dict[str, Any] = {}
+        m["reward/mean"] = float(scores.mean())
+        m["reward/std"] = float(scores.std())
+        m["accuracy/mean"] = float(acc.mean())
+        for src in sorted({x["data_source"] for x in metas}):
+            idx = [i for i, x in enumerate(metas) if x["data_source"] == src]
+            m[f"reward/{src}"] = float(scores[idx].mean())
+            m[f"accuracy/{src}"] = float(acc[idx].mean())
+        finish = np.asarray(tb.finish_reason)
+        m["protocol/answer_rate"] = float(np.mean(finish == "answer"))
+        for reason in ("invalid", "length", "budget"):
+            m[f"protocol/finish_{reason}"] = float(np.mean(finish == reason))
+        m["rollout/tool_calls"] = float(tb.tool_calls().mean())
+        m["rollout/turns"] = float(np.mean([len(t) for t in tb.turns]))
+        m["rollout/response_tokens"] = float(np.mean(tb.length - tb.prompt_len))
+        m["rollout/sampled_tokens"] = float(tb.loss_mask.sum(-1).mean())
+        mask = batch["loss_mask"]
+        m["tokens/reasoning"] = float(np.sum(mask * (batch["loss_roles"] == REASONING)))
+        m["tokens/tool"] = float(np.sum(mask * (batch["loss_roles"] == TOOL)))
+        sampled = np.pad(tb.loss_mask, ((0, 0), (0, mask.shape[1] - tb.loss_mask.shape[1]))) > 0
+        gap = np.abs(batch["sampler_logp"] - batch["old_logp"])[sampled]
+        m["rollout/logprob_gap_mean"] = float(gap.mean()) if gap.size else 0.0
+        m["rollout/logprob_gap_max"] = float(gap.max()) if gap.size else 0.0
+        m["advantage/abs_mean"] = float(np.abs(batch["advantages"]).mean())
+        for k in ("loss", "pg_loss", "kl", "entropy", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "grad_norm"):
+            vals = [float(u[k]) for u in upd if math.isfinite(float(u[k]))]
+            m[f"actor/{k}"] = float(np.mean(vals)) if vals else float("nan")
+        m["actor/skipped_updates"] = float(sum(float(u["skipped"]) for u in upd))
+        m["actor/lr"] = float(self.optimizer_lr(int(self.state.step) - 1))
+        total_tokens = float(np.sum(batch["positions"] >= 0))
+        m["time/rollout_s"] = t_roll - t0
+        m["time/score_s"] = t_score - t_roll
+        m["time/update_s"] = t_end - t_score
+        m["time/step_s"] = t_end - t0
+        m["throughput/tokens_per_s"] = total_tokens / max(t_end - t0, 1e-9)
+        m["rollout/generated_tokens_per_s"] = float(tb.loss_mask.sum()) / max(t_roll - t0, 1e-9)
+        return m
+
+    def optimizer_lr(self, update: int) -> float:
+        from dart_jax.rl.optim import learning_rate
+        return float(learning_rate(self.optim_cfg)(max(update, 0)))
+
+    # -- the loop --------------------------------------------------------------------------------
+    @property
+    def task_fn(self):
+        return qa_task if self.protocol.name == "qa" else sql_task
+
+    def _train_tree(self):
+        return {"train": self.state, "rng": self.key}
+
+    def run(self, resume: bool = False) -> dict:
+        from tqdm.auto import tqdm
+
+        oc, tc = self.config.output, self.config.train
+        os.makedirs(oc.dir, exist_ok=True)
+        ckpt = Checkpointer(os.path.join(oc.dir, "checkpoints"), keep=oc.keep)
+        start = 0
+        if resume:
+            got = ckpt.restore_latest(self._train_tree())
+            if got is None:
+                log.warning("--resume: no usable checkpoint in %s; starting from step 0", ckpt.directory)
+            else:
+                start, tree, meta = got
+                self.state = jax.device_put(tree["train"], self.state_sh)
+                self.key = tree["rng"]
+                self.stream.position = int(meta["data_position"])
+                log.info("resumed from checkpoint %d (data position %d)", start, self.stream.position)
+        writer = MetricsWriter(oc.dir, resume_step=start if resume else None, tensorboard=oc.tensorboard)
+        history = []
+        bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, desc="GRPO", unit="step",
+                   disable=not oc.progress)
+        for step in bar:
+            metrics = self.train_step(step)
+            writer.write(step + 1, metrics)
+            history.append(metrics)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", answer=f"{metrics['protocol/answer_rate']:.2f}",
+                            kl=f"{metrics['actor/kl']:.2e}", s=f"{metrics['time/step_s']:.0f}")
+            if self.on_step is not None:
+                self.on_step(step + 1, metrics)
+            if (step + 1) % oc.checkpoint_every == 0 or step + 1 == tc.steps:
+                ckpt.save(step + 1, self._train_tree(), {"data_position": self.stream.position, "step": step + 1})
+        writer.close()
+        ckpt.close()
+        plot = plot_curves(writer.path, os.path.join(oc.dir, "reward_curve.png"))
+        out = {"metrics": writer.path, "plot": plot, "checkpoints": ckpt.directory, "steps": tc.steps,
+               "history": history}
+        if oc.export_adapters and self.method.variant == "dart":
+            out["adapters"] = export_dart(os.path.join(oc.dir, "adapters"), self.state.params, self.cfg, self.base,
+                                          self.tok, self.protocol.tool_open, self.protocol.tool_close,
+                                          self.router.convention, base_model=self.config.model.path)
+        return out
+
+
+def summary(result: dict) -> str:
+    from dart_jax.rl.metrics import read_metrics
+    rows = read_metrics(result["metrics"])
+    if not rows:
+        return "no steps recorded"
+    k = max(1, len(rows) // 3)
+    first, last = rows[:k], rows[-k:]
+
+    def avg(rs, key):
+        vals = [r[key] for r in rs if key in r]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    lines = [f"steps {rows[0]['step']}–{rows[-1]['step']}",
+             f"mean reward        first {k}: {avg(first, 'reward/mean'):+.3f}   last {k}: {avg(last, 'reward/mean'):+.3f}",
+             f"protocol answers   first {k}: {avg(first, 'protocol/answer_rate'):.2f}    last {k}: "
+             f"{avg(last, 'protocol/answer_rate'):.2f}",
+             f"tool calls / traj  first {k}: {avg(first, 'rollout/tool_calls'):.2f}    last {k}: "
+             f"{avg(last, 'rollout/tool_calls'):.2f}",
+             f"metrics {result['metrics']}", f"plot {result['plot']}", f"checkpoints {result['checkpoints']}"]
+    if "adapters" in result:
+        lines.append(f"adapters {result['adapters']}")
+    return "\n".join(lines)
+

@@ -1,0 +1,179 @@
+"""The jitted GRPO update on a tiny random model: micro-batch accumulation, verl's per-micro-batch
+mean, non-finite skipping, AdamW + schedule against torch.optim.AdamW."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from dart_jax.adapters.method import MethodSpec, init_adapters
+from dart_jax.models.config import ModelConfig
+from dart_jax.models.transformer import init_params
+from dart_jax.rl import losses
+from dart_jax.rl.optim import OptimConfig, learning_rate, make_optimizer
+from dart_jax.rl.step import (
+    BATCH_KEYS,
+    LossConfig,
+    init_state,
+    make_scorer,
+    make_train_step,
+)
+
+CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5,
+                  tie_word_embeddings=True, max_position_embeddings=128)
+
+
+def _batch(n=4, t=12, seed=0):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 64, (n, t)).astype(np.int32)
+    positions = np.tile(np.arange(t, dtype=np.int32), (n, 1))
+    positions[1, :3] = -1  # a left-padded row
+    mask = np.zeros((n, t), np.float32)
+    mask[:, 5:] = 1.0
+    mask[2, 5:9] = 0.0
+    routes = np.where(np.arange(t) % 5 < 2, 1, 0).astype(np.int32)[None].repeat(n, 0)
+    routes[positions < 0] = -1
+    lroles = np.concatenate([np.full((n, 1), -1), routes[:, :-1]], 1).astype(np.int32)
+    return {"tokens": tokens, "positions": positions, "route_ids": routes, "loss_roles": lroles, "loss_mask": mask,
+            "advantages": rng.normal(size=n).astype(np.float32)}
+
+
+def _with_logps(batch, base, adapters, lc):
+    score = jax.jit(make_scorer(CFG, lc.temperature, lc.logprob_chunk))
+    args = [jnp.asarray(batch[k]) for k in ("tokens", "positions", "route_ids")]
+    old = np.asarray(score(base, adapters, *args))
+    ref = np.asarray(score(base, None, args[0], args[1], None))
+    # perturb old log-probs so ratios differ from 1 and clipping engages
+    old = old + np.random.default_rng(1).normal(0, 0.3, old.shape).astype(np.float32)
+    return dict(batch, old_logp=old, ref_logp=ref)
+
+
+def _split(batch, m):
+    return {k: jnp.asarray(batch[k]).reshape((m, -1) + batch[k].shape[1:]) for k in BATCH_KEYS}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    base = init_params(CFG, jax.random.PRNGKey(0))
+    method = MethodSpec(variant="dart", rank=4, alpha=8.0)
+    adapters = init_adapters(method, CFG, jax.random.PRNGKey(1))
+    # non-zero B so both adapters matter
+    adapters = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(2), x.shape), adapters)
+    return base, method, adapters
+
+
+def _run(setup, lc, m, batch=None, optim=OptimConfig(lr=1e-3)):
+    base, method, adapters = setup
+    batch = batch if batch is not None else _with_logps(_batch(), base, adapters, lc)
+    opt = make_optimizer(optim)
+    step = jax.jit(make_train_step(CFG, method, lc, opt))
+    state, metrics = step(init_state(adapters, opt), base, _split(batch, m), jax.random.PRNGKey(0))
+    return state, metrics, batch
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_global_mode_is_invariant_to_micro_batching(setup, mode):
+    lc = LossConfig(agg_mode=mode, kl_coef=0.01, entropy_coef=0.01)
+    s1, m1, batch = _run(setup, lc, 1)
+    s2, m2, _ = _run(setup, lc, 2, batch)
+    s4, m4, _ = _run(setup, lc, 4, batch)
+    for a, b in ((s1, s2), (s1, s4)):
+        for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-6)
+    assert float(m1["loss"]) == pytest.approx(float(m4["loss"]), rel=1e-5, abs=1e-7)
+    assert float(m1["grad_norm"]) == pytest.approx(float(m4["grad_norm"]), rel=1e-5)
+
+
+def test_loss_value_matches_numpy_recomputation(setup):
+    """The step's loss = token-mean of pg + kl_coef·k3 − entropy_coef·H, recomputed in numpy from the
+    same teacher-forced log-probs."""
+    base, method, adapters = setup
+    lc = LossConfig(kl_coef=0.05, entropy_coef=0.02)
+    _, m, batch = _run(setup, lc, 2)
+    logp = np.asarray(jax.jit(make_scorer(CFG, 1.0, 256))(base, adapters, *(jnp.asarray(batch[k]) for k in
+                                                                            ("tokens", "positions", "route_ids"))))
+    a = batch["advantages"][:, None]
+    ratio = np.exp(np.clip(logp - batch["old_logp"], -20, 20))
+    lclip = np.maximum(-a * ratio, -a * np.clip(ratio, 0.8, 1.2))
+    pg = np.where(a < 0, np.minimum(-a * 3.0, lclip), lclip)
+    u = np.clip(batch["ref_logp"] - logp, -20, 20)
+    kl = np.clip(np.exp(u) - u - 1, -10, 10)
+    mask = batch["loss_mask"]
+    expect_pg = (pg * mask).sum() / mask.sum()
+    expect_kl = (kl * mask).sum() / mask.sum()
+    assert float(m["pg_loss"]) == pytest.approx(expect_pg, rel=1e-4, abs=1e-6)
+    assert float(m["kl"]) == pytest.approx(expect_kl, rel=1e-4, abs=1e-7)
+    assert float(m["loss"]) == pytest.approx(expect_pg + 0.05 * expect_kl - 0.02 * float(m["entropy"]), rel=1e-4)
+
+
+def test_verl_microbatch_mean_differs_and_equals_mean_of_micro_losses(setup):
+    base, method, adapters = setup
+    lc_g = LossConfig(micro_mode="global")
+    lc_v = LossConfig(micro_mode="verl_microbatch_mean")
+    _, mg, batch = _run(setup, lc_g, 2)
+    _, mv, _ = _run(setup, lc_v, 2, batch)
+    halves = [_run(setup, lc_g, 1, {k: v[i * 2:(i + 1) * 2] for k, v in batch.items()})[1] for i in range(2)]
+    assert float(mv["loss"]) == pytest.approx(np.mean([float(h["loss"]) for h in halves]), rel=1e-5)
+    assert abs(float(mv["loss"]) - float(mg["loss"])) > 1e-6  # the micro-batches hold different token counts
+
+
+def test_non_finite_gradient_skips_and_counts(setup):
+    base, method, adapters = setup
+    lc = LossConfig()
+    batch = _with_logps(_batch(), base, adapters, lc)
+    batch["advantages"] = batch["advantages"].copy()
+    batch["advantages"][0] = np.nan
+    state, m, _ = _run(setup, lc, 2, batch)
+    assert int(state.skipped) == 1 and int(state.step) == 0 and float(m["skipped"]) == 1.0
+    for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(adapters)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert int(state.opt_state[1][0].count) == 0  # the optimiser's step count did not move
+
+
+def test_strict_isolation_step_runs_and_differs_from_forward(setup):
+    base, _, adapters = setup
+    lc = LossConfig()
+    s_f, _, batch = _run(setup, lc, 2)
+    strict = (base, MethodSpec(variant="dart", rank=4, alpha=8.0, isolation="strict"), adapters)
+    s_s, _, _ = _run(strict, lc, 2, batch)
+    diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(s_f.params), jax.tree.leaves(s_s.params)))
+    assert diff > 0
+
+
+def test_schedule_constant_with_warmup_starts_at_zero():
+    sched = learning_rate(OptimConfig(lr=1e-5, warmup_steps=4))
+    np.testing.assert_allclose([float(sched(k)) for k in range(6)], [0, 2.5e-6, 5e-6, 7.5e-6, 1e-5, 1e-5], rtol=1e-6)
+    cos = learning_rate(OptimConfig(lr=1e-5, warmup_steps=2, total_steps=10, schedule="cosine", min_lr_ratio=0.1))
+    assert float(cos(0)) == 0.0 and float(cos(2)) == pytest.approx(1e-5)
+    assert float(cos(10)) == pytest.approx(1e-6, rel=1e-4)
+
+
+def test_adamw_with_clipping_matches_torch():
+    """Three updates of optax's chain (clip 1.0, AdamW wd 0.01, warmup 2) vs torch.optim.AdamW with
+    clip_grad_norm_ and LambdaLR (verl's warmup). Tolerance 1e-6."""
+    rng = np.random.default_rng(0)
+    p0 = rng.normal(size=(5, 3)).astype(np.float32)
+    grads = [rng.normal(scale=s, size=(5, 3)).astype(np.float32) for s in (3.0, 0.1, 2.0)]
+    cfg = OptimConfig(lr=1e-2, warmup_steps=2, weight_decay=0.01, clip_norm=1.0)
+    opt = make_optimizer(cfg)
+    params = {"w": jnp.asarray(p0)}
+    st = opt.init(params)
+    tp = torch.nn.Parameter(torch.tensor(p0))
+    topt = torch.optim.AdamW([tp], lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(topt, lambda k: k / 2 if k < 2 else 1.0)
+    for g in grads:
+        upd, st = opt.update({"w": jnp.asarray(g)}, st, params)
+        params = jax.tree.map(lambda a, b: a + b, params, upd)
+        tp.grad = torch.tensor(g)
+        torch.nn.utils.clip_grad_norm_([tp], 1.0)
+        topt.step()
+        sched.step()
+        np.testing.assert_allclose(np.asarray(params["w"]), tp.detach().numpy(), atol=1e-6)
+    assert not np.allclose(np.asarray(params["w"]), p0)
+
+
+def test_micro_scales_rejects_unknown_mode():
+    with pytest.raises(ValueError, match="micro-batch mode"):
+        losses.micro_scales(jnp.ones(2), "per_token")
