@@ -104,6 +104,16 @@ def read_qa_json(path: str, data_source: str) -> list[dict]:
     return rows
 
 
+def _json_records(path: str) -> list[dict]:
+    if path.endswith(".jsonl"):
+        return list(read_jsonl(_exists(path)))
+    with open(_exists(path)) as f:
+        data = json.load(f)
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a json list of records, got {type(data).__name__}")
+    return data
+
+
 def _db_path(db_root: str, db_id: str) -> str:
     return os.path.join(db_root, db_id, f"{db_id}.sqlite")
 
@@ -129,16 +139,14 @@ def _sql_rows(records: Iterable[dict], path: str, db_root: str, source: str, sql
 
 def read_spider_json(path: str, db_root: str, data_source: str = "spider_dev",
                      question_field: str = "question") -> tuple[list[dict], int]:
-    """Spider (and DK / Realistic / Syn: `question_field="SpiderSynQuestion"`) json lists."""
-    with open(_exists(path)) as f:
-        data = json.load(f)
+    """Spider (and DK / Realistic / Syn: `question_field="SpiderSynQuestion"`) json lists or jsonl."""
+    data = _json_records(path)
     return _sql_rows(data, path, db_root, data_source, ("query",), question_field)
 
 
 def read_bird_json(path: str, db_root: str, data_source: str = "bird_dev") -> tuple[list[dict], int]:
     """BIRD dev json ({"question_id", "db_id", "question", "evidence", "SQL"}); databases from `db_root`."""
-    with open(_exists(path)) as f:
-        data = json.load(f)
+    data = _json_records(path)
     return _sql_rows(data, path, db_root, data_source, ("SQL", "sql"))
 
 
@@ -147,11 +155,8 @@ def read_skyrl_sql(path: str, db_root: str, data_source: str = "skyrl_sql") -> t
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
         records = pq.read_table(_exists(path)).to_pylist()
-    elif path.endswith(".jsonl"):
-        records = list(read_jsonl(_exists(path)))
     else:
-        with open(_exists(path)) as f:
-            records = json.load(f)
+        records = _json_records(path)
     return _sql_rows(records, path, db_root, data_source, ("sql", "SQL", "query", "gold_sql"))
 
 

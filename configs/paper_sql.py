@@ -1,0 +1,50 @@
+"""The paper's NL2SQL setups (METHOD §1, §6) on Qwen2.5-Coder-7B(-Instruct), SkyRL-SQL protocol.
+
+    python -m launch.train --config=configs/paper_sql.py:dart --config.model.path=/models/Qwen2.5-Coder-7B-Instruct
+    # SkyRL-SQL-653 when you have it:
+    --config.data.train.0.reader=skyrl_sql --config.data.train.0.path=/data/skyrl_sql_653.parquet \
+    --config.data.train.0.db_root=/data/synsql/databases
+
+method: dart | lora | full (Sky-SQL's full-parameter GRPO)
+
+Default training data: the shipped Spider dev questions on the real Spider databases (runs now;
+evaluation must then use another split). Reward +1 / −1 (format check, then execution match),
+max 5 turns, observation tables truncated to 50 rows, 5 s tool timeout.
+"""
+
+from configs import base
+
+METHODS = ("dart", "lora", "full")
+
+
+def get_config(arg: str | None = None):
+    method = (arg or "dart").strip()
+    if method not in METHODS:
+        raise ValueError(f"method {method!r}; expected one of {METHODS}")
+    c = base.get()
+    c.task = "sql"
+    c.model.path = "models/Qwen2.5-Coder-7B-Instruct"
+    c.data.train = [dict(reader="spider", path="data/spider/dev_questions.jsonl", db_root="data/spider/database",
+                         data_source="spider_dev")]
+    c.rollout.max_turns = 5
+    c.rollout.max_tokens_per_turn = 1024
+    c.rollout.max_response_tokens = 6144
+    c.rollout.max_obs_tokens = 1024
+    c.rollout.invalid_action = "none"
+    c.tool.sql_timeout_s = 5.0
+    c.train.steps = 100
+    c.train.prompts_per_step = 256
+    c.train.group_size = 5
+    c.train.mini_batch = 256 * 5 // 4
+    c.train.micro_batch = 4
+    c.optim.total_steps = 100
+    c.optim.warmup_steps = 10
+    c.output.checkpoint_every = 20
+    if method == "dart":
+        c.method.variant, c.method.rank, c.method.alpha, c.optim.lr = "dart", 8, 16.0, 1e-5
+    elif method == "lora":
+        c.method.variant, c.method.rank, c.method.alpha, c.optim.lr = "lora", 16, 32.0, 1e-5
+    else:
+        c.method.variant, c.optim.lr = "full", 1e-6
+    c.output.dir = f"runs/sql-{method}-qwen2.5-coder-7b"
+    return c

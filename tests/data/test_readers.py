@@ -1,0 +1,95 @@
+"""Dataset readers on real files (the shipped NQ / HotpotQA slices and Spider databases) and on
+Search-R1-shaped parquet written here with pyarrow."""
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dart_jax.data import readers
+from dart_jax.rollout.tasks import DATA
+
+
+def _search_r1_parquet(path, source, ids_col=True):
+    prompt = ("Answer the given question. ... For example, <answer> Beijing </answer>. Question: {q}?\n")
+    rows = [{"data_source": source, "prompt": [{"role": "user", "content": prompt.format(q=q)}],
+             "ability": "fact-reasoning",
+             "reward_model": {"style": "rule", "ground_truth": {"target": gold}},
+             "extra_info": {"split": "train", "index": k}}
+            for k, (q, gold) in enumerate([("who wrote hamlet", ["Shakespeare"]),
+                                           ("capital of france", ["Paris", "paris city"])])]
+    if ids_col:
+        for k, r in enumerate(rows):
+            r["id"] = f"train_{k}"
+            r["golden_answers"] = r["reward_model"]["ground_truth"]["target"]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def test_search_r1_parquet_merge_has_unique_uids(tmp_path):
+    nq, hp = str(tmp_path / "nq.parquet"), str(tmp_path / "hp.parquet")
+    _search_r1_parquet(nq, "nq")
+    _search_r1_parquet(hp, "hotpotqa", ids_col=False)  # only reward_model.ground_truth and the prompt
+    a, b = readers.read_search_r1_parquet(nq), readers.read_search_r1_parquet(hp)
+    assert a[0] == {"id": "nq-train_0", "question": "who wrote hamlet?", "golden_answers": ["Shakespeare"],
+                    "data_source": "nq"}
+    assert b[1]["question"] == "capital of france?" and b[1]["golden_answers"] == ["Paris", "paris city"]
+    assert b[0]["id"] == "hotpotqa-0"
+    merged = readers.merge(a, b)
+    assert len({r["id"] for r in merged}) == 4  # both files use row index 0 and 1: uids still differ
+    with pytest.raises(readers.DataError, match="occurs twice"):
+        readers.merge(a, a)
+
+
+def test_flashrag_real_files():
+    nq = readers.read_flashrag_jsonl(os.path.join(DATA, "qa", "nq_oracle.jsonl"))
+    hp = readers.read_flashrag_jsonl(os.path.join(DATA, "qa", "hotpotqa_sample300.jsonl"))
+    assert len(nq) == 2655 and len(hp) == 300
+    assert nq[0]["id"] == "nq-oracle-0" and nq[0]["data_source"] == "nq"
+    assert all(r["golden_answers"] for r in hp)
+    assert len(readers.merge(nq, hp)) == 2955
+
+
+def test_missing_field_names_file_row_and_field(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(json.dumps({"id": "a", "question": "q", "golden_answers": ["x"]}) + "\n" +
+                 json.dumps({"id": "b", "question": "q2"}) + "\n")
+    with pytest.raises(readers.DataError, match=r"bad.jsonl: row 1 has no field 'golden_answers'"):
+        readers.read_flashrag_jsonl(str(p))
+    with pytest.raises(FileNotFoundError, match="nowhere.jsonl"):
+        readers.read_flashrag_jsonl(str(tmp_path / "nowhere.jsonl"))
+
+
+def test_spider_and_bird_readers_skip_and_count_missing_databases(tmp_path):
+    db_root = os.path.join(DATA, "spider", "database")
+    spider = [{"db_id": "concert_singer", "question": "How many singers do we have?",
+               "query": "SELECT count(*) FROM singer"},
+              {"db_id": "wta_1", "question": "How many players?", "query": "SELECT count(*) FROM players"}]
+    sp = tmp_path / "dev.json"
+    sp.write_text(json.dumps(spider))
+    rows, missing = readers.read_spider_json(str(sp), db_root)
+    assert missing == 1 and len(rows) == 1
+    assert rows[0]["db_path"].endswith("concert_singer/concert_singer.sqlite") and rows[0]["id"] == "spider_dev-0"
+    bird = [{"question_id": 7, "db_id": "singer", "question": "q", "evidence": "e", "SQL": "SELECT 1"},
+            {"question_id": 8, "db_id": "superhero", "question": "q", "evidence": "", "SQL": "SELECT 1"}]
+    bp = tmp_path / "bird.json"
+    bp.write_text(json.dumps(bird))
+    rows, missing = readers.read_bird_json(str(bp), db_root)
+    assert missing == 1 and rows[0]["id"] == "bird_dev-7" and rows[0]["evidence"] == "e"
+    sky = tmp_path / "sky.jsonl"
+    sky.write_text(json.dumps({"db_id": "pets_1", "question": "How many pets?", "sql": "SELECT count(*) FROM pets"}))
+    rows, _ = readers.read_skyrl_sql(str(sky), db_root)
+    assert rows[0]["query"] == "SELECT count(*) FROM pets"
+    bad = tmp_path / "nosql.json"
+    bad.write_text(json.dumps([{"db_id": "pets_1", "question": "q"}]))
+    with pytest.raises(readers.DataError, match="no gold SQL"):
+        readers.read_spider_json(str(bad), db_root)
+
+
+def test_load_rows_from_config_entry():
+    rows = readers.load_rows({"reader": "flashrag", "path": "data/qa/nq_oracle.jsonl", "offset": 10, "limit": 3},
+                             base_dir=os.path.dirname(DATA))
+    assert [r["id"] for r in rows] == ["nq-oracle-10", "nq-oracle-11", "nq-oracle-12"]
+    with pytest.raises(readers.DataError, match="reader 'csv'"):
+        readers.load_rows({"reader": "csv", "path": "x"})

@@ -1,0 +1,54 @@
+"""Every shipped config builds valid trainer sections (the dataclasses validate each field), and
+command-line style overrides reach them."""
+
+import pytest
+
+from configs import base, cea, paper_qa, paper_sql, quickstart
+from dart_jax.adapters.method import MethodSpec
+from dart_jax.rl.optim import OptimConfig
+from dart_jax.rl.step import LossConfig
+from dart_jax.rollout.agent import RolloutConfig
+from dart_jax.rollout.sampling import SamplingConfig
+
+
+def _validate(c):
+    MethodSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in c.method.items()})
+    LossConfig(**c.loss)
+    OptimConfig(**c.optim)
+    RolloutConfig(**c.rollout)
+    SamplingConfig(**c.sampling)
+    n = c.train.prompts_per_step * c.train.group_size
+    assert n % c.train.mini_batch == 0 and c.train.mini_batch % c.train.micro_batch == 0
+    assert c.data.train, "no training data"
+    assert c.model.path
+
+
+SETUPS = ([(paper_qa, f"{m},{k}") for m in paper_qa.METHODS for k in paper_qa.MODELS]
+          + [(paper_sql, m) for m in paper_sql.METHODS]
+          + [(cea, f"{v},qwen2.5-7b-base") for v in cea.ROLE_MASK]
+          + [(quickstart, None)])
+
+
+@pytest.mark.parametrize("module,arg", SETUPS, ids=[f"{m.__name__}:{a}" for m, a in SETUPS])
+def test_config_builds(module, arg):
+    c = module.get_config(arg) if arg is not None else module.get_config()
+    _validate(c)
+
+
+def test_paper_hyper_parameters():
+    d = paper_qa.get_config("dart,qwen2.5-3b-base")
+    assert (d.method.variant, d.method.rank, d.method.alpha, d.optim.lr) == ("dart", 8, 16.0, 1e-5)
+    assert (d.loss.kl_coef, d.loss.clip_low, d.loss.dual_clip, d.loss.kl_type) == (0.001, 0.2, 3.0, "k3")
+    assert (d.train.steps, d.train.prompts_per_step, d.train.group_size, d.rollout.max_turns) == (100, 256, 16, 4)
+    assert d.optim.warmup_steps == 10 and d.sampling.top_p == 1.0
+    s = paper_qa.get_config("search_r1,llama3.1-8b-instruct")
+    assert s.method.variant == "full" and s.optim.lr == 1e-6 and s.rollout.invalid_action == "search_r1"
+    assert cea.get_config("tool,qwen2.5-3b-base").method.role_mask == "tool"
+    with pytest.raises(ValueError, match="expected one of"):
+        paper_qa.get_config("dart,gpt-5")
+
+
+def test_base_defaults_are_reference_defaults():
+    c = base.get()
+    assert c.loss.agg_mode == "token-mean" and c.loss.micro_mode == "global" and c.loss.entropy_coef == 0.0
+    assert (c.optim.weight_decay, c.optim.clip_norm, c.optim.b2) == (0.01, 1.0, 0.999)
