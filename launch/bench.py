@@ -1,4 +1,4 @@
-"""python -m launch.bench [--json FILE] {forward,adapters,sampler,resume} [options]"""
+"""python -m launch.bench [--json FILE] {forward,adapters,sampler,resume,train} [options]"""
 
 from __future__ import annotations
 
@@ -33,6 +33,12 @@ def main(argv=None) -> int:
     rs.add_argument("--turns", type=int, default=4)
     rs.add_argument("--obs-len", type=int, default=400, help="observation tokens per call (3 passages ≈ 400)")
     rs.add_argument("--prompt-len", type=int, default=256)
+    tr = sub.add_parser("train", help="one GRPO update of DART vs the same update in PyTorch")
+    tr.add_argument("--model", default="smollm2-135m-instruct")
+    tr.add_argument("--batch", type=int, default=4)
+    tr.add_argument("--length", type=int, default=512)
+    tr.add_argument("--repeats", type=int, default=3)
+    tr.add_argument("--no-torch", action="store_true")
     ap.add_argument("--json", default=None, help="also write the result to this file")
     args = ap.parse_args(argv)
     if args.which == "forward":
@@ -67,6 +73,16 @@ def main(argv=None) -> int:
         print(f"{res['turns']} tool calls, batch {res['batch']}, prompt {res['prompt_len']}, "
               f"{res['gen_per_turn']} generated + {res['obs_len']} observation tokens per turn: cache resume {res['resume_s']:.2f} s, "
               f"re-prefill {res['reprefill_s']:.2f} s, ratio {res['speedup']:.2f}x")
+    if args.which == "train":
+        from dart_jax.bench.train import bench_train
+        res = bench_train(args.model, args.batch, args.length, args.repeats, not args.no_torch)
+        ms = res["median_s"]
+        line = (f"GRPO update (DART 2x r8) {res['model']} {res['batch']}x{res['length']} on {res['device']}: "
+                f"dart_jax {ms['dart_jax']:.2f} s ({100 * res['ours_flops_frac_of_matmul']:.1f}% of matmul "
+                f"{res['matmul_flops'] / 1e9:.1f} GFLOP/s)")
+        if "speedup" in res:
+            line += f", torch {ms['torch']:.2f} s, ratio {res['speedup']:.2f}x"
+        print(line)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(res, fh, indent=2)

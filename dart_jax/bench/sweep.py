@@ -1,0 +1,101 @@
+"""Mesh-shape sweep of the GRPO train step: compile time, step time and memory per device.
+
+For each mesh shape the config's model, method and loss are set up on a sub-mesh of the devices,
+the step is compiled with explicit in/out shardings for a synthetic mini-batch of the config's
+micro-batch layout ([M, micro_batch, length]), then timed. Memory: the device's peak allocator
+statistic where the backend reports one (GPU/TPU), else XLA's compiled-program estimate
+(arguments + outputs + temporaries − aliased, per device).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from dart_jax.adapters.method import MethodSpec, init_adapters, trainable
+from dart_jax.bench.train import _batch
+from dart_jax.checkpoints.registry import load_model
+from dart_jax.models.sharding import adapter_shardings, base_shardings
+from dart_jax.parallel.mesh import make_mesh, named_sharding
+from dart_jax.rl.optim import OptimConfig, make_optimizer
+from dart_jax.rl.step import BATCH_KEYS, LossConfig, init_state, make_train_step
+
+
+def _tuple_fields(d: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+
+
+def sweep_mesh(config, shapes: list[tuple[int, int, int]], length: int = 512, steps: int = 3) -> list[dict]:
+    overrides = {k: v for k, v in dict(config.model).items() if k != "path" and v not in (None, "")}
+    method = MethodSpec(**_tuple_fields(dict(config.method)))
+    lc, oc = LossConfig(**dict(config.loss)), OptimConfig(**dict(config.optim))
+    micro, mini = config.train.micro_batch, config.train.mini_batch
+    rows = []
+    for shape in shapes:
+        n = math.prod(shape)
+        if n > jax.device_count():
+            rows.append({"mesh": "x".join(map(str, shape)), "error": f"needs {n} devices, {jax.device_count()} available"})
+            continue
+        mesh = make_mesh(shape, jax.devices()[:n])
+        cfg, base = load_model(config.model.path, mesh=mesh, **overrides)
+        base = jax.device_put(base, base_shardings(cfg, mesh))
+        ads = init_adapters(method, cfg, jax.random.PRNGKey(0))
+        params = trainable(method, base, ads)
+        if method.trains_base:
+            params = jax.device_put(jax.tree.map(jnp.copy, params), base_shardings(cfg, mesh))
+        else:
+            params = jax.device_put(params, adapter_shardings(params, cfg, mesh))
+        opt = make_optimizer(oc)
+        state = jax.jit(lambda p, opt=opt: init_state(p, opt))(params)
+        data = _batch(cfg, mini, length)
+        m = mini // micro
+        batch = {k: jnp.asarray(data[k]).reshape((m, micro) + data[k].shape[1:]) for k in BATCH_KEYS}
+        bsh = {k: named_sharding((None, "batch", "length")[:v.ndim], v.shape, mesh) for k, v in batch.items()}
+        batch = jax.device_put(batch, bsh)
+        state_sh = jax.tree.map(lambda x: x.sharding, state)
+        base_sh = jax.tree.map(lambda x: x.sharding, base)
+        rep = NamedSharding(mesh, P())
+        fn = jax.jit(make_train_step(cfg, method, lc, opt), in_shardings=(state_sh, base_sh, bsh, rep),
+                     out_shardings=(state_sh, rep), donate_argnums=(0,))
+        key = jax.random.PRNGKey(0)
+        t0 = time.perf_counter()
+        compiled = fn.lower(state, base, batch, key).compile()
+        compile_s = time.perf_counter() - t0
+        times = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            state, metrics = compiled(state, base, batch, key)
+            jax.block_until_ready(metrics)
+            times.append(time.perf_counter() - t)
+        stats = mesh.devices.flat[0].memory_stats() or {}
+        if "peak_bytes_in_use" in stats:
+            mem, source = max((d.memory_stats() or {}).get("peak_bytes_in_use", 0) for d in mesh.devices.flat), "peak"
+        else:
+            ma = compiled.memory_analysis()
+            mem = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
+                   - ma.alias_size_in_bytes)
+            source = "xla estimate"
+        tokens = mini * length
+        rows.append({"mesh": "x".join(map(str, shape)), "devices": n, "compile_s": compile_s,
+                     "step_s": float(np.median(times[1:] if len(times) > 1 else times)),
+                     "tokens_per_s": tokens / float(np.median(times[1:] if len(times) > 1 else times)),
+                     "memory_gib_per_device": mem / 2 ** 30, "memory_source": source,
+                     "loss": float(metrics["loss"])})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = "| mesh (data×fsdp×tensor) | compile s | step s | tokens/s | memory GiB/device | loss |"
+    out = [head, "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['mesh']} | {r['error']} | | | | |")
+            continue
+        out.append(f"| {r['mesh']} | {r['compile_s']:.1f} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | "
+                   f"{r['memory_gib_per_device']:.3f} ({r['memory_source']}) | {r['loss']:.6f} |")
+    return "\n".join(out)

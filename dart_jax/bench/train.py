@@ -1,0 +1,119 @@
+"""One GRPO update of DART (two routed rank-8 adapters, frozen base) on SmolLM2: dart_jax's jitted
+step vs the same update in PyTorch (transformers model + the two-adapter hook reference, torch
+autograd, clip_grad_norm_, torch.optim.AdamW), same tokens, same process.
+
+Both sides compute: teacher-forced log-probs at T = 1 in fp32, the clipped GRPO loss with dual
+clip, k3 KL against given reference log-probs, token-mean over the loss mask, backward, global-norm
+clip 1.0, AdamW. Timed: the update only (old/ref log-probs are inputs on both sides).
+
+Model FLOPs per update (frozen base: the backward computes activation gradients only, ≈ the
+forward's matmuls again; attention backward ≈ 2× its forward):
+    2·(2·P_mm·tokens) + 3·(4·L·T²·N·H·B/2)        P_mm = matmul parameters incl. the head
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dart_jax.adapters.method import MethodSpec, init_adapters
+from dart_jax.bench.sampler import matmul_flops
+from dart_jax.bench.timing import time_fn
+from dart_jax.checkpoints.registry import load_model, resolve
+from dart_jax.rl.optim import OptimConfig, make_optimizer
+from dart_jax.rl.step import BATCH_KEYS, LossConfig, init_state, make_train_step
+
+
+def update_flops(cfg, batch: int, length: int) -> float:
+    D, F, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.vocab_size
+    N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    p_mm = L * (D * (N + 2 * K) * H + N * H * D + 3 * D * F) + D * V
+    tokens = batch * length
+    attn_fwd = 4 * L * length * length * N * H * batch / 2
+    return 2 * (2 * p_mm * tokens) + 3 * attn_fwd
+
+
+def _batch(cfg, batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, cfg.vocab_size, (batch, length)).astype(np.int32)
+    positions = np.tile(np.arange(length, dtype=np.int32), (batch, 1))
+    mask = np.zeros((batch, length), np.float32)
+    mask[:, length // 4:] = 1.0                       # a prompt, then the response
+    routes = (rng.random((batch, length)) < 0.15).astype(np.int32)
+    lroles = np.concatenate([np.full((batch, 1), -1), routes[:, :-1]], 1).astype(np.int32)
+    old = rng.normal(-3.0, 0.5, (batch, length)).astype(np.float32)
+    ref = old + rng.normal(0, 0.05, (batch, length)).astype(np.float32)
+    adv = rng.normal(size=batch).astype(np.float32)
+    return {"tokens": tokens, "positions": positions, "route_ids": routes, "loss_roles": lroles,
+            "loss_mask": mask, "old_logp": old, "ref_logp": ref, "advantages": adv}
+
+
+def _torch_update(path, cfg, adapters, batch, lc: LossConfig, oc: OptimConfig, repeats: int):
+    import torch
+
+    from dart_jax.parity.crosscheck import load_torch_model
+    from dart_jax.parity.torch_lora import install, torch_factors
+
+    model = load_torch_model(path)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    names = sorted(adapters)
+    factors = [torch_factors(adapters[n]) for n in names]
+    install(model, factors, [adapters[n].scale for n in names], batch["route_ids"])
+    params = [t for f in factors for pair in f.values() for t in pair]
+    opt = torch.optim.AdamW(params, lr=oc.lr, betas=(oc.b1, oc.b2), eps=oc.eps, weight_decay=oc.weight_decay)
+    t = {k: torch.tensor(v) for k, v in batch.items()}
+    ids = t["tokens"].long()
+
+    def step():
+        opt.zero_grad()
+        logits = model(input_ids=ids).logits.float() / lc.temperature
+        lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+        lp = torch.cat([torch.zeros_like(lp[:, :1]), lp], 1)
+        a = t["advantages"][:, None]
+        ratio = torch.exp(torch.clamp(lp - t["old_logp"], -20, 20))
+        lclip = torch.maximum(-a * ratio, -a * torch.clamp(ratio, 1 - lc.clip_low, 1 + lc.clip_high))
+        pg = torch.where(a < 0, torch.minimum(-a * lc.dual_clip, lclip), lclip)
+        u = torch.clamp(t["ref_logp"] - lp, -20, 20)
+        kl = torch.clamp(torch.exp(u) - u - 1, -10, 10)
+        m = t["loss_mask"]
+        loss = ((pg + lc.kl_coef * kl) * m).sum() / m.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, oc.clip_norm)
+        opt.step()
+        return loss
+
+    return time_fn(step, repeats=repeats)
+
+
+def bench_train(model: str = "smollm2-135m-instruct", batch: int = 4, length: int = 512, repeats: int = 3,
+                with_torch: bool = True) -> dict:
+    path = resolve(model)
+    cfg, base = load_model(path)
+    method = MethodSpec("dart", rank=8, alpha=16.0)
+    adapters = init_adapters(method, cfg, jax.random.PRNGKey(0))
+    host_adapters = jax.device_get(adapters)  # the jitted step donates (deletes) its input state
+    lc, oc = LossConfig(), OptimConfig(lr=1e-5)
+    opt = make_optimizer(oc)
+    data = _batch(cfg, batch, length)
+    mb = {k: jnp.asarray(data[k])[None] for k in BATCH_KEYS}
+    step = jax.jit(make_train_step(cfg, method, lc, opt), donate_argnums=(0,))
+    holder = {"state": init_state(adapters, opt)}
+
+    def ours():
+        holder["state"], m = step(holder["state"], base, mb, jax.random.PRNGKey(0))
+        jax.block_until_ready(m)
+
+    results = {"dart_jax": time_fn(ours, repeats=repeats)}
+    if with_torch:
+        results["torch"] = _torch_update(path, cfg, host_adapters, data, lc, oc, repeats)
+    flops = update_flops(cfg, batch, length)
+    peak = matmul_flops()
+    out = {"bench": "train", "model": model, "batch": batch, "length": length, "device": jax.devices()[0].platform,
+           "median_s": {k: v["median_s"] for k, v in results.items()}, "update_flops": flops,
+           "matmul_flops": peak, "ours_flops_frac_of_matmul": flops / results["dart_jax"]["median_s"] / peak,
+           "details": results}
+    if with_torch:
+        out["speedup"] = results["torch"]["median_s"] / results["dart_jax"]["median_s"]
+    return out

@@ -1,0 +1,24 @@
+"""The mesh sweep runs the sharded train step on several mesh shapes of the 8 forced host devices;
+every shape computes the same loss as one device (tolerance 1e-5)."""
+
+import pytest
+
+from configs import quickstart
+from dart_jax.bench.sweep import sweep_mesh, table
+
+import tiny_models
+
+
+def test_sweep_same_loss_on_every_mesh(tmp_path):
+    path = str(tmp_path / "tiny")
+    tiny_models.build("llama", path, num_attention_heads=4, num_key_value_heads=2)
+    c = quickstart.get_config()
+    c.model.path = path
+    c.train.mini_batch, c.train.micro_batch = 8, 4
+    rows = sweep_mesh(c, [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2), (1, 1, 16)], length=32, steps=2)
+    ok = [r for r in rows if "error" not in r]
+    assert len(ok) == 4 and "needs 16 devices" in rows[-1]["error"]
+    for r in ok[1:]:
+        assert r["loss"] == pytest.approx(ok[0]["loss"], abs=1e-5), r["mesh"]
+        assert r["compile_s"] > 0 and r["step_s"] > 0 and r["memory_gib_per_device"] > 0
+    assert "| 2x2x2 |" in table(rows)
