@@ -370,5 +370,9 @@ def summary(result: dict) -> str:
              f"metrics {result['metrics']}", f"plot {result['plot']}", f"checkpoints {result['checkpoints']}"]
     if "adapters" in result:
         lines.append(f"adapters {result['adapters']}")
+    if all(r.get("protocol/answer_rate", 0) == 0 for r in rows):
+        lines.append("note: no rollout reached an <answer>/<solution>: every reward is equal, so every GRPO "
+                     "advantage is 0 and only the KL/entropy terms act. Small models need a protocol warm "
+                     "start first (WORKSPACE.md, 'Known gaps').")
     return "\n".join(lines)
 
