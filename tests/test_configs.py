@@ -4,17 +4,15 @@ command-line style overrides reach them."""
 import pytest
 
 from configs import base, cea, paper_qa, paper_sql, quickstart
-from dart_jax.adapters.method import MethodSpec
-from dart_jax.rl.optim import OptimConfig
-from dart_jax.rl.step import LossConfig
+from dart_jax.rl.sections import loss_config, method_spec, optim_config
 from dart_jax.rollout.agent import RolloutConfig
 from dart_jax.rollout.sampling import SamplingConfig
 
 
 def _validate(c):
-    MethodSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in c.method.items()})
-    LossConfig(**c.loss)
-    OptimConfig(**c.optim)
+    method_spec(c)
+    loss_config(c)
+    optim_config(c)
     RolloutConfig(**c.rollout)
     SamplingConfig(**c.sampling)
     n = c.train.prompts_per_step * c.train.group_size

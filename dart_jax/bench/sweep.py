@@ -17,23 +17,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from dart_jax.adapters.method import MethodSpec, init_adapters, trainable
+from dart_jax.adapters.method import init_adapters, trainable
 from dart_jax.bench.train import _batch
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.sharding import adapter_shardings, base_shardings
 from dart_jax.parallel.mesh import make_mesh, named_sharding
-from dart_jax.rl.optim import OptimConfig, make_optimizer
-from dart_jax.rl.step import BATCH_KEYS, LossConfig, init_state, make_train_step
-
-
-def _tuple_fields(d: dict) -> dict:
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+from dart_jax.rl.optim import make_optimizer
+from dart_jax.rl.sections import loss_config, method_spec, model_overrides, optim_config
+from dart_jax.rl.step import BATCH_KEYS, init_state, make_train_step
 
 
 def sweep_mesh(config, shapes: list[tuple[int, int, int]], length: int = 512, steps: int = 3) -> list[dict]:
-    overrides = {k: v for k, v in dict(config.model).items() if k != "path" and v not in (None, "")}
-    method = MethodSpec(**_tuple_fields(dict(config.method)))
-    lc, oc = LossConfig(**dict(config.loss)), OptimConfig(**dict(config.optim))
+    overrides = model_overrides(config)
+    method, lc, oc = method_spec(config), loss_config(config), optim_config(config)
     micro, mini = config.train.micro_batch, config.train.mini_batch
     rows = []
     for shape in shapes:

@@ -55,6 +55,7 @@ class ModelConfig:
     remat_policy: str = "none"
     scan_layers: bool = True
     attention_impl: str = "xla"
+    causal_block: int = 128  # "xla" attention without a cache: query blocks skip later keys (0 = off)
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:

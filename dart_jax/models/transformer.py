@@ -127,8 +127,11 @@ def _layer(cfg: ModelConfig, x, p, layer_adapters, cached, cos, sin, self_mask, 
     q = checkpoint_name(q, "query_proj")
     k = checkpoint_name(k, "key_proj")
     v = checkpoint_name(v, "value_proj")
-    blocks = ([cached] if cached is not None else []) + [(k, v, self_mask)]
-    attn = attention(q, blocks, cfg)
+    if cached is None and cfg.attention_impl == "xla" and 0 < cfg.causal_block < q.shape[1]:
+        attn = causal_blocked_attention(q, k, v, self_mask, cfg)
+    else:
+        blocks = ([cached] if cached is not None else []) + [(k, v, self_mask)]
+        attn = attention(q, blocks, cfg)
     attn_out = _proj(attn, p["o"], "btnh,nhd->btd", layer_adapters, "o", route_ids)
     x = x + attn_out
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
@@ -136,6 +139,20 @@ def _layer(cfg: ModelConfig, x, p, layer_adapters, cached, cos, sin, self_mask, 
     up = _proj(h, p["up"], "btd,df->btf", layer_adapters, "up", route_ids)
     mlp = _proj(jax.nn.silu(gate) * up, p["down"], "btf,fd->btd", layer_adapters, "down", route_ids)
     return x + mlp, (k, v)
+
+
+def causal_blocked_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray,
+                             cfg: ModelConfig) -> jnp.ndarray:
+    """Self-attention of a chunk with no cache, query block by query block: block [s, e) attends
+    keys [0, e) only. Exact under the position rule because positions increase along a row, so a
+    key after the query block is never visible; at T = 512 with blocks of 128 it skips 37.5% of
+    the score and softmax work (→ 50% as T grows)."""
+    t, c = q.shape[1], cfg.causal_block
+    outs = []
+    for start in range(0, t, c):
+        end = min(start + c, t)
+        outs.append(attention(q[:, start:end], [(k[:, :end], v[:, :end], mask[:, :, start:end, :end])], cfg))
+    return jnp.concatenate(outs, axis=1)
 
 
 def attention(q: jnp.ndarray, blocks: list[tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]],

@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from dart_jax.adapters.method import MethodSpec, init_adapters, model_trees, trainable
+from dart_jax.adapters.method import init_adapters, model_trees, trainable
 from dart_jax.checkpoints.dart_io import export_dart, import_dart
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.data.readers import load_rows, merge
@@ -35,14 +35,9 @@ from dart_jax.rewards.qa import em
 from dart_jax.rl import batch as batch_lib
 from dart_jax.rl.checkpoint import Checkpointer
 from dart_jax.rl.metrics import MetricsWriter, plot_curves
-from dart_jax.rl.optim import OptimConfig, make_optimizer
-from dart_jax.rl.step import (
-    BATCH_KEYS,
-    LossConfig,
-    init_state,
-    make_scorer,
-    make_train_step,
-)
+from dart_jax.rl.optim import make_optimizer
+from dart_jax.rl.sections import loss_config, method_spec, model_overrides, optim_config, section
+from dart_jax.rl.step import BATCH_KEYS, init_state, make_scorer, make_train_step
 from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
 from dart_jax.rollout.protocol import PROTOCOLS
 from dart_jax.rollout.router import REASONING, TOOL
@@ -53,14 +48,6 @@ from dart_jax.tokenization.tokenizer import load_tagged_model
 log = logging.getLogger(__name__)
 
 ROUTE_MODE = {"dart": "role", "lora": "shared", "full": "none"}
-
-
-def _sub(config, name) -> dict:
-    return dict(config[name]) if name in config else {}
-
-
-def _tuple_fields(d: dict) -> dict:
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
 
 
 class DataStream:
@@ -117,11 +104,11 @@ class Trainer:
         self.config = config
         self.on_step = on_step
         tc = config.train
-        self.method = MethodSpec(**_tuple_fields(_sub(config, "method")))
-        self.loss_cfg = LossConfig(**_sub(config, "loss"))
-        self.optim_cfg = OptimConfig(**_sub(config, "optim"))
-        self.rollout_cfg = RolloutConfig(**_sub(config, "rollout"), route_mode=ROUTE_MODE[self.method.variant])
-        self.sampling = SamplingConfig(**_sub(config, "sampling"))
+        self.method = method_spec(config)
+        self.loss_cfg = loss_config(config)
+        self.optim_cfg = optim_config(config)
+        self.rollout_cfg = RolloutConfig(**section(config, "rollout"), route_mode=ROUTE_MODE[self.method.variant])
+        self.sampling = SamplingConfig(**section(config, "sampling"))
         n_traj = tc.prompts_per_step * tc.group_size
         if n_traj % tc.mini_batch or tc.mini_batch % tc.micro_batch:
             raise ValueError(f"train.prompts_per_step × train.group_size = {n_traj} must be a multiple of "
@@ -132,7 +119,7 @@ class Trainer:
             raise ValueError(f"mesh.shape={shape} needs {math.prod(shape)} devices; {jax.device_count()} available")
         self.mesh = make_mesh(shape, jax.devices()[:math.prod(shape)])
         key = jax.random.PRNGKey(tc.seed)
-        overrides = {k: v for k, v in _sub(config, "model").items() if k != "path" and v not in (None, "")}
+        overrides = model_overrides(config)
         if config.init_from:
             cfg, base = load_model(config.model.path, mesh=self.mesh, **overrides)
             adapters, _, base, cfg, tok = import_dart(config.init_from, base, cfg)

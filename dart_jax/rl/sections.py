@@ -1,0 +1,31 @@
+"""Config sections -> the dataclasses that validate them (one place for trainer, sweep and tests)."""
+
+from __future__ import annotations
+
+from dart_jax.adapters.method import MethodSpec
+from dart_jax.rl.optim import OptimConfig
+from dart_jax.rl.step import LossConfig
+
+
+def section(config, name: str) -> dict:
+    """A config section as a dict; lists become tuples (ml_collections keeps tuples as lists)."""
+    if name not in config:
+        return {}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in dict(config[name]).items()}
+
+
+def method_spec(config) -> MethodSpec:
+    return MethodSpec(**section(config, "method"))
+
+
+def loss_config(config) -> LossConfig:
+    return LossConfig(**section(config, "loss"))
+
+
+def optim_config(config) -> OptimConfig:
+    return OptimConfig(**section(config, "optim"))
+
+
+def model_overrides(config) -> dict:
+    """ModelConfig fields set by `config.model` (everything but the path; empty values skipped)."""
+    return {k: v for k, v in section(config, "model").items() if k != "path" and v not in (None, "")}
