@@ -22,7 +22,7 @@ def get() -> ConfigDict:
     c.algo = ConfigDict(dict(norm_adv_by_std=True))
     c.loss = ConfigDict(dict(temperature=1.0, clip_low=0.2, clip_high=0.2, dual_clip=3.0, kl_coef=0.001,
                              kl_type="k3", kl_clamp=True, entropy_coef=0.0, agg_mode="token-mean",
-                             micro_mode="global", logprob_chunk=256))
+                             micro_mode="global", logprob_chunk=128))
     c.optim = ConfigDict(dict(lr=1e-5, warmup_steps=10, total_steps=100, schedule="constant", min_lr_ratio=0.0,
                               weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0))
     c.sampling = ConfigDict(dict(temperature=1.0, top_p=1.0, top_k=0))

@@ -31,7 +31,6 @@ def get_config():
     c.optim.lr = 1e-4
     c.optim.warmup_steps = 0
     c.optim.total_steps = c.train.steps
-    c.loss.logprob_chunk = 128
     c.mesh.shape = (1, 1, 1)
     c.output.dir = "runs/quickstart"
     c.output.checkpoint_every = 2

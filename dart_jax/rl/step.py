@@ -48,7 +48,7 @@ class LossConfig:
     entropy_coef: float = 0.0
     agg_mode: str = "token-mean"
     micro_mode: str = "global"
-    logprob_chunk: int = 256
+    logprob_chunk: int = 128
 
     def __post_init__(self):
         for field, allowed in (("kl_type", losses.KL_TYPES), ("agg_mode", losses.AGG_MODES),
@@ -83,7 +83,11 @@ def per_token_terms(base, adapters, mb: dict, *, cfg: ModelConfig, lc: LossConfi
     adv = mb["advantages"][:, None]
     pg, ind = losses.clipped_policy_loss(logp, mb["old_logp"], adv, lc.clip_low, lc.clip_high, lc.dual_clip)
     kl = losses.kl_penalty(logp, mb["ref_logp"], lc.kl_type, lc.kl_clamp)
-    loss = pg + lc.kl_coef * kl - lc.entropy_coef * ent
+    loss = pg
+    if lc.kl_coef:
+        loss = loss + lc.kl_coef * kl
+    if lc.entropy_coef:  # a zero coefficient must not pull a backward pass through the entropy
+        loss = loss - lc.entropy_coef * ent
     return loss, {"pg_loss": pg, "kl": kl, "entropy": ent, "pg_clipfrac": ind["clipped"],
                   "pg_clipfrac_lower": ind["clipped_lower"], "ppo_kl": ind["ppo_kl"]}
 
@@ -127,7 +131,10 @@ def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, optimi
 
         metric0 = {k: jnp.zeros((), jnp.float32) for k in
                    ("loss", "pg_loss", "kl", "entropy", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")}
-        (grads, sums), _ = jax.lax.scan(body, (zeros, metric0), (batch, scales, jnp.arange(n_micro)))
+        if n_micro == 1:  # no loop: lets XLA schedule the single micro-batch freely
+            (grads, sums), _ = body((zeros, metric0), (jax.tree.map(lambda v: v[0], batch), scales[0], 0))
+        else:
+            (grads, sums), _ = jax.lax.scan(body, (zeros, metric0), (batch, scales, jnp.arange(n_micro)))
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         gnorm = optax.global_norm(grads)
         finite = jnp.isfinite(gnorm)
