@@ -1,0 +1,60 @@
+"""From trajectories to train-step arrays: routes from the router, loss roles, CEA role masks,
+padding, and GRPO advantages per prompt uid — checked on a hand-built trajectory."""
+
+import numpy as np
+import pytest
+
+from dart_jax.adapters.method import MethodSpec
+from dart_jax.rl.batch import build_batch, minibatches
+from dart_jax.rollout.router import RouterSpec
+from dart_jax.rollout.trajectory import assemble
+
+OPEN, CLOSE = 90, 91
+ROUTER = RouterSpec((OPEN,), (CLOSE,))
+
+
+def _trajectories():
+    # prompt [5, 6]; response: 7 <search> 8 9 </search> | obs 50 51 | 10 11
+    resp = {"ids": [7, OPEN, 8, 9, CLOSE, 50, 51, 10, 11], "mask": [1, 1, 1, 1, 1, 0, 0, 1, 1],
+            "logprobs": [-1.0] * 9, "routes": [0] * 9}
+    short = {"ids": [12, 13], "mask": [1, 1], "logprobs": [-0.5, -0.5], "routes": [0, 0]}
+    return assemble([[5, 6], [5, 6, 4]], [[0, 0], [0, 0, 0]], [resp, short], ["q1", "q2"],
+                    ["answer", "answer"], [[], []], ["", ""])
+
+
+@pytest.mark.parametrize("role_mask,expect", [
+    # token:          5  6  7  <s> 8  9  </s> 50 51 10 11
+    ("both",      [0, 0, 1, 1,  1, 1, 1,   0, 0, 1, 1]),
+    ("reasoning", [0, 0, 1, 1,  0, 0, 0,   0, 0, 1, 1]),
+    ("tool",      [0, 0, 0, 0,  1, 1, 1,   0, 0, 0, 0]),
+])
+def test_role_masks_follow_loss_roles(role_mask, expect):
+    b = build_batch(_trajectories(), np.asarray([1.0, 0.0]), MethodSpec("dart", role_mask=role_mask), ROUTER,
+                    pad_multiple=16)
+    assert b["tokens"].shape == (2, 16)
+    np.testing.assert_array_equal(b["loss_mask"][0, :11], expect)
+    assert b["loss_mask"][0, 11:].sum() == 0
+    # routes: tool from <search>'s position through the last query token; loss roles shifted by one
+    np.testing.assert_array_equal(b["route_ids"][0, :11], [0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(b["loss_roles"][0, :11], [-1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0])
+    assert (b["route_ids"][0, 11:] == -1).all() and (b["positions"][0, 11:] == -1).all()
+
+
+def test_variants_route_and_advantages():
+    tb = _trajectories()
+    lora = build_batch(tb, np.asarray([1.0, 0.0]), MethodSpec("lora"), ROUTER, pad_multiple=16)
+    assert set(np.unique(lora["route_ids"][0, :11])) == {0}
+    full = build_batch(tb, np.asarray([1.0, 0.0]), MethodSpec("full"), ROUTER, pad_multiple=16)
+    assert (full["route_ids"] == -1).all()
+    # two different uids: singleton groups, A = s / (1 + 1e-6)
+    np.testing.assert_allclose(full["advantages"], [1.0 / (1 + 1e-6), 0.0], rtol=1e-6)
+    np.testing.assert_array_equal(full["sampler_logp"][1, 3:5], [-0.5, -0.5])
+
+
+def test_minibatches_shape_and_divisibility():
+    batch = {"x": np.arange(8 * 3).reshape(8, 3)}
+    out = list(minibatches(batch, np.arange(8)[::-1], 4, 2, ("x",)))
+    assert len(out) == 2 and out[0]["x"].shape == (2, 2, 3)
+    np.testing.assert_array_equal(out[0]["x"][0, 0], [21, 22, 23])
+    with pytest.raises(ValueError, match="mini-batches of 3"):
+        list(minibatches(batch, np.arange(8), 3, 1, ("x",)))
