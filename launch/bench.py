@@ -39,6 +39,7 @@ def main(argv=None) -> int:
     tr.add_argument("--length", type=int, default=512)
     tr.add_argument("--repeats", type=int, default=3)
     tr.add_argument("--no-torch", action="store_true")
+    tr.add_argument("--remat", default="none", choices=["none", "full", "dots", "dots_no_batch", "save_qkv_proj"])
     ap.add_argument("--json", default=None, help="also write the result to this file")
     args = ap.parse_args(argv)
     if args.which == "forward":
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
               f"re-prefill {res['reprefill_s']:.2f} s, ratio {res['speedup']:.2f}x")
     if args.which == "train":
         from dart_jax.bench.train import bench_train
-        res = bench_train(args.model, args.batch, args.length, args.repeats, not args.no_torch)
+        res = bench_train(args.model, args.batch, args.length, args.repeats, not args.no_torch, args.remat)
         ms = res["median_s"]
         line = (f"GRPO update (DART 2x r8) {res['model']} {res['batch']}x{res['length']} on {res['device']}: "
                 f"dart_jax {ms['dart_jax']:.2f} s ({100 * res['ours_flops_frac_of_matmul']:.1f}% of matmul "

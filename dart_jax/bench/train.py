@@ -88,9 +88,9 @@ def _torch_update(path, cfg, adapters, batch, lc: LossConfig, oc: OptimConfig, r
 
 
 def bench_train(model: str = "smollm2-135m-instruct", batch: int = 4, length: int = 512, repeats: int = 3,
-                with_torch: bool = True) -> dict:
+                with_torch: bool = True, remat_policy: str = "none") -> dict:
     path = resolve(model)
-    cfg, base = load_model(path)
+    cfg, base = load_model(path, remat_policy=remat_policy)
     method = MethodSpec("dart", rank=8, alpha=16.0)
     adapters = init_adapters(method, cfg, jax.random.PRNGKey(0))
     host_adapters = jax.device_get(adapters)  # the jitted step donates (deletes) its input state
@@ -110,7 +110,8 @@ def bench_train(model: str = "smollm2-135m-instruct", batch: int = 4, length: in
         results["torch"] = _torch_update(path, cfg, host_adapters, data, lc, oc, repeats)
     flops = update_flops(cfg, batch, length)
     peak = matmul_flops()
-    out = {"bench": "train", "model": model, "batch": batch, "length": length, "device": jax.devices()[0].platform,
+    out = {"bench": "train", "model": model, "batch": batch, "length": length, "remat_policy": remat_policy,
+           "device": jax.devices()[0].platform,
            "median_s": {k: v["median_s"] for k, v in results.items()}, "update_flops": flops,
            "matmul_flops": peak, "ours_flops_frac_of_matmul": flops / results["dart_jax"]["median_s"] / peak,
            "details": results}
