@@ -35,7 +35,7 @@ from dart_jax.rewards.qa import em
 from dart_jax.rl import batch as batch_lib
 from dart_jax.rl.checkpoint import Checkpointer
 from dart_jax.rl.metrics import MetricsWriter, plot_curves
-from dart_jax.rl.optim import make_optimizer
+from dart_jax.rl.optim import learning_rate, make_optimizer
 from dart_jax.rl.sections import loss_config, method_spec, model_overrides, optim_config, section
 from dart_jax.rl.step import BATCH_KEYS, init_state, make_scorer, make_train_step
 from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
@@ -282,7 +282,6 @@ class Trainer:
         return m
 
     def optimizer_lr(self, update: int) -> float:
-        from dart_jax.rl.optim import learning_rate
         return float(learning_rate(self.optim_cfg)(max(update, 0)))
 
     # -- the loop --------------------------------------------------------------------------------

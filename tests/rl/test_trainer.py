@@ -144,3 +144,30 @@ def test_sql_task_trains_on_real_spider_databases(tiny_smollm_dir, tmp_path):
     assert row["reward/mean"] == -1.0 and row["reward/spider_dev"] == -1.0
     assert row["advantage/abs_mean"] == 0.0
     assert "adapters" not in out
+
+
+def test_launch_train_cli_with_overrides_and_resume(tiny_smollm_dir, tmp_path):
+    """README's main command path: absl flags, ml_collections overrides, --resume, the summary."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = tmp_path / "cli"
+    args = [sys.executable, "-m", "launch.train", "--config=configs/quickstart.py",
+            f"--config.model.path={tiny_smollm_dir}", f"--config.output.dir={out}",
+            "--config.train.prompts_per_step=2", "--config.train.group_size=2", "--config.train.mini_batch=4",
+            "--config.train.micro_batch=2", "--config.rollout.max_turns=1", "--config.rollout.max_tokens_per_turn=8",
+            "--config.output.progress=False", "--config.mesh.shape=(1,1,1)"]
+    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    first = subprocess.run(args + ["--config.train.steps=1"], cwd=root, env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "mean reward" in first.stdout and "no rollout reached an <answer>" in first.stdout
+    assert (out / "reward_curve.png").is_file() and (out / "adapters" / "dart_adapters.json").is_file()
+    second = subprocess.run(args + ["--config.train.steps=2", "--resume"], cwd=root, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from checkpoint 1" in second.stderr
+    assert [r["step"] for r in read_metrics(str(out / "metrics.jsonl"))] == [1, 2]
+    bad = subprocess.run(args + ["--config.train.mini_batch=3"], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert bad.returncode != 0 and "must be a multiple of train.mini_batch (3)" in bad.stderr
