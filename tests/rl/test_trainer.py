@@ -168,6 +168,12 @@ def test_launch_train_cli_with_overrides_and_resume(tiny_smollm_dir, tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from checkpoint 1" in second.stderr
     assert [r["step"] for r in read_metrics(str(out / "metrics.jsonl"))] == [1, 2]
+    # a new run starting from the exported DART adapter directory
+    warm = subprocess.run([a if not a.startswith("--config.output.dir=") else f"--config.output.dir={out}-warm"
+                           for a in args] + ["--config.train.steps=1", f"--config.init_from={out / 'adapters'}"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    assert (tmp_path / "cli-warm" / "metrics.jsonl").is_file()
     bad = subprocess.run(args + ["--config.train.mini_batch=3"], cwd=root, env=env, capture_output=True, text=True,
                          timeout=600)
     assert bad.returncode != 0 and "must be a multiple of train.mini_batch (3)" in bad.stderr
