@@ -5,7 +5,6 @@ CPU-only machine the host is split into as many devices as the largest mesh need
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import sys
@@ -37,17 +36,13 @@ def main() -> None:
 
     def run(argv):
         del argv
-        from dart_jax.bench.sweep import sweep_mesh, table
+        from dart_jax.bench.sweep import sweep_mesh, table, write_csv
         if not shapes:
             raise app.UsageError("give at least one --mesh=data,fsdp,tensor")
         rows = sweep_mesh(config.value, shapes, length.value, steps.value)
         print(table(rows))
         if out_csv.value:
-            keys = sorted({k for r in rows for k in r})
-            with open(out_csv.value, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=keys)
-                w.writeheader()
-                w.writerows(rows)
+            write_csv(rows, out_csv.value)
             print(f"wrote {out_csv.value}")
 
     flags.mark_flag_as_required("config")

@@ -15,16 +15,15 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from dart_jax.adapters.method import init_adapters, trainable
-from dart_jax.bench.train import _batch
+from dart_jax.adapters.method import init_adapters
+from dart_jax.bench.train import synthetic_batch
 from dart_jax.checkpoints.registry import load_model
-from dart_jax.models.sharding import adapter_shardings, base_shardings
-from dart_jax.parallel.mesh import make_mesh, named_sharding
+from dart_jax.parallel.mesh import make_mesh
 from dart_jax.rl.optim import make_optimizer
 from dart_jax.rl.sections import loss_config, method_spec, model_overrides, optim_config
-from dart_jax.rl.step import BATCH_KEYS, init_state, make_train_step
+from dart_jax.rl.placement import jit_step, microbatch_sharding, place_state
+from dart_jax.rl.step import BATCH_KEYS, make_train_step
 
 
 def sweep_mesh(config, shapes: list[tuple[int, int, int]], length: int = 512, steps: int = 3) -> list[dict]:
@@ -39,25 +38,13 @@ def sweep_mesh(config, shapes: list[tuple[int, int, int]], length: int = 512, st
             continue
         mesh = make_mesh(shape, jax.devices()[:n])
         cfg, base = load_model(config.model.path, mesh=mesh, **overrides)
-        base = jax.device_put(base, base_shardings(cfg, mesh))
-        ads = init_adapters(method, cfg, jax.random.PRNGKey(0))
-        params = trainable(method, base, ads)
-        if method.trains_base:
-            params = jax.device_put(jax.tree.map(jnp.copy, params), base_shardings(cfg, mesh))
-        else:
-            params = jax.device_put(params, adapter_shardings(params, cfg, mesh))
         opt = make_optimizer(oc)
-        state = jax.jit(lambda p, opt=opt: init_state(p, opt))(params)
-        data = _batch(cfg, mini, length)
+        state, base = place_state(method, cfg, base, init_adapters(method, cfg, jax.random.PRNGKey(0)), opt, mesh)
+        data = synthetic_batch(cfg, mini, length)
         m = mini // micro
         batch = {k: jnp.asarray(data[k]).reshape((m, micro) + data[k].shape[1:]) for k in BATCH_KEYS}
-        bsh = {k: named_sharding((None, "batch", "length")[:v.ndim], v.shape, mesh) for k, v in batch.items()}
-        batch = jax.device_put(batch, bsh)
-        state_sh = jax.tree.map(lambda x: x.sharding, state)
-        base_sh = jax.tree.map(lambda x: x.sharding, base)
-        rep = NamedSharding(mesh, P())
-        fn = jax.jit(make_train_step(cfg, method, lc, opt), in_shardings=(state_sh, base_sh, bsh, rep),
-                     out_shardings=(state_sh, rep), donate_argnums=(0,))
+        batch = {k: jax.device_put(v, microbatch_sharding(v.shape, mesh)) for k, v in batch.items()}
+        fn = jit_step(make_train_step(cfg, method, lc, opt), state, base, {k: v.shape for k, v in batch.items()}, mesh)
         key = jax.random.PRNGKey(0)
         t0 = time.perf_counter()
         compiled = fn.lower(state, base, batch, key).compile()
@@ -95,3 +82,12 @@ def table(rows: list[dict]) -> str:
         out.append(f"| {r['mesh']} | {r['compile_s']:.1f} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | "
                    f"{r['memory_gib_per_device']:.3f} ({r['memory_source']}) | {r['loss']:.6f} |")
     return "\n".join(out)
+
+
+def write_csv(rows: list[dict], path: str) -> None:
+    import csv
+    keys = sorted({k for r in rows for k in r})
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)

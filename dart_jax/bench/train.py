@@ -34,7 +34,7 @@ def update_flops(cfg, batch: int, length: int) -> float:
     return 2 * (2 * p_mm * tokens) + 3 * attn_fwd
 
 
-def _batch(cfg, batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
+def synthetic_batch(cfg, batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, cfg.vocab_size, (batch, length)).astype(np.int32)
     positions = np.tile(np.arange(length, dtype=np.int32), (batch, 1))
@@ -96,7 +96,7 @@ def bench_train(model: str = "smollm2-135m-instruct", batch: int = 4, length: in
     host_adapters = jax.device_get(adapters)  # the jitted step donates (deletes) its input state
     lc, oc = LossConfig(), OptimConfig(lr=1e-5)
     opt = make_optimizer(oc)
-    data = _batch(cfg, batch, length)
+    data = synthetic_batch(cfg, batch, length)
     mb = {k: jnp.asarray(data[k])[None] for k in BATCH_KEYS}
     step = jax.jit(make_train_step(cfg, method, lc, opt), donate_argnums=(0,))
     holder = {"state": init_state(adapters, opt)}

@@ -22,22 +22,20 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from dart_jax.adapters.method import init_adapters, model_trees, trainable
+from dart_jax.adapters.method import init_adapters, model_trees
 from dart_jax.checkpoints.dart_io import export_dart, import_dart
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.data.readers import load_rows, merge
-from dart_jax.models.sharding import adapter_shardings, base_shardings
-from dart_jax.parallel.mesh import make_mesh, named_sharding
+from dart_jax.parallel.mesh import make_mesh
 from dart_jax.rewards.qa import em
 from dart_jax.rl import batch as batch_lib
 from dart_jax.rl.checkpoint import Checkpointer
 from dart_jax.rl.metrics import MetricsWriter, plot_curves
 from dart_jax.rl.optim import learning_rate, make_optimizer
+from dart_jax.rl.placement import jit_step, microbatch_sharding, place_state
 from dart_jax.rl.sections import loss_config, method_spec, model_overrides, optim_config, section
-from dart_jax.rl.step import BATCH_KEYS, init_state, make_scorer, make_train_step
+from dart_jax.rl.step import BATCH_KEYS, make_scorer, make_train_step
 from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
 from dart_jax.rollout.protocol import PROTOCOLS
 from dart_jax.rollout.router import REASONING, TOOL
@@ -121,24 +119,17 @@ class Trainer:
         key = jax.random.PRNGKey(tc.seed)
         overrides = model_overrides(config)
         if config.init_from:
+            if self.method.variant != "dart":
+                raise ValueError(f"init_from={config.init_from!r} is a DART adapter directory; "
+                                 f"method.variant must be 'dart', got {self.method.variant!r}")
             cfg, base = load_model(config.model.path, mesh=self.mesh, **overrides)
             adapters, _, base, cfg, tok = import_dart(config.init_from, base, cfg)
-            if self.method.variant != "dart":
-                raise ValueError(f"init_from={config.init_from!r} is a DART adapter directory; method.variant must be 'dart'")
         else:
             cfg, base, tok = load_tagged_model(config.model.path, jax.random.fold_in(key, 0), self.mesh, **overrides)
             adapters = init_adapters(self.method, cfg, jax.random.fold_in(key, 1))
         self.cfg, self.tok = cfg, tok
-        self.base = jax.device_put(base, base_shardings(cfg, self.mesh))
-        params = trainable(self.method, self.base, adapters)
-        if self.method.trains_base:
-            params_sh = base_shardings(cfg, self.mesh)
-            params = jax.tree.map(jnp.copy, params)  # the base stays as the reference policy
-        else:
-            params_sh = adapter_shardings(params, cfg, self.mesh)
-        params = jax.device_put(params, params_sh)
         self.optimizer = make_optimizer(self.optim_cfg)
-        self.state = jax.jit(lambda p: init_state(p, self.optimizer))(params)
+        self.state, self.base = place_state(self.method, cfg, base, adapters, self.optimizer, self.mesh)
         self.key = jax.random.fold_in(key, 2)
 
         self.protocol = PROTOCOLS[config.task]
@@ -147,31 +138,20 @@ class Trainer:
                            self.rollout_cfg, config.router.convention)
         self.router = self.agent.spec.router
         self.stream = DataStream(len(self.rows), tc.seed, tc.shuffle)
-        self._compile(params_sh)
+        self._compile()
 
     # -- jitted functions with explicit shardings ----------------------------------------------
-    def _compile(self, params_sh):
-        mesh = self.mesh
-        rep = NamedSharding(mesh, P())
-        state_sh = jax.tree.map(lambda x: x.sharding, self.state)
-        base_sh = jax.tree.map(lambda x: x.sharding, self.base)
-        self.state_sh = state_sh
-
-        def batch_sh(key, shape):
-            names = (None, "batch", "length") if len(shape) == 3 else (None, "batch")
-            return named_sharding(names, shape, mesh)
-
-        self._batch_sh = batch_sh
+    def _compile(self):
+        self.state_sh = jax.tree.map(lambda x: x.sharding, self.state)
         step = make_train_step(self.cfg, self.method, self.loss_cfg, self.optimizer)
         self._step_jits: dict = {}
 
         def step_for(batch):
-            shapes = tuple((k, batch[k].shape) for k in BATCH_KEYS)
-            if shapes not in self._step_jits:
-                in_b = {k: batch_sh(k, s) for k, s in shapes}
-                self._step_jits[shapes] = jax.jit(step, in_shardings=(state_sh, base_sh, in_b, rep),
-                                                  out_shardings=(state_sh, rep), donate_argnums=(0,))
-            return self._step_jits[shapes]
+            shapes = {k: batch[k].shape for k in BATCH_KEYS}
+            key = tuple(shapes.items())
+            if key not in self._step_jits:  # one per padded length: bounded by pad_multiple
+                self._step_jits[key] = jit_step(step, self.state, self.base, shapes, self.mesh)
+            return self._step_jits[key]
 
         self._step_for = step_for
         score = make_scorer(self.cfg, self.loss_cfg.temperature, self.loss_cfg.logprob_chunk)
@@ -215,11 +195,11 @@ class Trainer:
     def train_step(self, step: int) -> dict:
         tc = self.config.train
         t0 = time.perf_counter()
-        picks = self.stream.take(tc.prompts_per_step)
-        rows = [self.rows[i] for i in picks for _ in range(tc.group_size)]
-        prompts, uids, metas, self.reward_fn = self.task_fn(self.tok, rows)
-        for m, r in zip(metas, rows):
-            m["data_source"] = r.get("data_source", "data")
+        picks = [self.rows[i] for i in self.stream.take(tc.prompts_per_step)]
+        prompts, uids, metas, self.reward_fn = self.task_fn(self.tok, picks)
+        g = tc.group_size
+        prompts, uids = [p for p in prompts for _ in range(g)], [u for u in uids for _ in range(g)]
+        metas = [dict(m, data_source=r.get("data_source", "data")) for m, r in zip(metas, picks) for _ in range(g)]
         rollout_base, rollout_ads = self.rollout_trees()
         seed = int(jax.random.randint(jax.random.fold_in(self.key, step), (), 0, 2 ** 31 - 1))
         tb = self.agent.rollout(rollout_base, rollout_ads, prompts, uids, metas, seed=seed)
@@ -232,11 +212,11 @@ class Trainer:
         upd: list[dict] = []
         key = jax.random.fold_in(self.key, 10_000 + step)
         for epoch in range(tc.ppo_epochs):
-            order = np.arange(len(rows))
+            order = np.arange(len(prompts))
             if tc.shuffle_minibatches:
-                order = np.random.default_rng([tc.seed, step, epoch]).permutation(len(rows))
+                order = np.random.default_rng([tc.seed, step, epoch]).permutation(len(prompts))
             for k, mb in enumerate(batch_lib.minibatches(batch, order, tc.mini_batch, tc.micro_batch, BATCH_KEYS)):
-                mb = {name: jax.device_put(v, self._batch_sh(name, v.shape)) for name, v in mb.items()}
+                mb = {name: jax.device_put(v, microbatch_sharding(v.shape, self.mesh)) for name, v in mb.items()}
                 self.state, m = self._step_for(mb)(self.state, self.base, mb, jax.random.fold_in(key, epoch * 1000 + k))
                 upd.append(jax.device_get(m))
         t_end = time.perf_counter()
