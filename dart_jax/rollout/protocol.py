@@ -41,17 +41,24 @@ SQL = Protocol("sql", "<sql>", "</sql>", "<solution>", "</solution>", "<observat
 PROTOCOLS = {"qa": QA, "sql": SQL}
 
 
+CONTEXTS = ("", " ", "\n", "x", "x ", "x\n", "x. ", "x\n\n")
+
+
 def tag_variants(tokenizer, tag: str) -> list[tuple[int, ...]]:
-    """Token-id sequences the tag can take in running text (alone, after a space, a newline or a
-    word), so a multi-token tag such as </answer> stops generation however it was tokenised."""
+    """Token-id sequences the tag can take in running text, so a multi-token tag such as </answer>
+    stops generation however it was tokenised: for each context (start of text, after a space, a
+    newline, a word, ...), the shortest token suffix of `context + tag` whose text contains the tag.
+    BPE merges the preceding space into the tag's first token (SmolLM2: 'x </answer>' is
+    ['x', ' </', 'answer', '>']), so the variants differ in their first token."""
     out = []
-    for ctx in ("", " ", "\n", "x", "x "):
-        base = tokenizer.encode(ctx, add_special_tokens=False) if ctx else []
+    for ctx in CONTEXTS:
         ids = tokenizer.encode(ctx + tag, add_special_tokens=False)
-        if ids[:len(base)] == base and len(ids) > len(base):
-            seq = tuple(ids[len(base):])
-            if seq not in out:
-                out.append(seq)
+        for k in range(1, len(ids) + 1):
+            if tag in tokenizer.decode(ids[-k:]):
+                seq = tuple(ids[-k:])
+                if seq not in out:
+                    out.append(seq)
+                break
     return out
 
 

@@ -79,3 +79,18 @@ def test_observation_truncation_keeps_closing_tag(setup):
     assert len(ids) <= 40 and tok.decode(ids).endswith("</information>\n\n")
     assert agent._query(tok.encode("x <search> capital of france </search>", add_special_tokens=False)) == "capital of france"
     assert agent._query(tok.encode("no opening </search>", add_special_tokens=False)) is None
+
+
+def test_answer_tag_stops_after_a_space_as_bpe_writes_it(setup):
+    """SmolLM2's BPE writes ' </answer>' as [' </', 'answer', '>'] (the space merged into the
+    tag's first token) and '</answer>' at a line start as ['</', 'answer', '>']: both must stop the
+    segment, or a policy that answers keeps writing and its last answer is scored instead."""
+    from dart_jax.rollout.protocol import SQL, stop_sequences
+    _, _, tok = setup[:3]
+    for protocol in (QA, SQL):
+        stops, groups = stop_sequences(tok, protocol)
+        answer = [stops[i] for i in groups["answer"]]
+        for text in (f"<answer> Jake {protocol.answer_close}", f"x\n{protocol.answer_close}",
+                     f"Jake{protocol.answer_close}", f"SELECT 1 {protocol.answer_close}"):
+            ids = tuple(tok.encode(text, add_special_tokens=False))
+            assert any(ids[-len(s):] == s for s in answer), (text, ids, answer)
