@@ -14,11 +14,15 @@ error naming the file, the row and the field.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from typing import Any, Iterable, Sequence
 
 from dart_jax.data.corpus import read_jsonl
+
+
+log = logging.getLogger(__name__)
 
 
 class DataError(ValueError):
@@ -198,8 +202,25 @@ READERS = {"search_r1_parquet": read_search_r1_parquet, "flashrag": read_flashra
            "spider": read_spider_json, "bird": read_bird_json, "skyrl_sql": read_skyrl_sql, "tfds": read_tfds}
 
 
+def question_key(row: dict) -> tuple[str, str]:
+    """What makes two rows the same question: the normalised text (SQuAD normalisation: case,
+    punctuation, articles) and, for SQL, the database."""
+    from dart_jax.rewards.qa import normalize_answer
+    return row.get("db_id", ""), normalize_answer(str(row.get("question", "")))
+
+
+def exclude_questions(rows: list[dict], held_out: list[dict]) -> tuple[list[dict], int]:
+    """Drop every row whose question (see `question_key`) is among `held_out` (evaluation sets).
+    -> (kept rows, number dropped)."""
+    keys = {question_key(r) for r in held_out}
+    kept = [r for r in rows if question_key(r) not in keys]
+    return kept, len(rows) - len(kept)
+
+
 def load_rows(spec: dict, base_dir: str | None = None) -> list[dict]:
-    """One dataset from a config entry {"reader", "path", "data_source", "db_root", "limit", "offset"}."""
+    """One dataset from a config entry {"reader", "path", "data_source", "db_root", "limit", "offset",
+    "exclude"}. `exclude` lists datasets (entries of the same form) whose questions are removed
+    before offset / limit apply: evaluation questions never reach training."""
     reader = spec.get("reader", "flashrag")
     if reader not in READERS:
         raise DataError(f"dataset reader {reader!r}; expected one of {sorted(READERS)}")
@@ -217,6 +238,10 @@ def load_rows(spec: dict, base_dir: str | None = None) -> list[dict]:
                          spec.get("data_dir"))
     else:
         rows = READERS[reader](path, **kw)
+    held_out = [r for ex in (spec.get("exclude") or ()) for r in load_rows(dict(ex), base_dir)]
+    if held_out:
+        rows, dropped = exclude_questions(rows, held_out)
+        log.info("%s: %d rows dropped (their questions are in the excluded sets), %d left", path, dropped, len(rows))
     start = int(spec.get("offset", 0) or 0)
     limit = spec.get("limit")
     return rows[start:start + int(limit)] if limit else rows[start:]
