@@ -4,28 +4,15 @@ GRPO training (DART, LoRA, full-parameter, CEA variants) as the config says; see
 
 from __future__ import annotations
 
-import logging
-
-from absl import app, flags
-from ml_collections import config_flags
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "an ml_collections config file (configs/*.py)")
-_RESUME = flags.DEFINE_bool("resume", False, "continue from the newest usable checkpoint in output.dir")
+from launch import _job
 
 
 def main(argv) -> None:
     del argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("absl", "jax", "orbax", "jax._src"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    config = _job.config_or_exit()
     from dart_jax.rl.trainer import Trainer, summary
-    config = _CONFIG.value
-    if config is None:
-        raise app.UsageError("--config=configs/NAME.py is required")
-    result = Trainer(config).run(resume=_RESUME.value)
-    print(summary(result))
+    print(summary(Trainer(config).run(resume=_job.RESUME.value)))
 
 
 if __name__ == "__main__":
-    flags.mark_flag_as_required("config")
-    app.run(main)
+    _job.run(main)

@@ -33,3 +33,17 @@ def smollm2():
     from dart_jax.tokenization.tokenizer import load_tokenizer
     cfg, base = load_model("smollm2-135m-instruct")
     return cfg, base, load_tokenizer("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def tiny_smollm_dir(tmp_path_factory, smollm2):
+    """A tiny random Llama saved with SmolLM2's real tokenizer: the quickstart's prompts, tags,
+    retriever and rewards at test speed."""
+    import tiny_models
+    _, _, tok = smollm2
+    path = str(tmp_path_factory.mktemp("tiny_smol"))
+    tiny_models.build("llama", path, vocab_size=len(tok), hidden_size=32, intermediate_size=48,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    tok.save_pretrained(path)
+    return path

@@ -31,11 +31,13 @@ ROWS = "sentinel_embeddings.safetensors"
 
 def export_dart(out_dir: str, adapters: dict[str, LoraAdapter], cfg: ModelConfig, base: Params, tokenizer,
                 open_tag: str = "<search>", close_tag: str = "</search>", convention: str = "dart_jax",
-                tags: tuple[str, ...] | None = None, base_model: str | None = None) -> str:
+                tags: tuple[str, ...] | None = None, base_model: str | None = None, extra: dict | None = None,
+                dtype: str = "float32") -> str:
+    """`extra` adds fields to the manifest (kind, the warm start the adapters sit on, training stats)."""
     os.makedirs(out_dir, exist_ok=True)
     names = adapter_names(adapters)
     for name in names:
-        export_peft(adapters[name], cfg, os.path.join(out_dir, name), base_model_name_or_path=base_model)
+        export_peft(adapters[name], cfg, os.path.join(out_dir, name), base_model_name_or_path=base_model, dtype=dtype)
     ids = sentinel_ids(tokenizer, tags) if tags else sentinel_ids(tokenizer)
     rows = {n: t[list(ids.values())] for n, t in token_rows(base, cfg).items()}
     rows["ids"] = np.asarray(list(ids.values()), np.int64)
@@ -43,7 +45,7 @@ def export_dart(out_dir: str, adapters: dict[str, LoraAdapter], cfg: ModelConfig
     tokenizer.save_pretrained(out_dir)
     manifest = {"adapters": list(names), "route_ids": {n: i for i, n in enumerate(names)},
                 "router": {"open": [open_tag], "close": [close_tag], "convention": convention},
-                "tags": list(ids), "vocab_size": cfg.vocab_size, "base_model": base_model}
+                "tags": list(ids), "vocab_size": cfg.vocab_size, "base_model": base_model, **(extra or {})}
     with open(os.path.join(out_dir, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=2)
     return out_dir

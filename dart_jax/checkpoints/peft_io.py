@@ -35,8 +35,11 @@ def _rank_alpha(adapter: lora_lib.LoraAdapter, rslora: bool) -> tuple[int, float
 
 
 def export_peft(adapter: lora_lib.LoraAdapter, cfg: ModelConfig, out_dir: str, rslora: bool = False,
-                base_model_name_or_path: str | None = None) -> str:
-    """One adapter -> a directory `PeftModel.from_pretrained` loads."""
+                base_model_name_or_path: str | None = None, dtype: str = "float32") -> str:
+    """One adapter -> a directory `PeftModel.from_pretrained` loads (weights stored as `dtype`:
+    float32, or float16 to halve a shipped adapter)."""
+    if dtype not in ("float32", "float16"):
+        raise ValueError(f"PEFT export dtype={dtype!r}; expected 'float32' or 'float16'")
     os.makedirs(out_dir, exist_ok=True)
     rank, alpha = _rank_alpha(adapter, rslora)
     tensors = {}
@@ -45,8 +48,8 @@ def export_peft(adapter: lora_lib.LoraAdapter, cfg: ModelConfig, out_dir: str, r
         b = np.asarray(jax.device_get(ab["b"]), np.float32)
         for layer in range(a.shape[0]):
             prefix = f"base_model.model.model.layers.{layer}.{HF_MODULES[target]}"
-            tensors[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(a[layer].reshape(-1, rank).T)
-            tensors[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b[layer].reshape(rank, -1).T)
+            tensors[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(a[layer].reshape(-1, rank).T, dtype)
+            tensors[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b[layer].reshape(rank, -1).T, dtype)
     save_file(tensors, os.path.join(out_dir, "adapter_model.safetensors"), metadata={"format": "pt"})
     config = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha,

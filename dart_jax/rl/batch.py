@@ -21,26 +21,36 @@ def round_up(n: int, multiple: int) -> int:
     return ((n + multiple - 1) // multiple) * multiple
 
 
-def build_batch(tb: TrajectoryBatch, scores: np.ndarray, method: MethodSpec, router: RouterSpec,
-                pad_multiple: int = 64, norm_adv_by_std: bool = True) -> dict[str, np.ndarray]:
-    """-> {tokens, positions, route_ids, loss_roles, loss_mask, sampler_logp [N, L]; advantages,
-    scores [N]} as numpy arrays."""
-    n, width = tb.ids.shape
+def token_arrays(ids: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray, method: MethodSpec,
+                 router: RouterSpec, pad_multiple: int = 64) -> dict[str, np.ndarray]:
+    """Right-padded id rows -> {tokens, positions, route_ids, loss_roles, loss_mask} padded to a
+    multiple of `pad_multiple`: the part of a batch RL and SFT share."""
+    width = ids.shape[1]
     length = round_up(width, pad_multiple)
     pad = ((0, 0), (0, length - width))
-    tokens = np.pad(tb.ids, pad)
-    positions = np.pad(tb.positions, pad, constant_values=-1)
+    tokens = np.pad(ids, pad)
+    positions = np.pad(positions, pad, constant_values=-1)
     valid = jnp.asarray(positions >= 0)
     roles = route_roles(jnp.asarray(tokens), router, valid)
     lroles = jnp.where(valid, loss_roles(roles), -1)
     routes = routes_for(method, roles)
-    mask = np.pad(tb.loss_mask, pad) * np.asarray(role_token_mask(method, lroles))
-    ids, groups = group_index(tb.uids)
-    adv = grpo_advantages(jnp.asarray(scores, jnp.float32), jnp.asarray(ids), groups, norm_adv_by_std)
+    mask = np.pad(loss_mask, pad) * np.asarray(role_token_mask(method, lroles))
     return {"tokens": tokens.astype(np.int32), "positions": positions.astype(np.int32),
             "route_ids": np.asarray(routes, np.int32), "loss_roles": np.asarray(lroles, np.int32),
-            "loss_mask": mask.astype(np.float32), "sampler_logp": np.pad(tb.sampler_logprobs, pad).astype(np.float32),
-            "advantages": np.asarray(adv, np.float32), "scores": np.asarray(scores, np.float32)}
+            "loss_mask": mask.astype(np.float32)}
+
+
+def build_batch(tb: TrajectoryBatch, scores: np.ndarray, method: MethodSpec, router: RouterSpec,
+                pad_multiple: int = 64, norm_adv_by_std: bool = True) -> dict[str, np.ndarray]:
+    """-> {tokens, positions, route_ids, loss_roles, loss_mask, sampler_logp [N, L]; advantages,
+    scores [N]} as numpy arrays."""
+    out = token_arrays(tb.ids, tb.positions, tb.loss_mask, method, router, pad_multiple)
+    pad = ((0, 0), (0, out["tokens"].shape[1] - tb.ids.shape[1]))
+    ids, groups = group_index(tb.uids)
+    adv = grpo_advantages(jnp.asarray(scores, jnp.float32), jnp.asarray(ids), groups, norm_adv_by_std)
+    out.update(sampler_logp=np.pad(tb.sampler_logprobs, pad).astype(np.float32),
+               advantages=np.asarray(adv, np.float32), scores=np.asarray(scores, np.float32))
+    return out
 
 
 def minibatches(batch: dict[str, np.ndarray], order: np.ndarray, mini_batch: int, micro_batch: int,

@@ -32,8 +32,11 @@ from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import hidden_states, output_head
 from dart_jax.rl import losses
 from dart_jax.rl.logprobs import token_logprobs
+from dart_jax.tokenization.sentinels import with_token_rows
 
 BATCH_KEYS = ("tokens", "positions", "route_ids", "loss_roles", "loss_mask", "old_logp", "ref_logp", "advantages")
+SFT_KEYS = ("tokens", "positions", "route_ids", "loss_roles", "loss_mask")
+OBJECTIVES = ("grpo", "sft")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,10 +52,11 @@ class LossConfig:
     agg_mode: str = "token-mean"
     micro_mode: str = "global"
     logprob_chunk: int = 128
+    objective: str = "grpo"  # grpo (clipped policy loss) | sft (−log p on the loss-mask tokens)
 
     def __post_init__(self):
         for field, allowed in (("kl_type", losses.KL_TYPES), ("agg_mode", losses.AGG_MODES),
-                               ("micro_mode", losses.MICRO_MODES)):
+                               ("micro_mode", losses.MICRO_MODES), ("objective", OBJECTIVES)):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"loss.{field}={getattr(self, field)!r}; expected one of {allowed}")
 
@@ -76,10 +80,23 @@ def sequence_logprobs(base, adapters, tokens, positions, route_ids, *, cfg: Mode
     return token_logprobs(h, output_head(base, cfg), tokens, temperature, chunk)
 
 
+def batch_keys(lc: LossConfig) -> tuple[str, ...]:
+    return SFT_KEYS if lc.objective == "sft" else BATCH_KEYS
+
+
+def metric_keys(lc: LossConfig) -> tuple[str, ...]:
+    if lc.objective == "sft":
+        return ("loss", "nll", "entropy")
+    return ("loss", "pg_loss", "kl", "entropy", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")
+
+
 def per_token_terms(base, adapters, mb: dict, *, cfg: ModelConfig, lc: LossConfig) -> tuple[jnp.ndarray, dict]:
     """ℓ f32[b, T] and per-token metric values for one micro-batch."""
     logp, ent = sequence_logprobs(base, adapters, mb["tokens"], mb["positions"], mb["route_ids"], cfg=cfg,
                                   temperature=lc.temperature, chunk=lc.logprob_chunk)
+    if lc.objective == "sft":
+        # supervised warm start: ℓ_t = −log p(token_t); observation tokens carry loss_mask 0 exactly as in RL
+        return -logp, {"nll": -logp, "entropy": ent}
     adv = mb["advantages"][:, None]
     pg, ind = losses.clipped_policy_loss(logp, mb["old_logp"], adv, lc.clip_low, lc.clip_high, lc.dual_clip)
     kl = losses.kl_penalty(logp, mb["ref_logp"], lc.kl_type, lc.kl_clamp)
@@ -92,12 +109,24 @@ def per_token_terms(base, adapters, mb: dict, *, cfg: ModelConfig, lc: LossConfi
                   "pg_clipfrac_lower": ind["clipped_lower"], "ppo_kl": ind["ppo_kl"]}
 
 
-def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, optimizer: optax.GradientTransformation):
-    """-> step(state, base, adapters_frozen, batch, key) -> (state, metrics). `base` is the frozen
-    base (the reference policy for the full variant); `batch` holds BATCH_KEYS, each [M, b, ...]."""
+def policy_trees(method: MethodSpec, params, base, row_ids: tuple[int, ...] = ()):
+    """(base, adapters) of the forward pass. With `row_ids` the trainable tree is
+    {"adapters": ..., "rows": {"embed"[, "lm_head"]}}: the rows of those tokens (the added tags)
+    train too and are written into the base first."""
+    if row_ids:
+        base = with_token_rows(base, row_ids, params["rows"])
+        params = params["adapters"]
+    return model_trees(method, params, base, None)
+
+
+def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, optimizer: optax.GradientTransformation,
+                    row_ids: tuple[int, ...] = ()):
+    """-> step(state, base, batch, key) -> (state, metrics). `base` is the frozen base (the
+    reference policy for the full variant); `batch` holds BATCH_KEYS, each [M, b, ...]; `row_ids`:
+    see `policy_trees`."""
 
     def micro_loss(params, base, mb, scale, key):
-        base_, ads = model_trees(method, params, base, None)
+        base_, ads = policy_trees(method, params, base, row_ids)
 
         def per_token(adapters):
             return per_token_terms(base_, lora_lib.with_dropout(adapters, key), mb, cfg=cfg, lc=lc)
@@ -129,8 +158,7 @@ def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, optimi
             sums = jax.tree.map(jnp.add, sums, metrics)
             return (grads, sums), None
 
-        metric0 = {k: jnp.zeros((), jnp.float32) for k in
-                   ("loss", "pg_loss", "kl", "entropy", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")}
+        metric0 = {k: jnp.zeros((), jnp.float32) for k in metric_keys(lc)}
         if n_micro == 1:  # no loop: lets XLA schedule the single micro-batch freely
             (grads, sums), _ = body((zeros, metric0), (jax.tree.map(lambda v: v[0], batch), scales[0], 0))
         else:

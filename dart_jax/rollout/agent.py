@@ -69,12 +69,7 @@ class Agent:
         return self.tok.decode(seg_ids[start + 1:-1], skip_special_tokens=True).strip()
 
     def _obs_ids(self, text: str) -> list[int]:
-        ids = self.tok.encode(text, add_special_tokens=False)
-        cap = self.rc.max_obs_tokens
-        if len(ids) <= cap:
-            return ids
-        tail = self.tok.encode(self.protocol.obs_close + "\n\n", add_special_tokens=False)
-        return ids[:cap - len(tail)] + tail
+        return observation_ids(self.tok, self.protocol, text, self.rc.max_obs_tokens)
 
     def _has_answer(self, text: str) -> bool:
         return self.protocol.answer_open in text and self.protocol.answer_close in text
@@ -186,6 +181,16 @@ class Agent:
         texts = [self.tok.decode(r["ids"], skip_special_tokens=True) for r in resp]
         p_routes = [prompt_routes[i, t_prompt - len(p):].tolist() for i, p in enumerate(prompts)]
         return assemble(prompts, p_routes, resp, uids, finish, turns, texts)
+
+
+def observation_ids(tokenizer, protocol: Protocol, text: str, cap: int) -> list[int]:
+    """An observation tokenised alone (never merged with the text around it), cut to `cap` tokens
+    with its closing tag kept: what the agent appends and what a demonstration must contain."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) <= cap:
+        return ids
+    tail = tokenizer.encode(protocol.obs_close + "\n\n", add_special_tokens=False)
+    return ids[:cap - len(tail)] + tail
 
 
 def tool_for(protocol: Protocol, tool: Any) -> ToolFn:

@@ -59,6 +59,28 @@ def token_rows(base: Params, cfg: ModelConfig) -> dict[str, np.ndarray]:
             else np.asarray(jax.device_get(base[n]), np.float32) for n in names}
 
 
+def row_params(base: Params, cfg: ModelConfig, ids) -> dict:
+    """The rows of token `ids` as a trainable tree: {"embed": f32[n, D]} (+ "lm_head" f32[n, D], the
+    head's columns, when untied)."""
+    idx = jnp.asarray(ids, jnp.int32)
+    rows = {"embed": base["embed"][idx].astype(jnp.float32)}
+    if not cfg.tie_word_embeddings:
+        rows["lm_head"] = base["lm_head"][:, idx].T.astype(jnp.float32)
+    return rows
+
+
+def with_token_rows(base: Params, ids, rows: Mapping) -> Params:
+    """`base` with rows["embed"][k] as token ids[k]'s embedding (and rows["lm_head"][k] as its head
+    column): differentiable in `rows`, so a warm start can train the added tags' rows — with a tied
+    head, a tag seeded from its word is otherwise almost the word itself at the output."""
+    idx = jnp.asarray(ids, jnp.int32)
+    out = dict(base)
+    out["embed"] = base["embed"].at[idx].set(rows["embed"].astype(base["embed"].dtype))
+    if "lm_head" in rows:
+        out["lm_head"] = base["lm_head"].at[:, idx].set(rows["lm_head"].T.astype(base["lm_head"].dtype))
+    return out
+
+
 def set_token_rows(base: Params, cfg: ModelConfig, ids, rows: Mapping[str, np.ndarray],
                    vocab_size: int) -> tuple[Params, ModelConfig]:
     """Writes rows[name][k] as token ids[k]'s row of each table, growing the vocabulary to

@@ -1,0 +1,90 @@
+"""Loading the policy a run starts from — shared by the GRPO trainer and the SFT warm start.
+
+    base model (+ the sentinel tags)
+      └─ warm_start: a LoRA warm-start directory (launch.sft) merged into the base weights, the DART
+         authors' pipeline: the role adapters then start on top of the warm-started model
+          └─ adapters: `init_from` (an exported DART directory) or fresh (B = 0: the policy starts
+             exactly at the warm-started model)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+
+import jax
+
+from dart_jax.adapters.method import MethodSpec, init_adapters
+from dart_jax.checkpoints.dart_io import MANIFEST, import_dart
+from dart_jax.checkpoints.peft_io import merge_adapter
+from dart_jax.checkpoints.registry import load_model
+from dart_jax.parallel.mesh import make_mesh
+from dart_jax.rl.sections import model_overrides
+from dart_jax.tokenization.tokenizer import load_tagged_model
+
+log = logging.getLogger(__name__)
+
+
+def _manifest(path: str) -> dict:
+    mpath = os.path.join(path, MANIFEST)
+    if not os.path.isfile(mpath):
+        raise FileNotFoundError(f"{mpath} not found: {path} is not an adapter directory written by "
+                                "launch.train / launch.sft")
+    with open(mpath) as f:
+        return json.load(f)
+
+
+REPO = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def repo_path(path: str) -> str:
+    """A path as given when it exists (or is absolute), else relative to the repository root: shipped
+    files (data/...) resolve from any working directory."""
+    if not path or os.path.isabs(path) or os.path.exists(path):
+        return path
+    return os.path.join(REPO, path)
+
+
+def run_mesh(config):
+    """The device mesh of `config.mesh.shape` (() = every device on the data axis)."""
+    shape = tuple(config.mesh.shape) if config.mesh.shape else (jax.device_count(), 1, 1)
+    if math.prod(shape) > jax.device_count():
+        raise ValueError(f"mesh.shape={shape} needs {math.prod(shape)} devices; {jax.device_count()} available")
+    return make_mesh(shape, jax.devices()[:math.prod(shape)])
+
+
+def load_policy(config, method: MethodSpec, mesh, key: jax.Array):
+    """-> (cfg, base, tokenizer, adapters or None) as `config` says (`warm_start`, `init_from`)."""
+    overrides = model_overrides(config)
+    warm = repo_path(config.get("warm_start", "") or "")
+    init_from = repo_path(config.get("init_from", "") or "")
+    if init_from:
+        if method.variant != "dart":
+            raise ValueError(f"init_from={init_from!r} is a DART adapter directory; method.variant must be "
+                             f"'dart', got {method.variant!r}")
+        wanted = _manifest(init_from).get("warm_start") or ""
+        if os.path.abspath(repo_path(wanted) or ".") != os.path.abspath(warm or "."):
+            raise ValueError(f"init_from={init_from!r} was trained on top of warm_start={wanted!r}, but this run has "
+                             f"warm_start={warm!r}: set --config.warm_start to the same directory")
+    if warm:
+        manifest = _manifest(warm)
+        if manifest.get("kind") != "warm_start":
+            raise ValueError(f"warm_start={warm!r} is not a warm-start directory (kind={manifest.get('kind')!r}); "
+                             "write one with `python -m launch.sft`")
+    if not (warm or init_from):
+        cfg, base, tok = load_tagged_model(config.model.path, jax.random.fold_in(key, 0), mesh, **overrides)
+        return cfg, base, tok, init_adapters(method, cfg, jax.random.fold_in(key, 1))
+    cfg, base = load_model(config.model.path, mesh=mesh, **overrides)
+    tok = None
+    if warm:
+        merged, _, base, cfg, tok = import_dart(warm, base, cfg)
+        for name in sorted(merged):
+            base = merge_adapter(base, merged[name])
+        log.info("warm start %s merged into the base (%s)", warm, ", ".join(sorted(merged)))
+    if init_from:
+        adapters, _, base, cfg, tok = import_dart(init_from, base, cfg)
+    else:
+        adapters = init_adapters(method, cfg, jax.random.fold_in(key, 1))
+    return cfg, base, tok, adapters

@@ -1,0 +1,1 @@
+"""Supervised warm start (SFT) on protocol-following trajectories: demonstrations and the loop."""

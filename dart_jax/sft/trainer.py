@@ -1,0 +1,281 @@
+"""Supervised warm start: demonstrations -> the same sharded, jitted update as GRPO with ℓ = −log p.
+
+    demos (built from real data + tools, a saved run's correct trajectories, or a file)
+      -> evaluation questions removed (`sft.exclude`), held-out validation split
+      -> encoded exactly as the agent's id stream (observations tokenised alone, loss mask 0)
+      -> epochs × batches: `rl.step.make_train_step` with objective "sft" (token-mean NLL over the
+         written tokens, micro-batch accumulation, AdamW, non-finite skip), orbax checkpoints,
+         metrics.jsonl + TensorBoard, tqdm
+      -> validation NLL, then a greedy protocol check (rollouts of held-out questions with the real
+         tool: answer rate, tool calls, reward) before and after
+      -> export: a warm-start directory (variant lora: one adapter, merged into the base by
+         `config.warm_start` of a later run), a DART directory (variant dart, `init_from`), or an HF
+         model directory (variant full)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from dart_jax.checkpoints.dart_io import export_dart
+from dart_jax.data.readers import exclude_questions, load_rows
+from dart_jax.rl import batch as batch_lib
+from dart_jax.rl.checkpoint import Checkpointer
+from dart_jax.rl.metrics import MetricsWriter, plot_curves
+from dart_jax.rl.optim import learning_rate, make_optimizer
+from dart_jax.rl.placement import jit_step, microbatch_sharding, place_state
+from dart_jax.rl.policy import load_policy, run_mesh
+from dart_jax.rl.sections import loss_config, method_spec, optim_config, section
+from dart_jax.rl.step import SFT_KEYS, init_state, make_scorer, make_train_step, policy_trees
+from dart_jax.rl.trainer import ROUTE_MODE, _data_path, make_tool
+from dart_jax.rl.evaluate import rollout_eval
+from dart_jax.rollout.agent import RolloutConfig, tool_for
+from dart_jax.rollout.protocol import PROTOCOLS
+from dart_jax.rollout.router import RouterSpec
+from dart_jax.rollout.tasks import DATA
+from dart_jax.sft import demos as demo_lib
+from dart_jax.tokenization.sentinels import row_params, sentinel_ids
+
+log = logging.getLogger(__name__)
+BUILDERS = ("qa_retrieval", "sql_exploration", "distill", "file")
+
+
+def build_demos(config, tokenizer) -> tuple[list[dict], dict]:
+    """All demonstrations of `config.sft.data`, evaluation questions removed. -> (demos, stats)."""
+    base_dir = os.path.dirname(DATA)
+    protocol = PROTOCOLS[config.task]
+    out, stats = [], {}
+    for k, spec in enumerate(config.sft.data):
+        spec = dict(spec)
+        builder = spec.pop("builder", "")
+        if builder not in BUILDERS:
+            raise ValueError(f"sft.data[{k}].builder={builder!r}; expected one of {BUILDERS}")
+        if builder == "qa_retrieval":
+            rows = load_rows(spec, base_dir)
+            got, st = demo_lib.qa_demos(rows, make_tool(config, protocol), tokenizer,
+                                        int(config.rollout.max_obs_tokens), protocol)
+        elif builder == "sql_exploration":
+            rows = load_rows(spec, base_dir)
+            got, st = demo_lib.sql_demos(rows, make_tool(config, protocol), int(config.rollout.max_turns), protocol)
+        elif builder == "distill":
+            got, st = demo_lib.distill_demos(_data_path(spec["path"]), float(spec.get("min_score", 1.0)),
+                                             int(spec.get("per_question", 1)))
+        else:
+            got, st = demo_lib.read_demos(_data_path(spec["path"])), {}
+            st = {"rows": len(got), "kept": len(got)}
+        wrong_task = [d["id"] for d in got if d["task"] != config.task]
+        if wrong_task:
+            raise ValueError(f"sft.data[{k}] ({builder}) gives {config.task!r}-task training demos of another task: "
+                             f"{wrong_task[:3]}")
+        stats[f"{k}:{builder}"] = st
+        out += got
+    held_out = [r for ex in (config.sft.get("exclude") or ()) for r in load_rows(dict(ex), base_dir)]
+    out, dropped = exclude_questions(out, held_out)
+    stats["excluded_eval_questions"] = dropped
+    stats["eval_questions_checked"] = len(held_out)
+    if not out:
+        raise ValueError("sft.data produced no demonstrations")
+    return out, stats
+
+
+class SFTTrainer:
+    def __init__(self, config):
+        self.config = config
+        sc = config.sft
+        self.method = method_spec(config)
+        self.loss_cfg = dataclasses.replace(loss_config(config), objective="sft", kl_coef=0.0, entropy_coef=0.0,
+                                            temperature=1.0)
+        if sc.batch_size % sc.micro_batch:
+            raise ValueError(f"sft.batch_size ({sc.batch_size}) must be a multiple of sft.micro_batch ({sc.micro_batch})")
+        self.mesh = run_mesh(config)
+        key = jax.random.PRNGKey(sc.seed)
+        self.cfg, base, self.tok, adapters = load_policy(config, self.method, self.mesh, key)
+        self.protocol = PROTOCOLS[config.task]
+
+        demos, self.data_stats = build_demos(config, self.tok)
+        order = np.random.default_rng(sc.seed).permutation(len(demos))
+        n_val = min(int(sc.val_size), len(demos) // 5)
+        self.val = [demos[i] for i in order[:n_val]]
+        self.train = [demos[i] for i in order[n_val:]]
+        enc = [demo_lib.encode_demo(self.tok, d, int(config.rollout.max_obs_tokens)) for d in self.train]
+        keep = [i for i, (p, r, _) in enumerate(enc) if len(p) + len(r) <= sc.max_length]
+        self.data_stats["too_long"] = len(enc) - len(keep)
+        self.train, self.encoded = [self.train[i] for i in keep], [enc[i] for i in keep]
+        self.val_encoded = [e for e in (demo_lib.encode_demo(self.tok, d, int(config.rollout.max_obs_tokens))
+                                        for d in self.val) if len(e[0]) + len(e[1]) <= sc.max_length]
+        self.steps_per_epoch = len(self.encoded) // sc.batch_size
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"{len(self.encoded)} training demonstrations < sft.batch_size ({sc.batch_size})")
+        self.total_steps = int(sc.epochs) * self.steps_per_epoch
+        oc = optim_config(config)
+        self.optim_cfg = dataclasses.replace(oc, total_steps=oc.total_steps or self.total_steps)
+        self.optimizer = make_optimizer(self.optim_cfg)
+        self.state, self.base = place_state(self.method, self.cfg, base, adapters, self.optimizer, self.mesh)
+        # the added tags' embedding (and untied head) rows train with the adapters: seeded from their
+        # words, they are otherwise nearly those words at a tied output head, and sampling confuses them
+        self.row_ids: tuple[int, ...] = ()
+        if sc.get("train_tag_rows", True) and not self.method.trains_base:
+            self.row_ids = tuple(sentinel_ids(self.tok).values())
+            rows = jax.device_put(row_params(self.base, self.cfg, self.row_ids), NamedSharding(self.mesh, P()))
+            self.state = jax.jit(lambda p: init_state(p, self.optimizer))({"adapters": self.state.params,
+                                                                          "rows": rows})
+        self.key = jax.random.fold_in(key, 2)
+        ids = sentinel_ids(self.tok, (self.protocol.tool_open, self.protocol.tool_close))
+        self.router = RouterSpec((ids[self.protocol.tool_open],), (ids[self.protocol.tool_close],),
+                                 config.router.convention)
+        self._step = make_train_step(self.cfg, self.method, self.loss_cfg, self.optimizer, self.row_ids)
+        self._jits: dict = {}
+        score = make_scorer(self.cfg, 1.0, self.loss_cfg.logprob_chunk)
+        method, row_ids = self.method, self.row_ids
+
+        def logp(params, base, tokens, positions, routes):
+            b, a = policy_trees(method, params, base, row_ids)
+            return score(b, a, tokens, positions, routes)
+
+        self._logp = jax.jit(logp)
+
+    # -- batches -------------------------------------------------------------------------------------
+    def _arrays(self, encoded: list) -> dict[str, np.ndarray]:
+        ids, pos, mask = demo_lib.pack_rows(encoded)
+        return batch_lib.token_arrays(ids, pos, mask, self.method, self.router, self.config.train.pad_multiple)
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        """Step `step`'s batch [M, micro, T]: epoch-wise seeded shuffles, so a resumed run sees the same."""
+        sc = self.config.sft
+        epoch, k = divmod(step, self.steps_per_epoch)
+        order = np.random.default_rng([sc.seed, epoch]).permutation(len(self.encoded))
+        rows = order[k * sc.batch_size:(k + 1) * sc.batch_size]
+        arrays = self._arrays([self.encoded[i] for i in rows])
+        m = sc.batch_size // sc.micro_batch
+        return {key: arrays[key].reshape((m, sc.micro_batch) + arrays[key].shape[1:]) for key in SFT_KEYS}
+
+    def _update(self, batch: dict, step: int) -> dict:
+        shapes = tuple((k, batch[k].shape) for k in SFT_KEYS)
+        if shapes not in self._jits:
+            self._jits[shapes] = jit_step(self._step, self.state, self.base, dict(shapes), self.mesh)
+        batch = {k: jax.device_put(v, microbatch_sharding(v.shape, self.mesh)) for k, v in batch.items()}
+        self.state, m = self._jits[shapes](self.state, self.base, batch, jax.random.fold_in(self.key, step))
+        return jax.device_get(m)
+
+    def validation_nll(self) -> float:
+        """Token-mean NLL of the written tokens of the held-out demonstrations."""
+        if not self.val_encoded:
+            return float("nan")
+        mb = self.config.sft.micro_batch
+        total, count = 0.0, 0.0
+        for s in range(0, len(self.val_encoded), mb):
+            a = self._arrays(self.val_encoded[s:s + mb])
+            lp = np.asarray(self._logp(self.state.params, self.base, jnp.asarray(a["tokens"]),
+                                       jnp.asarray(a["positions"]), jnp.asarray(a["route_ids"])))
+            total += float(-(lp * a["loss_mask"]).sum())
+            count += float(a["loss_mask"].sum())
+        return total / max(count, 1.0)
+
+    def protocol_check(self, n: int, temperature: float = 0.0) -> dict:
+        """Rollouts (greedy, or sampled at `temperature` as GRPO samples) of up to n held-out questions
+        with the real tool: does the policy follow the protocol? (`rl.evaluate.rollout_eval`)"""
+        rc = RolloutConfig(**section(self.config, "rollout"), route_mode=ROUTE_MODE[self.method.variant])
+        base, ads = policy_trees(self.method, self.state.params, self.base, self.row_ids)
+        return rollout_eval(self.cfg, self.tok, self.protocol,
+                            tool_for(self.protocol, make_tool(self.config, self.protocol)), rc,
+                            self.config.router.convention, base, ads, self.val[:n], temperature,
+                            max(self.config.sft.micro_batch, 8))
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def run(self, resume: bool = False) -> dict:
+        from tqdm.auto import tqdm
+
+        sc, oc = self.config.sft, self.config.output
+        os.makedirs(oc.dir, exist_ok=True)
+        demo_lib.write_demos(os.path.join(oc.dir, "demos.jsonl"), self.train)
+        demo_lib.write_demos(os.path.join(oc.dir, "demos_val.jsonl"), self.val)
+        ckpt = Checkpointer(os.path.join(oc.dir, "checkpoints"), keep=oc.keep)
+        start = 0
+        if resume:
+            got = ckpt.restore_latest({"train": self.state, "rng": self.key})
+            if got is not None:
+                start, tree, _ = got
+                self.state = jax.device_put(tree["train"], jax.tree.map(lambda x: x.sharding, self.state))
+                self.key = tree["rng"]
+                log.info("resumed SFT from checkpoint %d", start)
+        summary: dict = {"data": self.data_stats, "train_demos": len(self.encoded), "val_demos": len(self.val),
+                         "steps": self.total_steps}
+        temp = float(self.config.sampling.temperature)
+        if sc.protocol_check and not start:
+            summary["before"] = self.protocol_check(int(sc.protocol_check))
+            summary["before"]["val_nll"] = self.validation_nll()
+            summary["before_sampled"] = self.protocol_check(int(sc.protocol_check), temp)
+        writer = MetricsWriter(oc.dir, resume_step=start if resume else None, tensorboard=oc.tensorboard)
+        bar = tqdm(range(start, self.total_steps), initial=start, total=self.total_steps, desc="SFT", unit="step",
+                   disable=not oc.progress)
+        for step in bar:
+            t0 = time.perf_counter()
+            batch = self.batch(step)
+            m = self._update(batch, step)
+            dt = time.perf_counter() - t0
+            row = {"sft/loss": float(m["loss"]), "sft/nll": float(m["nll"]), "sft/entropy": float(m["entropy"]),
+                   "sft/grad_norm": float(m["grad_norm"]), "sft/skipped_updates": float(m["skipped"]),
+                   "sft/lr": float(learning_rate(self.optim_cfg)(max(int(self.state.step) - 1, 0))),
+                   "sft/loss_tokens": float(m["loss_tokens"]), "time/step_s": dt,
+                   "throughput/tokens_per_s": float(np.sum(batch["positions"] >= 0)) / max(dt, 1e-9),
+                   "epoch": step // self.steps_per_epoch}
+            if (step + 1) % sc.eval_every == 0 or step + 1 == self.total_steps:
+                row["sft/val_nll"] = self.validation_nll()
+            writer.write(step + 1, row)
+            bar.set_postfix(nll=f"{row['sft/nll']:.3f}", s=f"{dt:.1f}")
+            if (step + 1) % oc.checkpoint_every == 0 or step + 1 == self.total_steps:
+                ckpt.save(step + 1, {"train": self.state, "rng": self.key}, {"step": step + 1})
+        writer.close()
+        ckpt.close()
+        summary["after"] = {"val_nll": self.validation_nll()}
+        if sc.protocol_check:
+            summary["after"].update(self.protocol_check(int(sc.protocol_check)))
+            summary["after_sampled"] = self.protocol_check(int(sc.protocol_check), temp)
+        result = {"metrics": writer.path, "checkpoints": ckpt.directory, "summary": summary,
+                  "plot": plot_curves(writer.path, os.path.join(oc.dir, "sft_curve.png"),
+                                      ("sft/nll", "sft/val_nll", "sft/grad_norm"))}
+        result["export"] = self.export(os.path.join(oc.dir, "warm_start" if self.method.variant == "lora" else
+                                                    "adapters" if self.method.variant == "dart" else "model"), summary)
+        with open(os.path.join(oc.dir, "sft_summary.json"), "w") as f:
+            json.dump(summary, f, indent=2, default=str)
+        return result
+
+    def export(self, out_dir: str, summary: dict) -> str:
+        variant = self.method.variant
+        if variant == "full":
+            from dart_jax.checkpoints.hf_export import save_hf
+            return save_hf(self.state.params, self.cfg, out_dir, self.tok)
+        extra = {"kind": "warm_start" if variant == "lora" else "dart", "variant": variant,
+                 "warm_start": self.config.get("warm_start", ""),
+                 "sft": {"steps": self.total_steps, "train_demos": len(self.encoded),
+                         "val_nll": summary["after"]["val_nll"]}}
+        base, adapters = policy_trees(self.method, self.state.params, self.base, self.row_ids)
+        return export_dart(out_dir, adapters, self.cfg, base, self.tok, self.protocol.tool_open,
+                           self.protocol.tool_close, self.config.router.convention,
+                           base_model=self.config.model.path, extra=extra,
+                           dtype=self.config.sft.get("export_dtype", "float32"))
+
+
+def sft_summary(result: dict) -> str:
+    s = result["summary"]
+    lines = [f"SFT: {s['train_demos']} demonstrations ({s['val_demos']} held out), {s['steps']} steps",
+             f"held-out NLL     before {s.get('before', {}).get('val_nll', float('nan')):.3f}   "
+             f"after {s['after']['val_nll']:.3f}"]
+    for mode, label in (("", "greedy"), ("_sampled", "sampled")):
+        b, a = s.get("before" + mode, {}), s.get("after" + mode, {})
+        if "answer_rate" not in a:
+            continue
+        for key, name in (("answer_rate", "answers"), ("tool_calls", "tool calls"), ("reward", "reward")):
+            lines.append(f"{label + ' ' + name:<17} before {b.get(key, float('nan')):.2f}    after {a[key]:.2f}")
+    lines += [f"excluded evaluation questions: {s['data'].get('excluded_eval_questions', 0)}",
+              f"metrics {result['metrics']}", f"plot {result['plot']}", f"export {result['export']}"]
+    return "\n".join(lines)

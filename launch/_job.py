@@ -1,0 +1,26 @@
+"""What `launch.train` and `launch.sft` share: the --config / --resume flags and quiet logging."""
+
+from __future__ import annotations
+
+import logging
+
+from absl import app, flags
+from ml_collections import config_flags
+
+CONFIG = config_flags.DEFINE_config_file("config", None, "an ml_collections config file (configs/*.py)")
+RESUME = flags.DEFINE_bool("resume", False, "continue from the newest usable checkpoint in output.dir")
+
+
+def config_or_exit():
+    """The parsed config, with INFO logging for dart_jax and WARNING for the libraries around it."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("absl", "jax", "orbax", "jax._src"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if CONFIG.value is None:
+        raise app.UsageError("--config=configs/NAME.py is required")
+    return CONFIG.value
+
+
+def run(main) -> None:
+    flags.mark_flag_as_required("config")
+    app.run(main)
