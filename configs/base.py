@@ -12,6 +12,7 @@ def get() -> ConfigDict:
     c = ConfigDict()
     c.task = "qa"                       # qa (Search-R1) | sql (SkyRL-SQL)
     c.init_from = ""                    # a DART adapter directory to start from
+    c.warm_start = ""                   # a LoRA warm-start directory (launch.sft) merged into the base
     c.model = ConfigDict(dict(path="", param_dtype="bfloat16", compute_dtype="bfloat16",
                               remat_policy="dots", scan_layers=True))
     c.method = ConfigDict(dict(variant="dart", rank=8, alpha=16.0,
@@ -33,10 +34,12 @@ def get() -> ConfigDict:
     c.tool = ConfigDict(dict(sql_timeout_s=5.0))
     c.data = ConfigDict(dict(train=[]))
     c.train = ConfigDict(dict(steps=100, prompts_per_step=256, group_size=16, mini_batch=1024, micro_batch=8,
-                              ppo_epochs=1, seed=0, shuffle=True, shuffle_minibatches=True, pad_multiple=128))
+                              ppo_epochs=1, seed=0, shuffle=True, shuffle_minibatches=True, pad_multiple=128,
+                                old_logp="recompute"))
+    c.eval = ConfigDict(dict(data=[], n=0, every=0, temperature=0.0))  # held-out rollouts during training
     c.mesh = ConfigDict(dict(shape=()))  # () = every device on the data axis
     c.output = ConfigDict(dict(dir="runs/default", checkpoint_every=20, keep=3, tensorboard=True, progress=True,
-                               export_adapters=True))
+                               export_adapters=True, save_rollouts=False))
     return c
 
 

@@ -2,7 +2,7 @@
 
     python -m launch.train --config=configs/paper_qa.py:dart,qwen2.5-3b-base \
         --config.model.path=/models/Qwen2.5-3B \
-        --config.data.train.0.path=/data/nq_hotpotqa_train/train.parquet \
+        --config.data.train[0].path=/data/nq_hotpotqa_train/train.parquet \
         --config.retriever.url=http://127.0.0.1:8000/retrieve
 
 method: dart | search_r1 | lora16

@@ -2,8 +2,8 @@
 
     python -m launch.train --config=configs/paper_sql.py:dart --config.model.path=/models/Qwen2.5-Coder-7B-Instruct
     # SkyRL-SQL-653 when you have it:
-    --config.data.train.0.reader=skyrl_sql --config.data.train.0.path=/data/skyrl_sql_653.parquet \
-    --config.data.train.0.db_root=/data/synsql/databases
+    --config.data.train[0].reader=skyrl_sql --config.data.train[0].path=/data/skyrl_sql_653.parquet \
+    --config.data.train[0].db_root=/data/synsql/databases
 
 method: dart | lora | full (Sky-SQL's full-parameter GRPO)
 

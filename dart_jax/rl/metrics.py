@@ -7,7 +7,7 @@ import math
 import os
 from typing import Iterable
 
-PLOT_KEYS = ("reward/mean", "protocol/answer_rate", "actor/kl", "actor/entropy")
+PLOT_KEYS = ("reward/mean", "eval/reward", "protocol/answer_rate", "actor/kl", "actor/entropy")
 
 
 class MetricsWriter:
@@ -63,7 +63,9 @@ def plot_curves(metrics_path: str, out_path: str, keys: Iterable[str] = PLOT_KEY
     rows = read_metrics(metrics_path)
     keys = [k for k in keys if any(k in r for r in rows)]
     sources = sorted({k for r in rows for k in r if k.startswith("reward/") and k not in ("reward/mean", "reward/std")})
-    panels = [("reward/mean", ["reward/mean"] + sources)] + [(k, [k]) for k in keys if k != "reward/mean"]
+    panels = [(k, [k] + sources if k == "reward/mean" else [k]) for k in keys]
+    if not panels:
+        raise ValueError(f"{metrics_path}: none of {list(keys)} recorded")
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
     for ax, (title, series) in zip(axes[0], panels):
         for k in series:

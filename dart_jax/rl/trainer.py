@@ -13,6 +13,7 @@ a resumed run continues exactly where the interrupted one stood.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -23,25 +24,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dart_jax.adapters.method import init_adapters, model_trees
-from dart_jax.checkpoints.dart_io import export_dart, import_dart
-from dart_jax.checkpoints.registry import load_model
-from dart_jax.data.readers import load_rows, merge
-from dart_jax.parallel.mesh import make_mesh
+from dart_jax.adapters.method import model_trees
+from dart_jax.checkpoints.dart_io import export_dart
+from dart_jax.data.readers import load_rows, merge, question_key
 from dart_jax.rewards.qa import em
 from dart_jax.rl import batch as batch_lib
 from dart_jax.rl.checkpoint import Checkpointer
+from dart_jax.rl.evaluate import rollout_eval
 from dart_jax.rl.metrics import MetricsWriter, plot_curves
 from dart_jax.rl.optim import learning_rate, make_optimizer
 from dart_jax.rl.placement import jit_step, microbatch_sharding, place_state
-from dart_jax.rl.sections import loss_config, method_spec, model_overrides, optim_config, section
+from dart_jax.rl.policy import load_policy, repo_path, run_mesh
+from dart_jax.rl.sections import loss_config, method_spec, optim_config, section
 from dart_jax.rl.step import BATCH_KEYS, make_scorer, make_train_step
 from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
 from dart_jax.rollout.protocol import PROTOCOLS
 from dart_jax.rollout.router import REASONING, TOOL
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.tasks import DATA, qa_task, sql_task
-from dart_jax.tokenization.tokenizer import load_tagged_model
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +69,15 @@ class DataStream:
 
 
 def build_tool(config, protocol):
+    """The agent's tool function for `protocol` as `config` says."""
+    return tool_for(protocol, make_tool(config, protocol))
+
+
+def make_tool(config, protocol):
+    """The raw tool: a SQLiteTool, or a RetrievalTool over the local index / a retrieval server."""
     if protocol.name == "sql":
         from dart_jax.tools.sqlite_exec import SQLiteTool
-        return tool_for(protocol, SQLiteTool(timeout_s=float(config.tool.sql_timeout_s)))
+        return SQLiteTool(timeout_s=float(config.tool.sql_timeout_s))
     from dart_jax.tools.retrieval import RetrievalTool, Retriever, ensure_index
     rc = config.retriever
     if rc.url:
@@ -80,13 +86,19 @@ def build_tool(config, protocol):
     else:
         index = rc.index_dir or ensure_index(_data_path(rc.corpus), rc.encoder)
         searcher = Retriever(index)
-    return tool_for(protocol, RetrievalTool(searcher, topk=int(rc.topk)))
+    return RetrievalTool(searcher, topk=int(rc.topk))
 
 
-def _data_path(path: str) -> str:
-    if os.path.isabs(path) or os.path.exists(path):
-        return path
-    return os.path.join(os.path.dirname(DATA), path)
+_data_path = repo_path
+
+
+def load_eval_rows(config) -> list[dict]:
+    """The fixed held-out questions of `config.eval` (none when eval.n is 0)."""
+    ec = config.get("eval")
+    if not ec or not ec.n or not ec.data:
+        return []
+    rows = merge(*[load_rows(dict(spec), base_dir=os.path.dirname(DATA)) for spec in ec.data])
+    return rows[:int(ec.n)]
 
 
 def load_task_rows(config) -> list[dict]:
@@ -107,26 +119,20 @@ class Trainer:
         self.optim_cfg = optim_config(config)
         self.rollout_cfg = RolloutConfig(**section(config, "rollout"), route_mode=ROUTE_MODE[self.method.variant])
         self.sampling = SamplingConfig(**section(config, "sampling"))
+        if tc.get("old_logp", "recompute") not in ("recompute", "sampler"):
+            raise ValueError(f"train.old_logp={tc.old_logp!r}; expected 'recompute' or 'sampler'")
+        if tc.get("old_logp") == "sampler" and self.sampling.temperature != self.loss_cfg.temperature:
+            raise ValueError(f"train.old_logp='sampler' needs sampling.temperature ({self.sampling.temperature}) "
+                             f"== loss.temperature ({self.loss_cfg.temperature}): the sampler records log-probs "
+                             "at its own temperature")
         n_traj = tc.prompts_per_step * tc.group_size
         if n_traj % tc.mini_batch or tc.mini_batch % tc.micro_batch:
             raise ValueError(f"train.prompts_per_step × train.group_size = {n_traj} must be a multiple of "
                              f"train.mini_batch ({tc.mini_batch}), itself a multiple of train.micro_batch "
                              f"({tc.micro_batch})")
-        shape = tuple(config.mesh.shape) if config.mesh.shape else (jax.device_count(), 1, 1)
-        if math.prod(shape) > jax.device_count():
-            raise ValueError(f"mesh.shape={shape} needs {math.prod(shape)} devices; {jax.device_count()} available")
-        self.mesh = make_mesh(shape, jax.devices()[:math.prod(shape)])
+        self.mesh = run_mesh(config)
         key = jax.random.PRNGKey(tc.seed)
-        overrides = model_overrides(config)
-        if config.init_from:
-            if self.method.variant != "dart":
-                raise ValueError(f"init_from={config.init_from!r} is a DART adapter directory; "
-                                 f"method.variant must be 'dart', got {self.method.variant!r}")
-            cfg, base = load_model(config.model.path, mesh=self.mesh, **overrides)
-            adapters, _, base, cfg, tok = import_dart(config.init_from, base, cfg)
-        else:
-            cfg, base, tok = load_tagged_model(config.model.path, jax.random.fold_in(key, 0), self.mesh, **overrides)
-            adapters = init_adapters(self.method, cfg, jax.random.fold_in(key, 1))
+        cfg, base, tok, adapters = load_policy(config, self.method, self.mesh, key)
         self.cfg, self.tok = cfg, tok
         self.optimizer = make_optimizer(self.optim_cfg)
         self.state, self.base = place_state(self.method, cfg, base, adapters, self.optimizer, self.mesh)
@@ -138,6 +144,12 @@ class Trainer:
                            self.rollout_cfg, config.router.convention)
         self.router = self.agent.spec.router
         self.stream = DataStream(len(self.rows), tc.seed, tc.shuffle)
+        self.eval_rows = load_eval_rows(config)
+        train_keys = {question_key(r) for r in self.rows}
+        leaked = [r["id"] for r in self.eval_rows if question_key(r) in train_keys]
+        if leaked:
+            raise ValueError(f"config.eval.data shares {len(leaked)} questions with config.data.train "
+                             f"(e.g. {leaked[:3]}): held-out evaluation must be held out")
         self._compile()
 
     # -- jitted functions with explicit shardings ----------------------------------------------
@@ -172,15 +184,21 @@ class Trainer:
 
     # -- one step --------------------------------------------------------------------------------
     def _score(self, batch: dict) -> tuple[np.ndarray, np.ndarray]:
+        """(old, reference) log-probs. old: recomputed teacher-forced (verl) or, with
+        train.old_logp="sampler", the log-probs the sampler recorded while drawing the tokens — the
+        same quantity (log softmax(logits / T) of the unfiltered distribution, tested to ~1e-5)
+        without a second forward pass. reference: adapters off / frozen base, only when kl_coef ≠ 0."""
         mb = self.config.train.micro_batch
         n = batch["tokens"].shape[0]
+        recompute = self.config.train.get("old_logp", "recompute") == "recompute"
         olds, refs = [], []
         for s in range(0, n, mb):
             t, p, r = (jnp.asarray(batch[k][s:s + mb]) for k in ("tokens", "positions", "route_ids"))
-            olds.append(np.asarray(self._old(self.state.params, self.base, t, p, r)))
+            if recompute:
+                olds.append(np.asarray(self._old(self.state.params, self.base, t, p, r)))
             if self.loss_cfg.kl_coef != 0:
                 refs.append(np.asarray(self._ref(self.base, t, p)))
-        old = np.concatenate(olds)
+        old = np.concatenate(olds) if recompute else batch["sampler_logp"]
         return old, (np.concatenate(refs) if refs else old)
 
     def _rewards(self, tb, metas) -> tuple[np.ndarray, np.ndarray]:
@@ -205,6 +223,8 @@ class Trainer:
         tb = self.agent.rollout(rollout_base, rollout_ads, prompts, uids, metas, seed=seed)
         t_roll = time.perf_counter()
         scores, acc = self._rewards(tb, metas)
+        if self.config.output.get("save_rollouts", False):
+            self._save_rollouts(step, tb, [r for r in picks for _ in range(g)], scores, acc)
         batch = batch_lib.build_batch(tb, scores, self.method, self.router, tc.pad_multiple,
                                       self.config.algo.norm_adv_by_std)
         batch["old_logp"], batch["ref_logp"] = self._score(batch)
@@ -221,6 +241,47 @@ class Trainer:
                 upd.append(jax.device_get(m))
         t_end = time.perf_counter()
         return self._metrics(step, tb, batch, scores, acc, metas, upd, t0, t_roll, t_score, t_end)
+
+    def evaluate(self) -> dict:
+        """Greedy (eval.temperature) rollouts of the held-out questions with the current policy."""
+        base, ads = self.rollout_trees()
+        res = rollout_eval(self.cfg, self.tok, self.protocol, self.agent.tool, self.rollout_cfg,
+                           self.config.router.convention, base, ads, self.eval_rows,
+                           float(self.config.eval.temperature), max(self.config.train.micro_batch, 8))
+        return {f"eval/{k}": v for k, v in res.items() if k != "example"}
+
+    def _trim_rollouts(self, start: int) -> None:
+        """Keep only trajectories of steps ≤ start (a fresh run starts an empty file; a resumed run drops
+        what the interrupted run wrote past its checkpoint)."""
+        path = os.path.join(self.config.output.dir, "rollouts.jsonl")
+        if not os.path.isfile(path):
+            return
+        with open(path) as f:
+            keep = [line for line in f if line.strip() and json.loads(line)["step"] <= start]
+        with open(path, "w") as f:
+            f.writelines(keep)
+
+    def _save_rollouts(self, step: int, tb, rows: list[dict], scores: np.ndarray, acc: np.ndarray) -> None:
+        """Append every trajectory of the step to output.dir/rollouts.jsonl as text pieces (written: loss
+        1, observations: 0) — the input of self-distillation (`sft.demos.distill_demos`)."""
+        os.makedirs(self.config.output.dir, exist_ok=True)
+        with open(os.path.join(self.config.output.dir, "rollouts.jsonl"), "a") as f:
+            for i, row in enumerate(rows):
+                p, n = int(tb.prompt_len[i]), int(tb.length[i])
+                ids, mask = tb.ids[i, p:n].tolist(), tb.loss_mask[i, p:n]
+                pieces, start = [], 0
+                for t in range(1, len(ids) + 1):
+                    if t == len(ids) or mask[t] != mask[start]:
+                        pieces.append({"text": self.tok.decode(ids[start:t], skip_special_tokens=False),
+                                       "loss": int(mask[start] > 0)})
+                        start = t
+                rec = {"step": step + 1, "uid": tb.uids[i], "data_source": row.get("data_source", "data"),
+                       "task": self.protocol.name, "question": row["question"], "pieces": pieces,
+                       "score": float(scores[i]), "accuracy": float(acc[i]), "finish": tb.finish_reason[i]}
+                for k in ("golden_answers", "db_path", "db_id", "query"):
+                    if k in row:
+                        rec[k] = row[k]
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
     def _metrics(self, step, tb, batch, scores, acc, metas, upd, t0, t_roll, t_score, t_end) -> dict:
         m: dict[str, Any] = {}
@@ -242,10 +303,11 @@ class Trainer:
         mask = batch["loss_mask"]
         m["tokens/reasoning"] = float(np.sum(mask * (batch["loss_roles"] == REASONING)))
         m["tokens/tool"] = float(np.sum(mask * (batch["loss_roles"] == TOOL)))
-        sampled = np.pad(tb.loss_mask, ((0, 0), (0, mask.shape[1] - tb.loss_mask.shape[1]))) > 0
-        gap = np.abs(batch["sampler_logp"] - batch["old_logp"])[sampled]
-        m["rollout/logprob_gap_mean"] = float(gap.mean()) if gap.size else 0.0
-        m["rollout/logprob_gap_max"] = float(gap.max()) if gap.size else 0.0
+        if self.config.train.get("old_logp", "recompute") == "recompute":  # else old_logp *is* the sampler's
+            sampled = np.pad(tb.loss_mask, ((0, 0), (0, mask.shape[1] - tb.loss_mask.shape[1]))) > 0
+            gap = np.abs(batch["sampler_logp"] - batch["old_logp"])[sampled]
+            m["rollout/logprob_gap_mean"] = float(gap.mean()) if gap.size else 0.0
+            m["rollout/logprob_gap_max"] = float(gap.max()) if gap.size else 0.0
         m["advantage/abs_mean"] = float(np.abs(batch["advantages"]).mean())
         for k in ("loss", "pg_loss", "kl", "entropy", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "grad_norm"):
             vals = [float(u[k]) for u in upd if math.isfinite(float(u[k]))]
@@ -290,11 +352,17 @@ class Trainer:
                 self.stream.position = int(meta["data_position"])
                 log.info("resumed from checkpoint %d (data position %d)", start, self.stream.position)
         writer = MetricsWriter(oc.dir, resume_step=start if resume else None, tensorboard=oc.tensorboard)
+        self._trim_rollouts(start)
         history = []
         bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, desc="GRPO", unit="step",
                    disable=not oc.progress)
+        every = int(self.config.eval.every)  # plus the first (step 0) and the last step
+        if self.eval_rows and start == 0:
+            writer.write(0, self.evaluate())  # the starting policy, before any update
         for step in bar:
             metrics = self.train_step(step)
+            if self.eval_rows and ((every and (step + 1) % every == 0) or step + 1 == tc.steps):
+                metrics.update(self.evaluate())
             writer.write(step + 1, metrics)
             history.append(metrics)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", answer=f"{metrics['protocol/answer_rate']:.2f}",
@@ -311,13 +379,15 @@ class Trainer:
         if oc.export_adapters and self.method.variant == "dart":
             out["adapters"] = export_dart(os.path.join(oc.dir, "adapters"), self.state.params, self.cfg, self.base,
                                           self.tok, self.protocol.tool_open, self.protocol.tool_close,
-                                          self.router.convention, base_model=self.config.model.path)
+                                          self.router.convention, base_model=self.config.model.path,
+                                          extra={"kind": "dart", "warm_start": self.config.get("warm_start", "")})
         return out
 
 
 def summary(result: dict) -> str:
     from dart_jax.rl.metrics import read_metrics
-    rows = read_metrics(result["metrics"])
+    evals = [r for r in read_metrics(result["metrics"]) if "eval/reward" in r]
+    rows = [r for r in read_metrics(result["metrics"]) if "reward/mean" in r]
     if not rows:
         return "no steps recorded"
     k = max(1, len(rows) // 3)
@@ -333,7 +403,13 @@ def summary(result: dict) -> str:
              f"{avg(last, 'protocol/answer_rate'):.2f}",
              f"tool calls / traj  first {k}: {avg(first, 'rollout/tool_calls'):.2f}    last {k}: "
              f"{avg(last, 'rollout/tool_calls'):.2f}",
+             f"protocol-following rollouts (ended in an answer), all steps: {avg(rows, 'protocol/answer_rate'):.0%}",
              f"metrics {result['metrics']}", f"plot {result['plot']}", f"checkpoints {result['checkpoints']}"]
+    if len(evals) >= 2:
+        a, b = evals[0], evals[-1]
+        lines.insert(4, f"held-out ({int(a['eval/n'])} questions, greedy)  step {a['step']}: reward "
+                        f"{a['eval/reward']:.3f}, answers {a['eval/answer_rate']:.2f}   step {b['step']}: reward "
+                        f"{b['eval/reward']:.3f}, answers {b['eval/answer_rate']:.2f}")
     if "adapters" in result:
         lines.append(f"adapters {result['adapters']}")
     if all(r.get("protocol/answer_rate", 0) == 0 for r in rows):

@@ -9,7 +9,6 @@ import os
 import jax
 import numpy as np
 import pytest
-import tiny_models
 
 from configs import quickstart
 from dart_jax.rl.checkpoint import Checkpointer
@@ -17,20 +16,13 @@ from dart_jax.rl.metrics import read_metrics
 from dart_jax.rl.trainer import DataStream, Trainer
 
 
-@pytest.fixture(scope="module")
-def tiny_smollm_dir(tmp_path_factory, smollm2):
-    _, _, tok = smollm2
-    path = str(tmp_path_factory.mktemp("tiny_smol"))
-    tiny_models.build("llama", path, vocab_size=len(tok), hidden_size=32, intermediate_size=48,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    tok.save_pretrained(path)
-    return path
-
-
 def _config(model_dir, out_dir, steps=3):
     c = quickstart.get_config()
     c.model.path = model_dir
+    c.warm_start = ""  # the shipped warm start belongs to SmolLM2, not to this tiny model
+    c.train.old_logp = "recompute"
+    c.loss.kl_coef = 0.001
+    c.eval.n = 2  # held-out greedy rollouts before the first and after the last step
     c.train.steps = steps
     c.train.prompts_per_step = 2
     c.train.group_size = 2
@@ -80,10 +72,18 @@ def test_resume_matches_uninterrupted_run(tiny_smollm_dir, tmp_path):
     for a, b in zip(final, _leaves(again.state)):
         np.testing.assert_array_equal(a, b)
     steps = [r["step"] for r in read_metrics(str(tmp_path / "resumed" / "metrics.jsonl"))]
-    assert steps == [1, 2, 3]
+    assert steps == [0, 1, 2, 3]  # step 0: the held-out evaluation of the starting policy
+    evals = [r for r in read_metrics(str(tmp_path / "resumed" / "metrics.jsonl")) if "eval/reward" in r]
+    assert [r["step"] for r in evals] == [0, 3] and evals[0]["eval/n"] == 2
+    # saved trajectories (self-distillation input): 4 per step, none duplicated by the crash + resume,
+    # and identical to the uninterrupted run's
+    saved = [json.loads(line) for line in open(tmp_path / "resumed" / "rollouts.jsonl")]
+    assert [r["step"] for r in saved] == [1] * 4 + [2] * 4 + [3] * 4
+    assert saved == [json.loads(line) for line in open(tmp_path / "full" / "rollouts.jsonl")]
+    assert all(r["pieces"] and r["question"] and r["golden_answers"] for r in saved)
     full_rows = read_metrics(out["metrics"])
     res_rows = read_metrics(str(tmp_path / "resumed" / "metrics.jsonl"))
-    assert [r["reward/mean"] for r in full_rows] == [r["reward/mean"] for r in res_rows]
+    assert [r.get("reward/mean") for r in full_rows] == [r.get("reward/mean") for r in res_rows]
     assert os.path.isfile(out["plot"])
     # the checkpoint holds the trainable tree, the optimiser state, step and RNG — never the base
     ckpt = Checkpointer(out["checkpoints"])
@@ -134,12 +134,14 @@ def test_sql_task_trains_on_real_spider_databases(tiny_smollm_dir, tmp_path):
     c.task = "sql"
     c.data.train = [dict(reader="spider", path="data/spider/dev_questions.jsonl", db_root="data/spider/database",
                          data_source="spider_dev", limit=8)]
+    c.eval.data = [dict(c.data.train[0], offset=8, limit=2)]  # held-out SQL rollouts on the real databases
     c.method.variant = "lora"
     c.method.rank, c.method.alpha = 4, 8.0
     c.output.export_adapters = True  # no-op for lora: only DART exports an adapter directory
     tr = Trainer(c)
     out = tr.run()
-    row = read_metrics(out["metrics"])[0]
+    before, row = read_metrics(out["metrics"])[:2]
+    assert before["step"] == 0 and before["eval/n"] == 2 and before["eval/reward"] == -1.0
     # the random model writes no <solution>: SkyRL's format check gives -1 to every trajectory
     assert row["reward/mean"] == -1.0 and row["reward/spider_dev"] == -1.0
     assert row["advantage/abs_mean"] == 0.0
@@ -153,7 +155,7 @@ def test_launch_train_cli_with_overrides_and_resume(tiny_smollm_dir, tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "cli"
     args = [sys.executable, "-m", "launch.train", "--config=configs/quickstart.py",
-            f"--config.model.path={tiny_smollm_dir}", f"--config.output.dir={out}",
+            f"--config.model.path={tiny_smollm_dir}", f"--config.output.dir={out}", "--config.warm_start=", "--config.eval.n=2",
             "--config.train.prompts_per_step=2", "--config.train.group_size=2", "--config.train.mini_batch=4",
             "--config.train.micro_batch=2", "--config.rollout.max_turns=1", "--config.rollout.max_tokens_per_turn=8",
             "--config.output.progress=False", "--config.mesh.shape=(1,1,1)"]
@@ -167,7 +169,7 @@ def test_launch_train_cli_with_overrides_and_resume(tiny_smollm_dir, tmp_path):
                             text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from checkpoint 1" in second.stderr
-    assert [r["step"] for r in read_metrics(str(out / "metrics.jsonl"))] == [1, 2]
+    assert [r["step"] for r in read_metrics(str(out / "metrics.jsonl"))] == [0, 1, 2]
     # a new run starting from the exported DART adapter directory
     warm = subprocess.run([a if not a.startswith("--config.output.dir=") else f"--config.output.dir={out}-warm"
                            for a in args] + ["--config.train.steps=1", f"--config.init_from={out / 'adapters'}"],
