@@ -35,9 +35,9 @@ def get_config():
     c.optim.lr = 2e-4
     c.optim.warmup_steps = 0
     c.optim.total_steps = c.train.steps
-    # held-out progress: 48 questions no training step sees, greedy, before the first and after the last step
-    c.eval.data = [nq_oracle(EVAL_OFFSET, 48)]
-    c.eval.n = 48
+    # held-out progress: 32 questions no training step sees, greedy, before the first and after the last step
+    c.eval.data = [nq_oracle(EVAL_OFFSET, 32)]
+    c.eval.n = 32
     c.eval.every = 0
     c.output.dir = "runs/quickstart"
     c.output.checkpoint_every = 8

@@ -63,6 +63,7 @@ def plot_curves(metrics_path: str, out_path: str, keys: Iterable[str] = PLOT_KEY
     rows = read_metrics(metrics_path)
     keys = [k for k in keys if any(k in r for r in rows)]
     sources = sorted({k for r in rows for k in r if k.startswith("reward/") and k not in ("reward/mean", "reward/std")})
+    sources = sources if len(sources) > 1 else []  # one source: its curve is the mean's
     panels = [(k, [k] + sources if k == "reward/mean" else [k]) for k in keys]
     if not panels:
         raise ValueError(f"{metrics_path}: none of {list(keys)} recorded")
@@ -72,6 +73,11 @@ def plot_curves(metrics_path: str, out_path: str, keys: Iterable[str] = PLOT_KEY
             pts = [(r["step"], r[k]) for r in rows if k in r and r[k] is not None]
             if pts:
                 ax.plot(*zip(*pts), marker="o", ms=3, label=k.split("/", 1)[-1])
+            if k == "reward/mean" and len(pts) >= 8:  # per-step rewards are noisy: show the trend too
+                w = max(3, len(pts) // 6)
+                steps, vals = zip(*pts)
+                avg = [sum(vals[i - w + 1:i + 1]) / w for i in range(w - 1, len(vals))]
+                ax.plot(steps[w - 1:], avg, ls="--", color="k", label=f"mean, {w}-step average")
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

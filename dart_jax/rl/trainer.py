@@ -27,7 +27,7 @@ import numpy as np
 from dart_jax.adapters.method import model_trees
 from dart_jax.checkpoints.dart_io import export_dart
 from dart_jax.data.readers import load_rows, merge, question_key
-from dart_jax.rewards.qa import em
+from dart_jax.rewards.qa import em_reward
 from dart_jax.rl import batch as batch_lib
 from dart_jax.rl.checkpoint import Checkpointer
 from dart_jax.rl.evaluate import rollout_eval
@@ -107,6 +107,14 @@ def load_task_rows(config) -> list[dict]:
     if not rows:
         raise ValueError("config.data.train selected no rows")
     return rows
+
+
+def task_accuracy(task: str, texts: list[str], metas: list[dict], scores: np.ndarray) -> np.ndarray:
+    """Per-trajectory accuracy, whatever the reward shaping: QA = EM of the response's last
+    <answer> (Search-R1), SQL = execution match (SkyRL's reward is +1 exactly then)."""
+    if task == "qa":
+        return np.asarray([em_reward(t, m["golden_answers"]) for t, m in zip(texts, metas)], np.float32)
+    return (np.asarray(scores) > 0).astype(np.float32)
 
 
 class Trainer:
@@ -203,12 +211,7 @@ class Trainer:
 
     def _rewards(self, tb, metas) -> tuple[np.ndarray, np.ndarray]:
         scores = np.asarray([self.reward_fn(tb.response_text[i], metas[i]) for i in range(tb.batch_size)], np.float32)
-        if self.protocol.name == "qa":
-            acc = np.asarray([em(tb.response_text[i], metas[i]["golden_answers"]) for i in range(tb.batch_size)],
-                             np.float32)
-        else:
-            acc = (scores > 0).astype(np.float32)
-        return scores, acc
+        return scores, task_accuracy(self.protocol.name, tb.response_text, metas, scores)
 
     def train_step(self, step: int) -> dict:
         tc = self.config.train
@@ -309,7 +312,8 @@ class Trainer:
             m["rollout/logprob_gap_mean"] = float(gap.mean()) if gap.size else 0.0
             m["rollout/logprob_gap_max"] = float(gap.max()) if gap.size else 0.0
         m["advantage/abs_mean"] = float(np.abs(batch["advantages"]).mean())
-        for k in ("loss", "pg_loss", "kl", "entropy", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "grad_norm"):
+        keys = ("loss", "pg_loss", "kl", "entropy", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "grad_norm")
+        for k in keys if self.loss_cfg.kl_coef else tuple(k for k in keys if k != "kl"):  # no reference, no KL
             vals = [float(u[k]) for u in upd if math.isfinite(float(u[k]))]
             m[f"actor/{k}"] = float(np.mean(vals)) if vals else float("nan")
         m["actor/skipped_updates"] = float(sum(float(u["skipped"]) for u in upd))
@@ -366,7 +370,7 @@ class Trainer:
             writer.write(step + 1, metrics)
             history.append(metrics)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", answer=f"{metrics['protocol/answer_rate']:.2f}",
-                            kl=f"{metrics['actor/kl']:.2e}", s=f"{metrics['time/step_s']:.0f}")
+                            kl=f"{metrics.get('actor/kl', 0.0):.2e}", s=f"{metrics['time/step_s']:.0f}")
             if self.on_step is not None:
                 self.on_step(step + 1, metrics)
             if (step + 1) % oc.checkpoint_every == 0 or step + 1 == tc.steps:

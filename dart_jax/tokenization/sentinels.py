@@ -91,6 +91,7 @@ def set_token_rows(base: Params, cfg: ModelConfig, ids, rows: Mapping[str, np.nd
     vocab = max(vocab_size, cfg.vocab_size)
     base = dict(base)
     for name, table in tables.items():
+        table = np.array(table)  # a writable copy (host views of device arrays are read-only)
         if vocab > table.shape[0]:
             table = np.concatenate([table, np.zeros((vocab - table.shape[0], table.shape[1]), np.float32)])
         table[np.asarray(ids)] = rows[name]

@@ -179,3 +179,12 @@ def test_launch_train_cli_with_overrides_and_resume(tiny_smollm_dir, tmp_path):
     bad = subprocess.run(args + ["--config.train.mini_batch=3"], cwd=root, env=env, capture_output=True, text=True,
                          timeout=600)
     assert bad.returncode != 0 and "must be a multiple of train.mini_batch (3)" in bad.stderr
+
+
+def test_task_accuracy_scores_the_last_answer():
+    from dart_jax.rl.trainer import task_accuracy
+    texts = ["<search> q </search>\n\n<information>Doc 1 Paris</information>\n\n<answer> Paris </answer>",
+             "<answer> Lyon </answer> then <answer> the Paris </answer>", "no answer at all: Paris", ""]
+    metas = [{"golden_answers": ["Paris"]}] * 4
+    np.testing.assert_array_equal(task_accuracy("qa", texts, metas, np.zeros(4)), [1, 1, 0, 0])
+    np.testing.assert_array_equal(task_accuracy("sql", texts, metas, np.asarray([1, -1, 0, 1])), [1, 0, 0, 1])

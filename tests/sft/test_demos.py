@@ -111,7 +111,7 @@ def test_evaluation_questions_never_reach_warm_start_or_rl():
     assert not keys & {question_key(r) for r in sft_rows}
     assert not keys & {question_key(r) for r in rl_rows}
     eval_rows = [r for spec in quickstart.get_config().eval.data for r in load_rows(dict(spec), ROOT)]
-    assert len(eval_rows) == 48 and not keys & {question_key(r) for r in eval_rows}
+    assert len(eval_rows) == 32 and not keys & {question_key(r) for r in eval_rows}
     ids = [{r["id"] for r in rows} for rows in (sft_rows, rl_rows, eval_rows)]
     assert not ids[0] & ids[1] and not ids[0] & ids[2] and not ids[1] & ids[2]  # warm start, GRPO, held-out
     # the match is on the normalised question: case, punctuation and articles do not hide a question

@@ -113,6 +113,13 @@ def test_launch_sft_then_grpo_starts_at_the_warm_started_policy(tiny_smollm_dir,
     assert np.abs(np.asarray(merged["embed"])[tag_ids] - np.asarray(seeded["embed"])[tag_ids]).max() > 1e-3
     np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], atol=2e-4)
 
+    # DART adapters trained on top of that warm start come back through init_from + warm_start
+    c.init_from = export_dart(str(tmp_path / "dart"), dart, cfg, merged, tok,
+                              extra={"kind": "dart", "warm_start": c.warm_start})
+    _, merged2, _, dart2 = load_policy(c, MethodSpec(variant="dart"), None, jax.random.PRNGKey(1))
+    again, _ = forward(merged2, dart2, jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(routes0), None, cfg=cfg)
+    np.testing.assert_allclose(np.asarray(again)[valid], np.asarray(got)[valid], atol=1e-5)
+
     # resume continues the SFT run to more epochs from its checkpoint
     more = subprocess.run(_sft_args(tiny_smollm_dir, out, ["--config.sft.epochs=4", "--resume"]), cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=900)
@@ -154,3 +161,34 @@ def test_shipped_warm_start_merges_into_smollm2(tmp_path):
                                     base, cfg)
     for t in ads["shared"].params:
         np.testing.assert_array_equal(np.asarray(again["shared"].params[t]["a"]), np.asarray(ads["shared"].params[t]["a"]))
+
+
+@pytest.mark.parametrize("variant", ["dart", "full"])
+def test_sft_variants_export_what_later_runs_load(tiny_smollm_dir, tmp_path, variant):
+    """variant dart -> a DART directory (`init_from`); full -> an HF model directory."""
+    from configs import sft_quickstart
+    from dart_jax.sft.trainer import SFTTrainer
+    D.write_demos(str(tmp_path / "d.jsonl"), [_demo(i, a) for i, a in enumerate(["red", "blue", "1912", "Paris",
+                                                                                  "Rome", "green", "1066", "Oslo"])])
+    c = sft_quickstart.get_config()
+    c.model.path = tiny_smollm_dir
+    c.method.variant = variant
+    c.sft.data = [dict(builder="file", path=str(tmp_path / "d.jsonl"))]
+    c.sft.update(dict(val_size=2, batch_size=2, micro_batch=1, epochs=1, protocol_check=0, eval_every=100,
+                      export_dtype="float32"))
+    c.output.update(dict(dir=str(tmp_path / variant), progress=False, tensorboard=False))
+    tr = SFTTrainer(c)
+    assert tr.row_ids == (() if variant == "full" else tuple(sentinel_ids(tr.tok).values()))
+    out = tr.run()
+    assert out["summary"]["train_demos"] == 7 and out["summary"]["steps"] == 3  # 1 held out (a fifth at most)
+    if variant == "dart":
+        manifest = json.loads(open(os.path.join(out["export"], "dart_adapters.json")).read())
+        assert manifest["kind"] == "dart" and manifest["adapters"] == ["reasoning", "tool"]
+        g = quickstart.get_config()
+        g.model.path, g.warm_start, g.init_from = tiny_smollm_dir, "", out["export"]
+        _, _, _, ads = load_policy(g, MethodSpec(variant="dart"), None, jax.random.PRNGKey(0))
+        assert set(ads) == {"reasoning", "tool"}
+    else:
+        assert os.path.isfile(os.path.join(out["export"], "config.json"))
+        cfg, _ = load_model(out["export"])
+        assert cfg.vocab_size == len(tr.tok)
