@@ -84,12 +84,11 @@ def make_tool(config, protocol):
         from dart_jax.tools.retrieval_server import RemoteRetriever
         searcher = RemoteRetriever(rc.url)
     else:
-        index = rc.index_dir or ensure_index(_data_path(rc.corpus), rc.encoder)
+        index = rc.index_dir or ensure_index(repo_path(rc.corpus), rc.encoder)
         searcher = Retriever(index)
     return RetrievalTool(searcher, topk=int(rc.topk))
 
 
-_data_path = repo_path
 
 
 def load_eval_rows(config) -> list[dict]:

@@ -33,10 +33,10 @@ from dart_jax.rl.checkpoint import Checkpointer
 from dart_jax.rl.metrics import MetricsWriter, plot_curves
 from dart_jax.rl.optim import learning_rate, make_optimizer
 from dart_jax.rl.placement import jit_step, microbatch_sharding, place_state
-from dart_jax.rl.policy import load_policy, run_mesh
+from dart_jax.rl.policy import load_policy, repo_path, run_mesh
 from dart_jax.rl.sections import loss_config, method_spec, optim_config, section
 from dart_jax.rl.step import SFT_KEYS, init_state, make_scorer, make_train_step, policy_trees
-from dart_jax.rl.trainer import ROUTE_MODE, _data_path, make_tool
+from dart_jax.rl.trainer import ROUTE_MODE, make_tool
 from dart_jax.rl.evaluate import rollout_eval
 from dart_jax.rollout.agent import RolloutConfig, tool_for
 from dart_jax.rollout.protocol import PROTOCOLS
@@ -67,10 +67,10 @@ def build_demos(config, tokenizer) -> tuple[list[dict], dict]:
             rows = load_rows(spec, base_dir)
             got, st = demo_lib.sql_demos(rows, make_tool(config, protocol), int(config.rollout.max_turns), protocol)
         elif builder == "distill":
-            got, st = demo_lib.distill_demos(_data_path(spec["path"]), float(spec.get("min_score", 1.0)),
+            got, st = demo_lib.distill_demos(repo_path(spec["path"]), float(spec.get("min_score", 1.0)),
                                              int(spec.get("per_question", 1)))
         else:
-            got, st = demo_lib.read_demos(_data_path(spec["path"])), {}
+            got, st = demo_lib.read_demos(repo_path(spec["path"])), {}
             st = {"rows": len(got), "kept": len(got)}
         wrong_task = [d["id"] for d in got if d["task"] != config.task]
         if wrong_task:
