@@ -89,8 +89,6 @@ def make_tool(config, protocol):
     return RetrievalTool(searcher, topk=int(rc.topk))
 
 
-
-
 def load_eval_rows(config) -> list[dict]:
     """The fixed held-out questions of `config.eval` (none when eval.n is 0)."""
     ec = config.get("eval")
