@@ -14,7 +14,10 @@ from dart_jax.rollout.tasks import qa_task, sql_task
 
 def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, router_convention: str, base, adapters,
                  rows: list[dict], temperature: float = 0.0, batch: int = 8, seed: int = 0) -> dict:
-    """-> {n, answer_rate, invalid_rate, tool_calls, reward, example} over `rows` (task rows)."""
+    """-> {n, answer_rate, invalid_rate, tool_calls, reward, example} over `rows` (task rows; rows
+    without a reference — demonstrations from a file may have none — are skipped)."""
+    need = ("db_path", "query") if protocol.name == "sql" else ("golden_answers",)
+    rows = [r for r in rows if all(r.get(k) for k in need)]
     if not rows:
         return {}
     task_fn = sql_task if protocol.name == "sql" else qa_task

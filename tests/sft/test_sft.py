@@ -192,3 +192,10 @@ def test_sft_variants_export_what_later_runs_load(tiny_smollm_dir, tmp_path, var
         assert os.path.isfile(os.path.join(out["export"], "config.json"))
         cfg, _ = load_model(out["export"])
         assert cfg.vocab_size == len(tr.tok)
+
+
+def test_rollout_eval_skips_rows_without_a_reference():
+    from dart_jax.rl.evaluate import rollout_eval
+    from dart_jax.rollout.protocol import QA, SQL
+    assert rollout_eval(None, None, QA, None, None, "dart_jax", None, None, [{"question": "q"}]) == {}
+    assert rollout_eval(None, None, SQL, None, None, "dart_jax", None, None, [{"question": "q", "db_path": "x"}]) == {}
