@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -49,23 +50,26 @@ log = logging.getLogger(__name__)
 BUILDERS = ("qa_retrieval", "sql_exploration", "distill", "file")
 
 
-def build_demos(config, tokenizer) -> tuple[list[dict], dict]:
-    """All demonstrations of `config.sft.data`, evaluation questions removed. -> (demos, stats)."""
+def build_demos(config, tokenizer, get_tool=None) -> tuple[list[dict], dict]:
+    """All demonstrations of `config.sft.data`, evaluation questions removed. -> (demos, stats).
+    `get_tool()` gives the raw tool (default: a new `make_tool`), called only if a source needs it."""
     base_dir = os.path.dirname(DATA)
     protocol = PROTOCOLS[config.task]
-    out, stats = [], {}
+    out, stats, tool = [], {}, None
     for k, spec in enumerate(config.sft.data):
         spec = dict(spec)
         builder = spec.pop("builder", "")
         if builder not in BUILDERS:
             raise ValueError(f"sft.data[{k}].builder={builder!r}; expected one of {BUILDERS}")
+        if builder in ("qa_retrieval", "sql_exploration") and tool is None:
+            tool = get_tool() if get_tool else make_tool(config, protocol)
         if builder == "qa_retrieval":
             rows = load_rows(spec, base_dir)
-            got, st = demo_lib.qa_demos(rows, make_tool(config, protocol), tokenizer,
+            got, st = demo_lib.qa_demos(rows, tool, tokenizer,
                                         int(config.rollout.max_obs_tokens), protocol)
         elif builder == "sql_exploration":
             rows = load_rows(spec, base_dir)
-            got, st = demo_lib.sql_demos(rows, make_tool(config, protocol), int(config.rollout.max_turns), protocol)
+            got, st = demo_lib.sql_demos(rows, tool, int(config.rollout.max_turns), protocol)
         elif builder == "distill":
             got, st = demo_lib.distill_demos(repo_path(spec["path"]), float(spec.get("min_score", 1.0)),
                                              int(spec.get("per_question", 1)))
@@ -101,7 +105,7 @@ class SFTTrainer:
         self.cfg, base, self.tok, adapters = load_policy(config, self.method, self.mesh, key)
         self.protocol = PROTOCOLS[config.task]
 
-        demos, self.data_stats = build_demos(config, self.tok)
+        demos, self.data_stats = build_demos(config, self.tok, lambda: self.tool)
         order = np.random.default_rng(sc.seed).permutation(len(demos))
         n_val = min(int(sc.val_size), len(demos) // 5)
         self.val = [demos[i] for i in order[:n_val]]
@@ -142,6 +146,12 @@ class SFTTrainer:
             return score(b, a, tokens, positions, routes)
 
         self._logp = jax.jit(logp)
+
+    @functools.cached_property
+    def tool(self):
+        """The task's tool, opened once (index + encoder, or the SQLite executor) for the demonstration
+        builders and every protocol check."""
+        return make_tool(self.config, self.protocol)
 
     # -- batches -------------------------------------------------------------------------------------
     def _arrays(self, encoded: list) -> dict[str, np.ndarray]:
@@ -186,7 +196,7 @@ class SFTTrainer:
         rc = RolloutConfig(**section(self.config, "rollout"), route_mode=ROUTE_MODE[self.method.variant])
         base, ads = policy_trees(self.method, self.state.params, self.base, self.row_ids)
         return rollout_eval(self.cfg, self.tok, self.protocol,
-                            tool_for(self.protocol, make_tool(self.config, self.protocol)), rc,
+                            tool_for(self.protocol, self.tool), rc,
                             self.config.router.convention, base, ads, self.val[:n], temperature,
                             max(self.config.sft.micro_batch, 8))
 
