@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import logging
-
 from absl import app, flags
 from ml_collections import config_flags
+
+from launch._log import setup_logging
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "an ml_collections config file (configs/*.py)")
 RESUME = flags.DEFINE_bool("resume", False, "continue from the newest usable checkpoint in output.dir")
 
 
 def config_or_exit():
-    """The parsed config, with INFO logging for dart_jax and WARNING for the libraries around it."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("absl", "jax", "orbax", "jax._src"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    """The parsed config, with logging set up."""
+    setup_logging()
     if CONFIG.value is None:
         raise app.UsageError("--config=configs/NAME.py is required")
     return CONFIG.value

@@ -1,6 +1,7 @@
 """python -m launch.build_corpus --shared ../shared/data --out data
 
-Rebuilds the shipped corpus (data/corpus/wiki_sample.jsonl) and QA slices (data/qa/*.jsonl)."""
+Rebuilds the shipped corpus (data/corpus/wiki_sample.jsonl), the training QA slices (data/qa/*.jsonl) and
+the evaluation slices of launch.evaluate (data/qa, data/spider, data/bird; see dart_jax/data/eval_sets.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import sys
 
 from dart_jax.data.corpus import build_from_shared, write_jsonl
+from dart_jax.data.eval_sets import build_eval_sets
 
 
 def main(argv=None) -> int:
@@ -21,6 +23,8 @@ def main(argv=None) -> int:
     write_jsonl(os.path.join(args.out, "qa", "nq_oracle.jsonl"), nq)
     write_jsonl(os.path.join(args.out, "qa", "hotpotqa_sample300.jsonl"), hotpot)
     print(f"corpus: {n} passages; nq: {len(nq)} questions; hotpotqa: {len(hotpot)} questions")
+    for name, rows in build_eval_sets(args.shared, args.out).items():
+        print(f"{name}: {rows} rows")
     return 0
 
 

@@ -118,8 +118,24 @@ def _json_records(path: str) -> list[dict]:
     return data
 
 
-def _db_path(db_root: str, db_id: str) -> str:
-    return os.path.join(db_root, db_id, f"{db_id}.sqlite")
+def db_roots(db_root) -> list[str]:
+    """`db_root` as a list of directories: one path, a list, or paths joined by os.pathsep."""
+    if not db_root:
+        return []
+    if isinstance(db_root, str):
+        return [p for p in db_root.split(os.pathsep) if p]
+    return [str(p) for p in db_root]
+
+
+def _db_path(db_root, db_id: str) -> str:
+    """DIR/<db_id>/<db_id>.sqlite in the first root that has it (Spider-DK: its own databases, then
+    Spider's); the first root's path when none has it."""
+    roots = db_roots(db_root) or [""]
+    for root in roots:
+        path = os.path.join(root, db_id, f"{db_id}.sqlite")
+        if os.path.isfile(path):
+            return path
+    return os.path.join(roots[0], db_id, f"{db_id}.sqlite")
 
 
 def _sql_rows(records: Iterable[dict], path: str, db_root: str, source: str, sql_fields: Sequence[str],
@@ -135,23 +151,25 @@ def _sql_rows(records: Iterable[dict], path: str, db_root: str, source: str, sql
         if not os.path.isfile(db):
             missing += 1
             continue
-        rid = r.get("question_id", r.get("id", k))
-        rows.append({"id": f"{source}-{rid}", "question": _need(r, question_field, path, k), "query": sql,
+        rid = str(r.get("question_id", r.get("id", k)))
+        rows.append({"id": rid if rid.startswith(f"{source}-") else f"{source}-{rid}", "question": _need(r, question_field, path, k), "query": sql,
                      "db_id": db_id, "db_path": db, "evidence": r.get("evidence") or "", "data_source": source})
     return rows, missing
 
 
-def read_spider_json(path: str, db_root: str, data_source: str = "spider_dev",
-                     question_field: str = "question") -> tuple[list[dict], int]:
-    """Spider (and DK / Realistic / Syn: `question_field="SpiderSynQuestion"`) json lists or jsonl."""
-    data = _json_records(path)
+def read_spider_json(path: str, db_root, data_source: str = "spider_dev", question_field: str = "question",
+                     limit: int | None = None) -> tuple[list[dict], int]:
+    """Spider (and DK / Realistic / Syn: `question_field="SpiderSynQuestion"`) json lists or jsonl.
+    `limit`: the first N questions of the file, before questions without a database are dropped."""
+    data = _json_records(path)[:limit or None]
     return _sql_rows(data, path, db_root, data_source, ("query",), question_field)
 
 
-def read_bird_json(path: str, db_root: str, data_source: str = "bird_dev") -> tuple[list[dict], int]:
+def read_bird_json(path: str, db_root, data_source: str = "bird_dev",
+                   limit: int | None = None) -> tuple[list[dict], int]:
     """BIRD dev json ({"question_id", "db_id", "question", "evidence", "SQL"}); databases from `db_root`."""
-    data = _json_records(path)
-    return _sql_rows(data, path, db_root, data_source, ("SQL", "sql"))
+    data = _json_records(path)[:limit or None]
+    return _sql_rows(data, path, db_root, data_source, ("SQL", "sql", "query"))
 
 
 def read_skyrl_sql(path: str, db_root: str, data_source: str = "skyrl_sql") -> tuple[list[dict], int]:
@@ -229,10 +247,9 @@ def load_rows(spec: dict, base_dir: str | None = None) -> list[dict]:
         path = os.path.join(base_dir, path)
     kw = {"data_source": spec["data_source"]} if spec.get("data_source") else {}
     if reader in ("spider", "bird", "skyrl_sql"):
-        db_root = spec.get("db_root") or ""
-        if base_dir and db_root and not os.path.isabs(db_root) and not os.path.exists(db_root):
-            db_root = os.path.join(base_dir, db_root)
-        rows, _ = READERS[reader](path, db_root, **kw)
+        roots = [os.path.join(base_dir, r) if base_dir and not os.path.isabs(r) and not os.path.exists(r) else r
+                 for r in db_roots(spec.get("db_root"))]
+        rows, _ = READERS[reader](path, roots, **kw)
     elif reader == "tfds":
         rows = read_tfds(spec["name"], spec.get("split", "train"), spec.get("data_source") or spec["name"],
                          spec.get("data_dir"))

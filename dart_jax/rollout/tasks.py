@@ -52,7 +52,8 @@ def qa_task(tokenizer, rows: list[dict]) -> tuple[list[list[int]], list, list[di
 
 
 def sql_task(tokenizer, rows: list[dict]) -> tuple[list[list[int]], list, list[dict], Callable]:
-    prompts = [encode_chat(tokenizer, [{"role": "user", "content": sql_prompt(r["question"], r["db_path"])}])
+    prompts = [encode_chat(tokenizer, [{"role": "user", "content": sql_prompt(r["question"], r["db_path"],
+                                                                              r.get("evidence", ""))}])
                for r in rows]
     metas = [{"db_path": r["db_path"], "gold_sql": r["query"]} for r in rows]
     return prompts, [r["id"] for r in rows], metas, \

@@ -1,0 +1,104 @@
+"""The evaluation sets of the paper (METHOD §6), by name, on the slices shipped in data/.
+
+QA: EM per data source; Gen-Avg over the general sets (NQ, TriviaQA, PopQA), MH-Avg over the
+multi-hop sets (HotpotQA, 2Wiki, MuSiQue, Bamboogle), Avg over all seven.
+SQL: EX per benchmark, test-suite semantics for the Spider family, BIRD semantics for BIRD; Avg
+over the benchmarks evaluated. BIRD's databases are not shipped: `db_root` (launch.evaluate
+--db-root DIR, with DIR/<db_id>/<db_id>.sqlite) supplies them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from dart_jax.data.readers import load_rows, READERS
+from dart_jax.rollout.tasks import DATA
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSet:
+    name: str
+    task: str                 # qa | sql
+    label: str                # column name in the tables (the paper's)
+    reader: str
+    path: str                 # relative to data/ (or absolute)
+    group: str = ""           # qa: general | multihop
+    db_root: tuple[str, ...] = ()
+    semantics: str = "spider"  # sql: spider | bird
+    needs_db_root: bool = False
+    note: str = ""
+
+    def spec(self, db_root: str | None = None, limit: int | None = None) -> dict:
+        """The dataset entry for `readers.load_rows`."""
+        if self.task == "sql" and self.needs_db_root and not db_root:
+            raise FileNotFoundError(f"{self.name}: its databases are not shipped ({self.note}); pass --db-root DIR "
+                                    "with DIR/<db_id>/<db_id>.sqlite")
+        spec = {"reader": self.reader, "path": self.path, "data_source": self.name}
+        if self.task == "sql":
+            spec["db_root"] = list(([db_root] if db_root else []) + list(self.db_root))
+        if limit:
+            spec["limit"] = int(limit)
+        return spec
+
+
+QA_SETS = (
+    EvalSet("nq", "qa", "NQ", "flashrag", "qa/nq_test_sample1000.jsonl", "general"),
+    EvalSet("triviaqa", "qa", "TriviaQA", "flashrag", "qa/triviaqa_test_sample1000.jsonl", "general"),
+    EvalSet("popqa", "qa", "PopQA", "flashrag", "qa/popqa_test_sample1000.jsonl", "general"),
+    EvalSet("hotpotqa", "qa", "HotpotQA", "flashrag", "qa/hotpotqa_dev1000.jsonl", "multihop"),
+    EvalSet("2wiki", "qa", "2Wiki", "flashrag", "qa/2wiki_dev1000.jsonl", "multihop"),
+    EvalSet("musique", "qa", "MuSiQue", "flashrag", "qa/musique_dev1000.jsonl", "multihop"),
+    EvalSet("bamboogle", "qa", "Bamboogle", "flashrag", "qa/bamboogle_test.jsonl", "multihop"),
+)
+SPIDER_DB = ("spider/database",)
+SQL_SETS = (
+    EvalSet("spider_dev", "sql", "Spider-dev", "spider", "spider/dev_questions.jsonl", db_root=SPIDER_DB),
+    EvalSet("spider_dk", "sql", "Spider-DK", "spider", "spider/dk_questions.jsonl",
+            db_root=("spider/dk_database",) + SPIDER_DB),
+    EvalSet("spider_realistic", "sql", "Spider-Realistic", "spider", "spider/realistic_questions.jsonl",
+            db_root=SPIDER_DB),
+    EvalSet("spider_syn", "sql", "Spider-Syn", "spider", "spider/syn_questions.jsonl", db_root=SPIDER_DB),
+    EvalSet("bird_dev", "sql", "BIRD-dev", "bird", "bird/dev.jsonl", semantics="bird", needs_db_root=True,
+            note="BIRD dev databases, 1.4 GB"),
+    EvalSet("bird_mini_dev", "sql", "BIRD-mini-dev", "bird", "bird/mini_dev.jsonl", semantics="bird",
+            needs_db_root=True, note="BIRD dev databases, 1.4 GB"),
+)
+EVAL_SETS = {s.name: s for s in QA_SETS + SQL_SETS}
+GROUPS = {"Gen-Avg": ("nq", "triviaqa", "popqa"), "MH-Avg": ("hotpotqa", "2wiki", "musique", "bamboogle"),
+          "Avg": tuple(s.name for s in QA_SETS)}
+
+
+def default_sets(task: str, db_root: str | None = None) -> list[str]:
+    """Every set of the task that can run here (BIRD only with a database root)."""
+    sets = QA_SETS if task == "qa" else SQL_SETS
+    return [s.name for s in sets if not s.needs_db_root or db_root]
+
+
+def resolve(names: list[str], task: str) -> list[EvalSet]:
+    out = []
+    for name in names:
+        if name not in EVAL_SETS:
+            raise ValueError(f"unknown dataset {name!r}; known: {sorted(EVAL_SETS)}")
+        s = EVAL_SETS[name]
+        if s.task != task:
+            raise ValueError(f"dataset {name!r} is a {s.task} set but the task is {task!r} (--task {s.task})")
+        out.append(s)
+    return out
+
+
+def load_set(s: EvalSet, limit: int | None = None, db_root: str | None = None) -> tuple[list[dict], dict]:
+    """-> (rows, counts). SQL rows whose database is absent are skipped and counted (never scored 0)."""
+    spec = s.spec(db_root, None)
+    if s.task == "qa":
+        rows = load_rows(spec, base_dir=DATA)
+        rows = rows[:limit] if limit else rows
+        return rows, {"questions": len(rows), "skipped_no_db": 0}
+    roots = [r if os.path.isabs(r) or os.path.exists(r) else os.path.join(DATA, r) for r in spec["db_root"]]
+    path = spec["path"] if os.path.isabs(spec["path"]) else os.path.join(DATA, spec["path"])
+    # the first N *questions* (the paper's first 1,000), then those without a database are skipped
+    rows, missing = READERS[s.reader](path, roots, data_source=s.name, limit=limit)
+    if not rows and missing:
+        raise FileNotFoundError(f"{s.name}: none of the {missing} questions has its database under {roots} "
+                                "(DIR/<db_id>/<db_id>.sqlite)")
+    return rows, {"questions": len(rows), "skipped_no_db": missing}

@@ -1,0 +1,96 @@
+"""`launch.evaluate` as a function: load the policy, build the tool, run the sets, write the reports."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import jax
+
+from dart_jax.eval import paper
+from dart_jax.eval.datasets import default_sets, resolve
+from dart_jax.eval.fixed import FixedRetrieval
+from dart_jax.eval.policy import load_eval_policy
+from dart_jax.eval.report import write_reports
+from dart_jax.eval.runner import EvalOptions, Evaluator, group_scores, write_per_question_accuracy
+from dart_jax.rl.policy import repo_path, run_mesh
+from dart_jax.rl.sections import section
+from dart_jax.rl.trainer import build_tool
+from dart_jax.rollout.agent import RolloutConfig
+from dart_jax.rollout.protocol import PROTOCOLS
+
+log = logging.getLogger(__name__)
+
+
+def policy_name(source: dict) -> str:
+    name = os.path.basename(os.path.normpath(source["model"]))
+    if source.get("variant") == "warm_start" or (source.get("warm_start") and source.get("variant") == "base"):
+        name += " + warm start"
+    if source.get("adapters") or source.get("checkpoint"):
+        where = source.get("adapters") or f"{source['checkpoint']}@{source.get('step')}"
+        name += f" + {source.get('variant', 'dart')} ({where})"
+    if source.get("peft"):
+        name += f" + PEFT ({source['peft']})"
+    if source.get("removed"):
+        name += f" − {source['removed']} adapter"
+    return name
+
+
+def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: EvalOptions = EvalOptions(),
+             checkpoint: str | None = None, peft: str | None = None, remove: str | None = None,
+             step: int | None = None, fixed_retrieval: str | None = None,
+             compare: list[str] | None = None) -> dict:
+    """-> results (also written to out_dir: results.{md,csv,json}, per_question.jsonl and, with
+    n_samples > 1, per_question_accuracy.jsonl)."""
+    task = config.task
+    if task not in PROTOCOLS:
+        raise ValueError(f"task {task!r}; expected one of {sorted(PROTOCOLS)}")
+    sets = resolve(datasets or default_sets(task, options.db_root), task)
+    compare_keys = [list(_paper_key(c, task)) for c in compare or ()]
+    protocol = PROTOCOLS[task]
+    mesh = run_mesh(config)
+    policy = load_eval_policy(config, mesh, checkpoint, peft, remove, step, options.seed)
+    if fixed_retrieval:
+        tool = FixedRetrieval(repo_path(fixed_retrieval), protocol)
+    else:
+        tool = build_tool(config, protocol)
+    rollout = RolloutConfig(**section(config, "rollout"), route_mode=policy.route_mode)
+    convention = policy.router_convention or config.router.convention
+    evaluator = Evaluator(policy.cfg, policy.tokenizer, protocol, tool, rollout, convention, options)
+    os.makedirs(out_dir, exist_ok=True)
+    records = os.path.join(out_dir, "per_question.jsonl")
+    t0 = time.perf_counter()
+    per_set = evaluator.run(sets, policy.base, policy.adapters, records)
+    variant = policy.source.get("variant")
+    p_method = paper.method_key(task, variant, int(config.method.rank)) if variant in ("dart", "lora", "full") else None
+    setup = {"task": task, "policy": policy_name(policy.source), **{k: v for k, v in policy.source.items()},
+             "n_samples": options.n_samples, "temperature": options.temperature, "top_p": options.top_p,
+             "top_k": options.top_k, "limit": options.limit, "seed": options.seed,
+             "fixed_retrieval": fixed_retrieval or "", "rollout": section(config, "rollout"),
+             "router_convention": convention,
+             "retriever": section(config, "retriever") if task == "qa" and not fixed_retrieval else {},
+             "paper_model": paper.model_key(config.model.path), "paper_method": p_method,
+             "devices": f"{jax.device_count()} × {jax.devices()[0].platform}", "seconds": 0.0}
+    results = {"setup": setup, "datasets": per_set, "groups": group_scores(task, per_set)}
+    if fixed_retrieval:
+        results["fixed_retrieval_stats"] = dict(tool.stats)
+    setup["seconds"] = round(time.perf_counter() - t0, 1)
+    files = {"per_question": records}
+    if options.n_samples > 1:
+        files["per_question_accuracy"] = os.path.join(out_dir, "per_question_accuracy.jsonl")
+        write_per_question_accuracy(records, files["per_question_accuracy"])
+    results["files"] = files
+    setup["compare"] = compare_keys
+    results["files"].update(write_reports(out_dir, results))
+    return results
+
+
+def _paper_key(text: str, task: str) -> tuple[str, str]:
+    """'dart,qwen2.5-3b-base' -> a key of the paper table."""
+    method, _, model = text.partition(",")
+    key = (method.strip(), model.strip())
+    if key not in paper.rows_for(task):
+        raise ValueError(f"--compare {text!r}: no such paper row; known: "
+                         f"{[f'{m},{b}' for m, b in paper.rows_for(task)]}")
+    return key

@@ -1,0 +1,128 @@
+"""Evaluation reports: the paper-style table, per-dataset details, the side-by-side with the paper
+(METHOD §6), as markdown, CSV and JSON."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+
+from dart_jax.eval import paper
+from dart_jax.eval.datasets import QA_SETS, SQL_SETS
+
+CSV_FIELDS = ("name", "label", "task", "metric", "score", "questions", "trajectories", "samples_per_question",
+              "answer_rate", "invalid_rate", "tool_calls", "retrieval_acc", "response_tokens", "pass_at_n",
+              "never_correct", "skipped_no_db", "skipped_gold_error", "seconds")
+
+
+def _f(v, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def _columns(task: str, results: dict) -> list[tuple[str, str]]:
+    """(key, header) of the paper-style table: the task's datasets in the paper's order (those
+    evaluated), then the averages."""
+    sets = QA_SETS if task == "qa" else SQL_SETS
+    cols = [(s.name, s.label) for s in sets if s.name in results["datasets"]]
+    return cols + [(g, g) for g in results["groups"]]
+
+
+def main_table(results: dict) -> str:
+    task = results["setup"]["task"]
+    cols = _columns(task, results)
+    scores = {**{k: v["score"] for k, v in results["datasets"].items()}, **results["groups"]}
+    metric = "EM" if task == "qa" else "EX"
+    head = f"| {metric} | " + " | ".join(h for _, h in cols) + " |"
+    sep = "|---|" + "---|" * len(cols)
+    row = f"| {results['setup']['policy']} | " + " | ".join(_f(scores.get(k)) for k, _ in cols) + " |"
+    return "\n".join([head, sep, row])
+
+
+def detail_table(results: dict) -> str:
+    task = results["setup"]["task"]
+    n = results["setup"]["n_samples"]
+    head = ["dataset", "questions", "EM" if task == "qa" else "EX", "answered", "invalid", "tool calls",
+            "response tokens"]
+    if task == "qa":
+        head.append("retrieval acc")
+    if n > 1:
+        head += [f"pass@{n}", "never correct"]
+    head += ["skipped (no DB)", "skipped (gold fails)", "s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, r in results["datasets"].items():
+        cells = [r["label"], str(r["questions"]), _f(r["score"]), _f(r["answer_rate"], 2), _f(r["invalid_rate"], 2),
+                 _f(r["tool_calls"], 2), _f(r["response_tokens"], 0)]
+        if task == "qa":
+            cells.append(_f(r.get("retrieval_acc")))
+        if n > 1:
+            cells += [_f(r.get("pass_at_n")), _f(r.get("never_correct"))]
+        cells += [str(r["skipped_no_db"]), str(r["skipped_gold_error"]), _f(r["seconds"], 0)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def paper_table(results: dict) -> str:
+    """This run next to the paper's rows. With a matching setup (same backbone and method) the
+    matching row comes first with Δ = ours − paper; otherwise the paper rows of the task are listed
+    for orientation only and the header says why they are not comparable."""
+    setup = results["setup"]
+    task = setup["task"]
+    table = paper.rows_for(task)
+    match = paper.matching(task, setup.get("paper_method"), setup.get("paper_model"))
+    compare = [tuple(k) for k in setup.get("compare") or ()]
+    keys = compare or ([match] if match else list(table))
+    cols = _columns(task, results)
+    cols += [(g, g) for g in ("Gen-Avg", "MH-Avg", "Avg") if g not in dict(cols) and any(g in table[p] for p in keys)]
+    ours = {**{k: v["score"] for k, v in results["datasets"].items()}, **results["groups"]}
+    if match:
+        note = (f"Setup matches the paper's {paper.label(match)} (backbone and method); evaluation slices: "
+                f"first {setup.get('limit') or 'all'} questions per set.")
+    else:
+        why = (f"model {setup.get('model')!r}" + ("" if setup.get("paper_model") else " is not a paper backbone"))
+        method = setup.get("paper_method") or "none (no trained adapters)"
+        note = (f"Setup differs from every paper row ({why}; method {method}): paper rows shown for orientation "
+                "only, no deltas.")
+    lines = [note, "", "| row | " + " | ".join(h for _, h in cols) + " |", "|---|" + "---|" * len(cols),
+             "| this run | " + " | ".join(_f(ours.get(k)) for k, _ in cols) + " |"]
+    for key in keys:
+        row = table[key]
+        lines.append(f"| paper: {paper.label(key)} | " + " | ".join(_f(row.get(k)) for k, _ in cols) + " |")
+        if key == match:
+            delta = [(_f(ours[k] - row[k], 3) if k in ours and k in row else "—") for k, _ in cols]
+            lines.append("| Δ (ours − paper) | " + " | ".join(delta) + " |")
+    return "\n".join(lines)
+
+
+def markdown(results: dict) -> str:
+    s = results["setup"]
+    mode = "greedy" if s["temperature"] == 0 else f"{s['n_samples']} samples at T = {s['temperature']}"
+    parts = [f"# Evaluation: {s['policy']}", "",
+             f"task {s['task']}, {mode}, limit {s.get('limit') or 'none'}, "
+             f"{'fixed retrieval from ' + s['fixed_retrieval'] if s.get('fixed_retrieval') else 'live tool'}", "",
+             main_table(results), "", "## Per dataset", "", detail_table(results), "", "## Against the paper (METHOD §6)",
+             "", paper_table(results)]
+    if results.get("fixed_retrieval_stats"):
+        parts += ["", "Fixed retrieval: " + ", ".join(f"{k} {v}" for k, v in results["fixed_retrieval_stats"].items())]
+    return "\n".join(parts) + "\n"
+
+
+def write_reports(out_dir: str, results: dict) -> dict[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"markdown": os.path.join(out_dir, "results.md"), "csv": os.path.join(out_dir, "results.csv"),
+             "json": os.path.join(out_dir, "results.json")}
+    with open(paths["markdown"], "w") as f:
+        f.write(markdown(results))
+    with open(paths["csv"], "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in results["datasets"].values():
+            w.writerow({k: r.get(k, "") for k in CSV_FIELDS})
+        for g, v in results["groups"].items():
+            w.writerow({"name": g, "label": g, "task": results["setup"]["task"],
+                        "metric": "EM" if results["setup"]["task"] == "qa" else "EX", "score": v})
+    with open(paths["json"], "w") as f:
+        json.dump(results, f, indent=2, ensure_ascii=False)
+    return paths

@@ -1,0 +1,215 @@
+"""The evaluation loop: the training agent, tools and rewards, on the paper's evaluation sets.
+
+    for each dataset: the first `limit` questions (SQL: those whose database exists; the others are
+    counted as skipped, never scored 0; gold queries that fail are skipped and counted too)
+        n samples per question (greedy: 1, temperature 0 → argmax at every step)
+        batched rollouts through Agent (sampler + KV-cache resume + retrieval / SQLite)
+        score each trajectory: QA EM of the last <answer> + retrieval accuracy; SQL EX of the last
+        <solution> (test-suite semantics for Spider, BIRD semantics for BIRD)
+    per-trajectory records → per_question.jsonl; per-question accuracy (n-samples mode, CEA's input)
+    → per_question_accuracy.jsonl; summaries per dataset and per group → results.{md,csv,json}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import numpy as np
+
+from dart_jax.eval.datasets import GROUPS, EvalSet, load_set
+from dart_jax.rewards.qa import em, extract_answer, retrieval_correct
+from dart_jax.rewards.sql import execution_match, extract_solution
+from dart_jax.rollout.agent import Agent, RolloutConfig
+from dart_jax.rollout.sampling import SamplingConfig
+from dart_jax.rollout.tasks import qa_task, sql_task
+from dart_jax.tools.sqlite_exec import execute
+
+
+SQL_MEAN = "Avg (these sets)"
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalOptions:
+    n_samples: int = 1
+    temperature: float = 0.0   # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    batch: int = 16            # trajectories per rollout batch
+    seed: int = 0
+    limit: int | None = None   # first N questions of each set
+    db_root: str | None = None
+    sql_timeout_s: float = 30.0
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.n_samples < 1:
+            raise ValueError(f"n_samples must be ≥ 1, got {self.n_samples}")
+        if self.n_samples > 1 and self.temperature == 0:
+            raise ValueError("n_samples > 1 with temperature 0: greedy samples are identical; sample at a "
+                             "temperature (the paper's CEA uses 1.0)")
+        if self.batch < 1:
+            raise ValueError(f"batch must be ≥ 1, got {self.batch}")
+
+
+def score_qa(text: str, golds: list[str]) -> dict:
+    answer = extract_answer(text)
+    return {"answer": answer, "score": em(answer, golds), "retrieval_hit": bool(retrieval_correct(text, golds))}
+
+
+def score_sql(text: str, db_path: str, gold_sql: str, semantics: str, timeout_s: float) -> dict:
+    solution = extract_solution(text)
+    if solution is None:
+        return {"solution": None, "score": 0.0, "error": "no <solution>"}
+    ok, details = execution_match(db_path, solution, gold_sql, semantics, timeout_s)
+    return {"solution": solution, "score": float(ok), "error": details.get("error")}
+
+
+class Evaluator:
+    def __init__(self, cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, router_convention: str,
+                 options: EvalOptions):
+        self.tok, self.protocol, self.options, self.tool_fn = tokenizer, protocol, options, tool_fn
+        sampling = SamplingConfig(temperature=options.temperature, top_p=options.top_p, top_k=options.top_k)
+        self.agent = Agent(cfg, tokenizer, protocol, tool_fn, sampling, rollout, router_convention)
+
+    # -- data ------------------------------------------------------------------------------------
+    def load(self, s: EvalSet) -> tuple[list[dict], dict]:
+        rows, counts = load_set(s, self.options.limit, self.options.db_root)
+        counts["skipped_gold_error"] = 0
+        if s.task == "sql":  # a gold query that fails cannot score anything: skip and count it
+            good = []
+            for r in rows:
+                if execute(r["db_path"], r["query"], self.options.sql_timeout_s, 100_000).ok:
+                    good.append(r)
+                else:
+                    counts["skipped_gold_error"] += 1
+            rows = good
+            counts["questions"] = len(rows)
+        return rows, counts
+
+    # -- rollouts ----------------------------------------------------------------------------------
+    def run(self, sets: list[EvalSet], base, adapters, records_path: str | None = None) -> dict:
+        from tqdm.auto import tqdm
+
+        loaded = [(s, *self.load(s)) for s in sets]
+        n = self.options.n_samples
+        total = sum(len(rows) * n for _, rows, _ in loaded)
+        out = open(records_path, "w") if records_path else None
+        bar = tqdm(total=total, desc="evaluate", unit="traj", disable=not self.options.progress)
+        results = {}
+        try:
+            for s, rows, counts in loaded:
+                t0 = time.perf_counter()
+                recs = self._run_set(s, rows, base, adapters, bar, out)
+                results[s.name] = summarize(s, rows, recs, counts, n, time.perf_counter() - t0)
+        finally:
+            bar.close()
+            if out:
+                out.close()
+        return results
+
+    def _run_set(self, s: EvalSet, rows: list[dict], base, adapters, bar, out) -> list[dict]:
+        n, b = self.options.n_samples, self.options.batch
+        task_fn = qa_task if s.task == "qa" else sql_task
+        items = [(r, k) for r in rows for k in range(n)]
+        recs = []
+        for start in range(0, len(items), b):
+            chunk = items[start:start + b]
+            prompts, uids, metas, _ = task_fn(self.tok, [r for r, _ in chunk])
+            metas = [dict(m, uid=r["id"], sample=k, question=r["question"], db_id=r.get("db_id", ""))
+                     for m, (r, k) in zip(metas, chunk)]
+            if hasattr(self.tool_fn, "reset"):
+                self.tool_fn.reset()
+            seed = self.options.seed + hash_seed(s.name, start)
+            tb = self.agent.rollout(base, adapters, prompts, uids, metas, seed=seed)
+            for i, (row, k) in enumerate(chunk):
+                rec = self._record(s, row, k, tb, i)
+                recs.append(rec)
+                if out:
+                    out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            if out:
+                out.flush()
+            bar.update(len(chunk))
+            bar.set_postfix({s.name: f"{np.mean([r['score'] for r in recs]):.3f}"})
+        return recs
+
+    def _record(self, s: EvalSet, row: dict, sample: int, tb, i: int) -> dict:
+        text = tb.response_text[i]
+        calls = [{"query": t["query"], "observation": t["observation"]} for t in tb.turns[i] if t["action"] == "tool"]
+        rec = {"dataset": s.name, "id": row["id"], "sample": sample, "question": row["question"]}
+        if s.task == "qa":
+            rec["golden_answers"] = row["golden_answers"]
+            rec.update(score_qa(text, row["golden_answers"]))
+        else:
+            rec.update(db_id=row["db_id"], gold_sql=row["query"])
+            rec.update(score_sql(text, row["db_path"], row["query"], s.semantics, self.options.sql_timeout_s))
+        rec.update(finish=tb.finish_reason[i], tool_calls=calls, turns=len(tb.turns[i]),
+                   response_tokens=int(tb.length[i] - tb.prompt_len[i]), response=text)
+        return rec
+
+
+def hash_seed(name: str, start: int) -> int:
+    """A seed per (dataset, batch) that does not depend on Python's string hashing."""
+    return (sum((k + 1) * ord(c) for k, c in enumerate(name)) * 1_000_003 + start) % (2 ** 31 - 1)
+
+
+def summarize(s: EvalSet, rows: list[dict], recs: list[dict], counts: dict, n: int, seconds: float) -> dict:
+    scores = np.asarray([r["score"] for r in recs], np.float64)
+    finish = [r["finish"] for r in recs]
+    out = {"name": s.name, "label": s.label, "task": s.task, "metric": "EM" if s.task == "qa" else "EX",
+           "questions": len(rows), "trajectories": len(recs), "samples_per_question": n,
+           "score": float(scores.mean()) if len(recs) else float("nan"),
+           "answer_rate": float(np.mean([f == "answer" for f in finish])) if recs else float("nan"),
+           "invalid_rate": float(np.mean([f == "invalid" for f in finish])) if recs else float("nan"),
+           "tool_calls": float(np.mean([len(r["tool_calls"]) for r in recs])) if recs else float("nan"),
+           "response_tokens": float(np.mean([r["response_tokens"] for r in recs])) if recs else float("nan"),
+           "skipped_no_db": int(counts.get("skipped_no_db", 0)),
+           "skipped_gold_error": int(counts.get("skipped_gold_error", 0)), "seconds": round(seconds, 1)}
+    if s.task == "qa":
+        out["retrieval_acc"] = float(np.mean([r["retrieval_hit"] for r in recs])) if recs else float("nan")
+    if s.task == "sql":
+        out["semantics"] = s.semantics
+    if n > 1:
+        per_q = per_question_accuracy(recs)
+        acc = np.asarray([q["accuracy"] for q in per_q])
+        out["pass_at_n"] = float(np.mean(acc > 0)) if len(acc) else float("nan")
+        out["never_correct"] = float(np.mean(acc == 0)) if len(acc) else float("nan")
+    return out
+
+
+def per_question_accuracy(recs: list[dict]) -> list[dict]:
+    """One line per question: n samples, correct count, accuracy (CEA's s_q^M)."""
+    by_q: dict = {}
+    for r in recs:
+        q = by_q.setdefault((r["dataset"], r["id"]), {"dataset": r["dataset"], "id": r["id"],
+                                                      "question": r["question"], "n": 0, "correct": 0.0})
+        q["n"] += 1
+        q["correct"] += r["score"]
+    return [dict(q, accuracy=q["correct"] / q["n"]) for q in by_q.values()]
+
+
+def group_scores(task: str, results: dict) -> dict:
+    """QA: Gen-Avg / MH-Avg / Avg, each only when all its datasets were evaluated. SQL: the mean over
+    the benchmarks evaluated, named so it is not mistaken for the paper's six-benchmark Avg."""
+    score = {k: v["score"] for k, v in results.items() if v["trajectories"]}
+    if task == "sql":
+        return {SQL_MEAN: float(np.mean(list(score.values())))} if score else {}
+    return {g: float(np.mean([score[m] for m in members])) for g, members in GROUPS.items()
+            if all(m in score for m in members)}
+
+
+def write_per_question_accuracy(records_path: str, out_path: str) -> int:
+    with open(records_path) as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    rows = per_question_accuracy(recs)
+    with open(out_path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return len(rows)
+
+
+def ensure_dir(path: str) -> str:
+    os.makedirs(path, exist_ok=True)
+    return path

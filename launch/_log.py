@@ -1,0 +1,11 @@
+"""Quiet logging for the launch scripts: INFO for dart_jax, WARNING for the libraries around it."""
+
+from __future__ import annotations
+
+import logging
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("absl", "jax", "orbax", "jax._src"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

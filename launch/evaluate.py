@@ -1,0 +1,80 @@
+"""python -m launch.evaluate [--config=configs/X.py] [--checkpoint DIR | --peft DIR] [--model NAME] [--task qa|sql]
+                            [--dataset nq,hotpotqa ...] [--limit N] [--n-samples N --temperature 1]
+                            [--fixed-retrieval per_question.jsonl] [--db-root DIR] [--out DIR]
+
+Evaluates a trained run, a warm start, a base model or PEFT adapters on the paper's evaluation sets
+(EM per QA source with Gen-Avg / MH-Avg / Avg, EX per SQL benchmark) through the training sampler
+and tools; prints the tables and writes results.{md,csv,json} and per_question.jsonl to --out.
+
+    python -m launch.evaluate --config=configs/quickstart.py --checkpoint runs/quickstart --limit 50
+    python -m launch.evaluate --model smollm2-135m-instruct --task sql --dataset spider_dev --limit 50
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from launch._log import setup_logging
+
+CONFIG = config_flags.DEFINE_config_file("config", None, "a config file (default configs/evaluate.py:<task>)")
+MODEL = flags.DEFINE_string("model", None, "model name or path (overrides config.model.path)")
+TASK = flags.DEFINE_enum("task", None, ["qa", "sql"], "task (default: the config's)")
+CHECKPOINT = flags.DEFINE_string("checkpoint", None, "a run directory, its checkpoints/, or a DART / warm-start "
+                                                     "adapter directory")
+STEP = flags.DEFINE_integer("step", None, "with an orbax checkpoint directory: this step (default the newest usable)")
+PEFT = flags.DEFINE_string("peft", None, "a PEFT LoRA adapter directory applied to every generated token")
+REMOVE = flags.DEFINE_enum("remove-adapter", None, ["reasoning", "tool"],
+                           "zero one DART adapter at inference (tool: DART-Reas, reasoning: DART-Tool)")
+DATASET = flags.DEFINE_multi_string("dataset", [], "evaluation sets (comma-separated or repeated); default all of "
+                                                   "the task's that can run here")
+LIMIT = flags.DEFINE_integer("limit", None, "first N questions of each set (the paper uses 1,000)")
+N_SAMPLES = flags.DEFINE_integer("n-samples", 1, "samples per question (> 1: per-question accuracy, CEA's input)")
+TEMPERATURE = flags.DEFINE_float("temperature", None, "sampling temperature (default 0 = greedy; 1 with --n-samples)")
+TOP_P = flags.DEFINE_float("top-p", 1.0, "nucleus sampling (with a temperature)")
+TOP_K = flags.DEFINE_integer("top-k", 0, "top-k sampling (with a temperature; 0 = off)")
+BATCH = flags.DEFINE_integer("batch", 16, "trajectories per rollout batch")
+SEED = flags.DEFINE_integer("seed", 0, "sampling seed")
+DB_ROOT = flags.DEFINE_string("db-root", None, "SQL databases root (DIR/<db_id>/<db_id>.sqlite); BIRD needs it")
+FIXED = flags.DEFINE_string("fixed-retrieval", None, "replay the documents recorded in this trajectory file "
+                                                     "(per_question.jsonl of an evaluation, or a run's rollouts.jsonl)")
+OUT = flags.DEFINE_string("out", None, "output directory (default runs/eval/<model>-<task>-<time>)")
+COMPARE = flags.DEFINE_multi_string("compare", [], "paper rows to print next to ours, 'method,backbone' "
+                                                   "(default: the matching row, else all)")
+QUIET = flags.DEFINE_bool("quiet", False, "no progress bar")
+
+
+def main(argv) -> None:
+    del argv
+    setup_logging()
+    from configs import evaluate as eval_config
+    config = CONFIG.value if CONFIG.value is not None else eval_config.get_config(TASK.value or "qa")
+    if TASK.value:
+        config.task = TASK.value
+    if MODEL.value:
+        config.model.path = MODEL.value
+    from dart_jax.eval.job import evaluate
+    from dart_jax.eval.report import markdown
+    from dart_jax.eval.runner import EvalOptions
+
+    n = N_SAMPLES.value
+    temperature = TEMPERATURE.value if TEMPERATURE.value is not None else (1.0 if n > 1 else 0.0)
+    options = EvalOptions(n_samples=n, temperature=temperature, top_p=TOP_P.value, top_k=TOP_K.value,
+                          batch=BATCH.value, seed=SEED.value, limit=LIMIT.value, db_root=DB_ROOT.value,
+                          sql_timeout_s=max(float(config.tool.sql_timeout_s), 30.0), progress=not QUIET.value)
+    datasets = [d.strip() for spec in DATASET.value for d in spec.split(",") if d.strip()] or None
+    out = OUT.value or os.path.join("runs", "eval", f"{os.path.basename(os.path.normpath(config.model.path))}-"
+                                                    f"{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    results = evaluate(config, out, datasets, options, checkpoint=CHECKPOINT.value, peft=PEFT.value,
+                       remove=REMOVE.value, step=STEP.value, fixed_retrieval=FIXED.value,
+                       compare=COMPARE.value or None)
+    print(markdown(results))
+    for name, path in results["files"].items():
+        print(f"{name}: {path}")
+
+
+if __name__ == "__main__":
+    app.run(main)
