@@ -102,7 +102,8 @@ def markdown(results: dict) -> str:
     parts = [f"# Evaluation: {s['policy']}", "",
              f"task {s['task']}, {mode}, limit {s.get('limit') or 'none'}, "
              f"{'fixed retrieval from ' + s['fixed_retrieval'] if s.get('fixed_retrieval') else 'live tool'}", "",
-             main_table(results), "", "## Per dataset", "", detail_table(results), "", "## Against the paper (METHOD §6)",
+             main_table(results), "", "## Per dataset", "", detail_table(results), "",
+             "## Against the paper (METHOD §6)",
              "", paper_table(results)]
     if results.get("fixed_retrieval_stats"):
         parts += ["", "Fixed retrieval: " + ", ".join(f"{k} {v}" for k, v in results["fixed_retrieval_stats"].items())]

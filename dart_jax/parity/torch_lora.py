@@ -39,7 +39,7 @@ def install(model, adapters: list[dict], scales: list[float], routes: np.ndarray
                     if (layer_idx, target) in factors:
                         A, B = factors[(layer_idx, target)]
                         m = (route_t == i).to(x.dtype)[..., None]
-                        output = output + m * s * (x @ A.T @ B.T)
+                        output = output + (m.float() * s * (x.float() @ A.T @ B.T)).to(output.dtype)
                 return output
             handles.append(layer.get_submodule(name).register_forward_hook(hook))
     return handles

@@ -5,6 +5,11 @@
          authors' pipeline: the role adapters then start on top of the warm-started model
           └─ adapters: `init_from` (an exported DART directory) or fresh (B = 0: the policy starts
              exactly at the warm-started model)
+
+`init_from` also takes checkpoints written by the PyTorch systems: a DART authors' directory
+(base + both concatenated adapters, `checkpoints/authors_io.py`), a PEFT LoRA directory (the
+`lora` variant's shared adapter) and an HF model directory such as a verl / Search-R1 actor export
+(`actor/huggingface`, or the output of verl's model merger), which replaces `model.path`.
 """
 
 from __future__ import annotations
@@ -55,11 +60,57 @@ def run_mesh(config):
     return make_mesh(shape, jax.devices()[:math.prod(shape)])
 
 
+def init_kind(path: str) -> str:
+    """What an `init_from` directory holds: dart | authors | peft | hf."""
+    from dart_jax.checkpoints.authors_io import is_authors_dir
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"init_from={path!r} is not a directory")
+    if os.path.isfile(os.path.join(path, MANIFEST)):
+        return "dart"
+    if is_authors_dir(path):
+        return "authors"
+    if os.path.isfile(os.path.join(path, "adapter_config.json")):
+        return "peft"
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return "hf"
+    raise FileNotFoundError(f"init_from={path!r}: no {MANIFEST} (DART directory), config.json with lora_r "
+                            "(DART authors), adapter_config.json (PEFT) or config.json (HF model) in it")
+
+
 def load_policy(config, method: MethodSpec, mesh, key: jax.Array):
     """-> (cfg, base, tokenizer, adapters or None) as `config` says (`warm_start`, `init_from`)."""
     overrides = model_overrides(config)
     warm = repo_path(config.get("warm_start", "") or "")
     init_from = repo_path(config.get("init_from", "") or "")
+    kind = init_kind(init_from) if init_from else ""
+    if kind == "authors":
+        from dart_jax.checkpoints.authors_io import import_authors
+        if method.variant != "dart" or warm:
+            raise ValueError(f"init_from={init_from!r} is a DART authors' checkpoint (base + both adapters): it needs "
+                             f"method.variant 'dart' (got {method.variant!r}) and no warm_start (got {warm!r})")
+        cfg, base, adapters, spec, tok, _ = import_authors(init_from, mesh, **overrides)
+        if tok is None:
+            raise FileNotFoundError(f"{init_from}: no tokenizer saved with the checkpoint")
+        if config.router.convention != spec.convention:
+            log.warning("%s was trained with the authors' routing (convention %r); this run routes with %r "
+                        "(--config.router.convention=authors to keep theirs)", init_from, spec.convention,
+                        config.router.convention)
+        return cfg, base, tok, adapters
+    if kind == "hf":  # a full model (verl / Search-R1 actor export): it replaces model.path
+        log.info("init_from=%s is an HF model directory: loading it instead of model.path=%s", init_from,
+                 config.model.path)
+        config = config.copy_and_resolve_references()
+        config.model.path, config.init_from = init_from, ""
+        return load_policy(config, method, mesh, key)
+    if kind == "peft":
+        from dart_jax.checkpoints.peft_io import import_peft
+        if method.variant != "lora":
+            raise ValueError(f"init_from={init_from!r} is a PEFT LoRA directory: method.variant must be 'lora', "
+                             f"got {method.variant!r}")
+        config = config.copy_and_resolve_references()
+        config.init_from = ""
+        cfg, base, tok, _ = load_policy(config, method, mesh, key)
+        return cfg, base, tok, {"shared": import_peft(init_from, cfg)}
     if init_from:
         if method.variant != "dart":
             raise ValueError(f"init_from={init_from!r} is a DART adapter directory; method.variant must be "

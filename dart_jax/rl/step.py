@@ -119,11 +119,10 @@ def policy_trees(method: MethodSpec, params, base, row_ids: tuple[int, ...] = ()
     return model_trees(method, params, base, None)
 
 
-def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, optimizer: optax.GradientTransformation,
-                    row_ids: tuple[int, ...] = ()):
-    """-> step(state, base, batch, key) -> (state, metrics). `base` is the frozen base (the
-    reference policy for the full variant); `batch` holds BATCH_KEYS, each [M, b, ...]; `row_ids`:
-    see `policy_trees`."""
+def make_accumulate(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, row_ids: tuple[int, ...] = ()):
+    """-> accumulate(params, base, batch, key) -> (grads fp32 like params, metric sums): the gradient
+    of one mini-batch's loss with micro-batch accumulation — what the train step applies, and what
+    `launch.crosscheck loss` compares against PyTorch."""
 
     def micro_loss(params, base, mb, scale, key):
         base_, ads = policy_trees(method, params, base, row_ids)
@@ -144,16 +143,16 @@ def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, optimi
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def step(state: TrainState, base, batch: dict, key: jax.Array) -> tuple[TrainState, dict]:
+    def accumulate(params, base, batch: dict, key: jax.Array):
         denominators = jax.vmap(lambda m: losses.aggregation_weights(m, lc.agg_mode)[1])(batch["loss_mask"])
         scales = losses.micro_scales(denominators, lc.micro_mode)
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
         n_micro = batch["tokens"].shape[0]
 
         def body(carry, xs):
             grads, sums = carry
             mb, scale, i = xs
-            (_, metrics), g = grad_fn(state.params, base, mb, scale, jax.random.fold_in(key, i))
+            (_, metrics), g = grad_fn(params, base, mb, scale, jax.random.fold_in(key, i))
             grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
             sums = jax.tree.map(jnp.add, sums, metrics)
             return (grads, sums), None
@@ -163,6 +162,20 @@ def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, optimi
             (grads, sums), _ = body((zeros, metric0), (jax.tree.map(lambda v: v[0], batch), scales[0], 0))
         else:
             (grads, sums), _ = jax.lax.scan(body, (zeros, metric0), (batch, scales, jnp.arange(n_micro)))
+        return grads, sums
+
+    return accumulate
+
+
+def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, optimizer: optax.GradientTransformation,
+                    row_ids: tuple[int, ...] = ()):
+    """-> step(state, base, batch, key) -> (state, metrics). `base` is the frozen base (the
+    reference policy for the full variant); `batch` holds BATCH_KEYS, each [M, b, ...]; `row_ids`:
+    see `policy_trees`."""
+    accumulate = make_accumulate(cfg, method, lc, row_ids)
+
+    def step(state: TrainState, base, batch: dict, key: jax.Array) -> tuple[TrainState, dict]:
+        grads, sums = accumulate(state.params, base, batch, key)
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         gnorm = optax.global_norm(grads)
         finite = jnp.isfinite(gnorm)

@@ -166,3 +166,22 @@ def test_cli_sql_on_real_spider_databases(tiny_smollm_dir, tmp_path):
     assert len(recs) == 6 and all(r["db_id"] and r["gold_sql"] for r in recs)
     assert all(r["score"] == 0.0 and r["error"] == "no <solution>" for r in recs if r["solution"] is None)
     assert os.path.isfile(out / "results.csv") and os.path.isfile(out / "results.md")
+
+
+def test_peft_adapters_apply_to_every_generated_token(tiny_smollm_dir, tmp_path):
+    from dart_jax.adapters.method import MethodSpec, init_adapters
+    from dart_jax.checkpoints.peft_io import export_peft
+    c = _small(eval_config.get_config("qa"), tiny_smollm_dir)
+    base_policy = load_eval_policy(c, run_mesh(c))
+    ad = init_adapters(MethodSpec("lora", rank=4, alpha=8.0), base_policy.cfg, jax.random.PRNGKey(1))["shared"]
+    ad = ad.replace(params={t: {"a": ab["a"], "b": 0.5 * jax.random.normal(jax.random.PRNGKey(2), ab["b"].shape)}
+                            for t, ab in ad.params.items()})
+    export_peft(ad, base_policy.cfg, str(tmp_path / "peft"))
+    opts = EvalOptions(limit=2, batch=2, progress=False)
+    plain = evaluate(c, str(tmp_path / "plain"), ["nq"], opts)
+    res = evaluate(c, str(tmp_path / "peft_eval"), ["nq"], opts, peft=str(tmp_path / "peft"))
+    assert res["setup"]["variant"] == "lora" and plain["setup"]["variant"] == "base"
+    responses = [r["response"] for r in _records(tmp_path / "peft_eval")]
+    assert [r["response"] for r in _records(tmp_path / "plain")] != responses
+    with pytest.raises(ValueError, match="--checkpoint or --peft, not both"):
+        load_eval_policy(c, run_mesh(c), checkpoint="x", peft="y")

@@ -19,7 +19,8 @@ def test_reads_evaluation_records_and_training_rollouts(tmp_path):
     ev = _write(tmp_path / "per_question.jsonl", [
         {"id": "nq-1", "sample": 0, "question": "Who wrote Hamlet?",
          "tool_calls": [{"query": "hamlet", "observation": "Doc 1 A"}, {"query": "x", "observation": "Doc 1 B"}]},
-        {"id": "nq-1", "sample": 1, "question": "Who wrote Hamlet?", "tool_calls": [{"query": "y", "observation": "Z"}]},
+        {"id": "nq-1", "sample": 1, "question": "Who wrote Hamlet?",
+         "tool_calls": [{"query": "y", "observation": "Z"}]},
         {"id": "nq-2", "sample": 0, "question": "Capital of France", "tool_calls": []}])
     by_uid, by_q = recorded_observations(ev, QA)
     assert by_uid == {"nq-1": ["Doc 1 A", "Doc 1 B"], "nq-2": []}  # sample 0 is the record kept
