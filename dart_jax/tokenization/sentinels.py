@@ -94,7 +94,7 @@ def set_token_rows(base: Params, cfg: ModelConfig, ids, rows: Mapping[str, np.nd
         table = np.array(table)  # a writable copy (host views of device arrays are read-only)
         if vocab > table.shape[0]:
             table = np.concatenate([table, np.zeros((vocab - table.shape[0], table.shape[1]), np.float32)])
-        table[np.asarray(ids)] = rows[name]
+        table[np.asarray(ids, np.int64)] = rows[name]
         base[name] = jnp.asarray(table.T if name == "lm_head" else table, cfg.weight_dtype)
     return base, cfg.replace(vocab_size=vocab)
 
@@ -116,5 +116,5 @@ def grow_embeddings(base: Params, cfg: ModelConfig, tokenizer, tags: Mapping[str
             ref = tokenizer.encode(word, add_special_tokens=False)
             noise = np.asarray(jax.random.normal(jax.random.fold_in(key, i * 2 + axis), (table.shape[1],)))
             seeded.append(table[ref].mean(axis=0) + noise_scale * std * noise)
-        rows[name] = np.stack(seeded)
+        rows[name] = np.stack(seeded) if seeded else np.zeros((0, table.shape[1]), np.float32)
     return set_token_rows(base, cfg, [ids[t] for t in tags], rows, len(tokenizer))

@@ -92,3 +92,24 @@ def test_embedding_rows_grown_and_seeded(tok, tied):
         ref = np.asarray(base["lm_head"])[:, t.encode("search", add_special_tokens=False)].mean(1)
         assert np.abs(np.asarray(new_base["lm_head"][:, sid]) - ref).max() < 0.05 * std
     assert new_base["embed"].dtype == jnp.float32
+
+
+def test_tags_a_checkpoint_already_has_keep_their_rows(tmp_path):
+    """An HF directory exported with its tags (a verl / DART run) must not get its trained tag rows
+    re-seeded when it is loaded again; tags it lacks are still added and seeded."""
+    import tiny_models
+    from dart_jax.tokenization.tokenizer import load_tagged_model
+    t = load_tokenizer("smollm2-135m-instruct")
+    t.add_tokens(["<search>", "</search>"])  # two tags already trained in this "checkpoint"
+    tiny_models.build("llama", str(tmp_path), vocab_size=len(t), hidden_size=32, intermediate_size=48,
+                      num_attention_heads=4, num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    t.save_pretrained(str(tmp_path))
+    from dart_jax.checkpoints.registry import load_model
+    _, raw = load_model(str(tmp_path))
+    cfg, base, tok = load_tagged_model(str(tmp_path), jax.random.PRNGKey(0))
+    ids = sentinel_ids(tok)
+    for tag in ("<search>", "</search>"):
+        np.testing.assert_array_equal(np.asarray(base["embed"][ids[tag]]), np.asarray(raw["embed"][ids[tag]]))
+    assert cfg.vocab_size == len(tok) == raw["embed"].shape[0] + len(SENTINEL_TAGS) - 2
+    fresh = np.asarray(base["embed"][ids["<information>"]])
+    assert np.abs(fresh).sum() > 0  # seeded, not left at zero
