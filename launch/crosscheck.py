@@ -63,7 +63,8 @@ def run(args):
     import dataclasses
 
     from configs import base
-    from dart_jax.parity.grpo_check import crosscheck_loss, crosscheck_step
+    from dart_jax.parity.grpo_check import crosscheck_loss
+    from dart_jax.parity.step_check import crosscheck_step
     from dart_jax.parity.references import apply_reference, loss_overrides
     from dart_jax.rl.step import LossConfig
     differences = apply_reference(base.get(), args.reference)

@@ -10,8 +10,8 @@ adapters with B ~ N(0, 0.02²) (B = 0 would hide every bug on the B path).
 loss: advantages, per-token log-probs / entropy / ratio, the pg loss, KL and entropy aggregates in
 every aggregation mode, the total loss, and the gradients w.r.t. the trainable tree in every mode
 (and in the other micro-batch mode) — the gradient is the train step's own accumulation.
-step: the full jitted update (clip + AdamW + warmup) for three updates vs torch.optim.AdamW +
-clip_grad_norm_ + LambdaLR; parameters after every update.
+The step check (`step_check.py`) runs full updates on the same batch; the report primitives live in
+`report.py`.
 """
 
 from __future__ import annotations
@@ -25,28 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.adapters.method import MethodSpec, init_adapters
+from dart_jax.parity.report import TOLERANCES, CheckReport, Quantity, metric, quantity
 from dart_jax.rl.advantages import group_index, grpo_advantages
 from dart_jax.rl.batch import token_arrays
 from dart_jax.rl.losses import AGG_MODES, aggregate, clipped_policy_loss, kl_penalty
-from dart_jax.rl.optim import OptimConfig, make_optimizer
-from dart_jax.rl.step import BATCH_KEYS, LossConfig, init_state, make_accumulate, make_train_step, sequence_logprobs
+from dart_jax.rl.step import BATCH_KEYS, LossConfig, make_accumulate, sequence_logprobs
 from dart_jax.rollout.router import router_for_tags
 from dart_jax.tokenization.tokenizer import encode_chat
-
-# (fp32, bf16) tolerances; "abs" = max |ours − torch|, "rel" = that over max |torch|. fp32 on CPU:
-# SmolLM2's logits agree with transformers to ~1e-4 (GGUF weights, 49k vocabulary), so per-token
-# log-probs to ~1e-4 and vocabulary sums (entropy, aggregates) to ~1e-4 relative.
-TOLERANCES = {
-    "advantages": ("abs", 1e-5, 1e-5),
-    "logp": ("abs", 5e-4, 5e-1),
-    "entropy": ("rel", 5e-4, 1e-1),  # lse − Σ p·z over the vocabulary: relative to max |H|
-    "ratio": ("abs", 5e-4, 1.0),
-    "loss": ("rel", 2e-4, 2.5e-1),
-    "grad": ("norm", 1e-3, 3e-1),    # ‖g_ours − g_torch‖ / ‖g_torch‖ over every A and B
-    "grad_max": ("rel", 2e-3, None),
-    "params": ("rel", 5e-3, None),   # ‖θ_ours − θ_torch‖ / ‖θ_torch − θ_0‖ (see crosscheck_step); bf16:
-    "params_lr": ("rel", 1e-2, None),  # the update inherits the gradient's bf16 error: reported, not held
-}
 
 # distance kept between a token's ratio and a clip boundary (relative), per dtype
 MARGIN = {"float32": 1e-3, "bfloat16": 5e-2}
@@ -67,75 +52,6 @@ QUESTIONS = [
        ("\n\n<information>Doc 1(Title: \"Sydney\") Sydney is the largest city in Australia.</information>\n\n", 0),
        ("<think>Sydney.</think>\n<answer> Sydney </answer>", 1)]], [1.0, 0.0]),
 ]
-
-
-@dataclasses.dataclass
-class Quantity:
-    name: str
-    kind: str
-    diff: float
-    scale: float
-    tol_fp32: float | None  # None: reported, not held to a tolerance
-    tol_bf16: float | None
-    passed: bool
-
-    @property
-    def value(self) -> float:
-        return self.diff / max(self.scale, 1e-30) if self.kind in ("rel", "norm") else self.diff
-
-
-@dataclasses.dataclass
-class CheckReport:
-    check: str
-    model: str
-    dtype: str
-    reference: str
-    settings: dict
-    differences: list
-    quantities: list
-    seconds: float
-
-    @property
-    def passed(self) -> bool:
-        return all(q.passed for q in self.quantities)
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["pass"] = self.passed
-        return d
-
-    def markdown(self) -> str:
-        lines = [f"# crosscheck {self.check}: {self.model} ({self.dtype}, reference {self.reference})", ""]
-        if self.differences:
-            lines += ["Conventions set for this reference (differences from dart_jax's defaults):", ""]
-            lines += [f"- {d}" for d in self.differences] + [""]
-        lines += ["| quantity | measure | value | max \\|torch\\| | tol fp32 | tol bf16 | pass |",
-                  "|---|---|---|---|---|---|---|"]
-        for q in self.quantities:
-            measure = {"rel": "max |Δ| / max |torch|", "norm": "‖Δ‖ / ‖torch‖"}.get(q.kind, "max |Δ|")
-            tols = ["—" if t is None else f"{t:.0e}" for t in (q.tol_fp32, q.tol_bf16)]
-            lines.append(f"| {q.name} | {measure} | {q.value:.3e} | {q.scale:.3e} | {tols[0]} | {tols[1]} | "
-                         f"{'PASS' if q.passed else 'FAIL'} |")
-        lines += ["", f"{'PASS' if self.passed else 'FAIL'} ({self.seconds:.1f} s)"]
-        return "\n".join(lines) + "\n"
-
-
-def _within(value: float, tol: float | None) -> bool:
-    """None: reported, not held to a tolerance."""
-    return tol is None or bool(np.isfinite(value) and value <= tol)
-
-
-def _quantity(name: str, key: str, ours, theirs, dtype: str) -> Quantity:
-    kind, t32, t16 = TOLERANCES[key]
-    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
-    if kind == "norm":
-        diff, scale = float(np.linalg.norm(ours - theirs)), float(np.linalg.norm(theirs))
-    else:
-        diff = float(np.max(np.abs(ours - theirs))) if ours.size else 0.0
-        scale = float(np.max(np.abs(theirs))) if theirs.size else 0.0
-    q = Quantity(name, kind, diff, scale, t32, t16, True)
-    q.passed = _within(q.value, t32 if dtype == "float32" else t16)
-    return q
 
 
 # -- the shared inputs --------------------------------------------------------------------------------------
@@ -364,13 +280,6 @@ def _torch_values(setup: Setup, torch_model, lc: LossConfig, old, ref, micro_bat
     return out
 
 
-def _metric(kind: str, a, b) -> tuple[float, float]:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if kind == "norm":
-        return float(np.linalg.norm(a - b)), float(np.linalg.norm(b))
-    return float(np.max(np.abs(a - b))) if a.size else 0.0, float(np.max(np.abs(b))) if b.size else 0.0
-
-
 # bf16: each side's distance from the fp32 reference; ours may be at most this many times PyTorch's
 BF16_RATIO = 2.0
 
@@ -403,13 +312,13 @@ def crosscheck_loss(model: str, dtype: str = "float32", lc: LossConfig | None = 
     quantities = []
     if dtype == "float32":
         for name, (key, v) in ours.items():
-            quantities.append(_quantity(name, key, v, ref_vals[name][1], dtype))
+            quantities.append(quantity(name, key, v, ref_vals[name][1], dtype))
     else:
         theirs = _torch_values(setup, setup.torch_model, lc, old, ref, micro_batch)
         for name, (key, v) in ours.items():
             kind, t32, _ = TOLERANCES[key]
-            d_ours, scale = _metric(kind, v, ref_vals[name][1])
-            d_theirs, _ = _metric(kind, theirs[name][1], ref_vals[name][1])
+            d_ours, scale = metric(kind, v, ref_vals[name][1])
+            d_theirs, _ = metric(kind, theirs[name][1], ref_vals[name][1])
             if kind in ("rel", "norm"):
                 d_ours, d_theirs = d_ours / max(scale, 1e-30), d_theirs / max(scale, 1e-30)
             allowed = BF16_RATIO * d_theirs + (t32 or 0.0)
@@ -442,99 +351,3 @@ def _reference_logp(setup: Setup, torch_model, temperature: float) -> np.ndarray
     with torch.no_grad():
         logp, _ = fwd({k: torch.tensor(b[k]) for k in ("tokens", "positions", "route_ids")})
     return logp.float().numpy()
-
-
-def crosscheck_step(model: str, dtype: str = "float32", lc: LossConfig | None = None,
-                    oc: OptimConfig | None = None, updates: int = 3, micro_batch: int = 2, reference: str = "dart_jax",
-                    differences: list | None = None, seed: int = 0, setup: Setup | None = None) -> CheckReport:
-    """`updates` full AdamW updates on the same batch (warmup 2, clipping active), parameters after each."""
-
-    from dart_jax.parity import torch_grpo
-    t0 = time.time()
-    lc = lc or LossConfig()
-    setup = setup or prepare(model, dtype, seed=seed)
-    b, cfg, base = setup.batch, setup.cfg, setup.base
-    ads0 = jax.device_get(setup.adapters)
-    logp, _ = jax.jit(lambda ads, t, p, r: sequence_logprobs(base, ads, t, p, r, cfg=cfg, temperature=lc.temperature,
-                                                             chunk=lc.logprob_chunk))(
-        ads0, jnp.asarray(b["tokens"]), jnp.asarray(b["positions"]), jnp.asarray(b["route_ids"]))
-    old, ref = _old_ref(np.asarray(logp, np.float32), b["loss_mask"], seed, lc, MARGIN[dtype])
-    gid, ng = group_index(b["uids"])
-    adv = np.asarray(grpo_advantages(jnp.asarray(b["scores"]), jnp.asarray(gid), ng), np.float32)
-    full = dict(b, old_logp=old, ref_logp=ref, advantages=adv)
-    stacked = _stack(full, BATCH_KEYS, micro_batch)
-    if oc is None:  # clip at half the first gradient norm, so clipping acts
-        g, _ = jax.jit(make_accumulate(cfg, setup.method, lc))(ads0, base, stacked, jax.random.PRNGKey(0))
-        norm = float(np.sqrt(sum(float(jnp.sum(jnp.square(x))) for x in jax.tree.leaves(g))))
-        oc = OptimConfig(lr=1e-3, warmup_steps=2, total_steps=10, clip_norm=0.5 * norm)
-    opt = make_optimizer(oc)
-    step = jax.jit(make_train_step(cfg, setup.method, lc, opt))
-    state = init_state(ads0, opt)
-
-    names, factors, scales = _torch_factors(setup)
-    params = [t for f in factors for pair in f.values() for t in pair]
-    topt, sched = torch_grpo.adamw_with_warmup(params, oc)
-    fwd = _torch_forward(setup, factors, scales, lc.temperature)
-    tb = _torch_batch(b, old, ref, adv)
-    quantities = []
-    start = [p.detach().clone() for p in params]
-    lr_total = 0.0
-    solid = True
-    for k in range(updates):
-        state, metrics = step(state, base, stacked, jax.random.PRNGKey(k))
-        topt.zero_grad()
-        loss = torch_grpo.minibatch_loss(fwd, tb, lc, micro_batch)
-        loss.backward()
-        gmag = np.concatenate([np.abs(p.grad.numpy()).ravel() for f in factors for pair in f.values() for p in pair])
-        lr_k = sched.get_last_lr()[0]  # the lr this update applies
-        lr_total += lr_k
-        tnorm = torch_grpo.apply_update(params, topt, sched, oc.clip_norm)
-        quantities.append(_quantity(f"update {k + 1}: grad norm before clipping", "loss", float(metrics["grad_norm"]),
-                                    tnorm, dtype))
-        ours, theirs, moved = [], [], []
-        for i, name in enumerate(names):
-            r = setup.adapters[name].rank
-            for (layer, target), (A, B) in factors[i].items():
-                pa = np.asarray(state.params[name].params[target]["a"][layer], np.float32).reshape(-1, r).T
-                pb = np.asarray(state.params[name].params[target]["b"][layer], np.float32).reshape(r, -1).T
-                ours += [pa.ravel(), pb.ravel()]
-                theirs += [A.detach().numpy().ravel(), B.detach().numpy().ravel()]
-        j = 0
-        for f in factors:
-            for A, B in f.values():
-                moved += [(A.detach() - start[j]).numpy().ravel(), (B.detach() - start[j + 1]).numpy().ravel()]
-                j += 2
-        ours, theirs, moved = np.concatenate(ours), np.concatenate(theirs), np.concatenate(moved)
-        kind, t32, t16 = TOLERANCES["params"]
-        diff = float(np.linalg.norm(ours - theirs))
-        scale = float(np.linalg.norm(moved))
-        if scale == 0.0:  # warmup's first update has lr 0: nothing may move, on either side
-            q = Quantity(f"update {k + 1}: parameters (lr 0, must not move)", "abs",
-                         float(np.max(np.abs(ours - theirs))), 0.0, 1e-7, 1e-7, False)
-            q.passed = q.value <= 1e-7
-        else:
-            q = Quantity(f"update {k + 1} (lr {lr_k:.1e}): parameters, "
-                         "‖θ_ours − θ_torch‖ / ‖θ_torch − θ_0‖", "rel", diff, scale, t32, t16, False)
-            q.passed = _within(q.value, t32 if dtype == "float32" else t16)
-            quantities.append(q)
-            # per component, in units of the learning rate spent so far (Adam moves each by ≲ lr). Adam's
-            # first steps are sign-like, so a component whose gradient sits at the frameworks' rounding
-            # level may move the other way (and keeps that offset): held to the tolerance are the
-            # components with |g| > 1e-3 · max |g| at every update so far; the rest are counted.
-            kind, t32, t16 = TOLERANCES["params_lr"]
-            solid &= gmag > 1e-3 * gmag.max()
-            q = Quantity(f"update {k + 1}: parameters with |g| > 1e-3·max|g| at every update so far "
-                         f"({int(solid.sum())} of {solid.size}), "
-                         "max |θ_ours − θ_torch| / Σ lr", kind, float(np.max(np.abs(ours - theirs)[solid])),
-                         lr_total, t32, t16, False)
-            q.passed = _within(q.value, t32 if dtype == "float32" else t16)
-            quantities.append(q)
-            q = Quantity(f"update {k + 1}: all parameters, max |θ_ours − θ_torch| / Σ lr (reported)", kind,
-                         float(np.max(np.abs(ours - theirs))), lr_total, None, None, True)
-        quantities.append(q)
-    settings = {"lr": oc.lr, "warmup_steps": oc.warmup_steps, "clip_norm": oc.clip_norm,
-                "weight_decay": oc.weight_decay, "betas": [oc.b1, oc.b2], "eps": oc.eps, "updates": updates,
-                "micro_batch": micro_batch, "agg_mode": lc.agg_mode, "micro_mode": lc.micro_mode, "kl_coef": lc.kl_coef,
-                "entropy_coef": lc.entropy_coef}
-    return CheckReport("step", model, dtype, reference, settings, list(differences or []), quantities,
-                       round(time.time() - t0, 1))

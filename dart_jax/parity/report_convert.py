@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dart_jax.parity.grpo_check import CheckReport, Quantity
+from dart_jax.parity.report import CheckReport, Quantity
 
 # fp32 / bf16 tolerances (the checks run in fp32; the bf16 column is what a bf16 run would be held to)
 LOGIT = (1e-3, 1.5e-1)

@@ -58,9 +58,9 @@ def test_step_subcommand(tiny_smollm_dir, tmp_path):
 
 
 def test_a_failing_quantity_fails_the_command(tmp_path, monkeypatch):
-    from dart_jax.parity.grpo_check import CheckReport, _quantity
-    good = _quantity("advantages", "advantages", [0.5], [0.5], "float32")
-    bad = _quantity("log-probs", "logp", [1.0], [0.0], "float32")
+    from dart_jax.parity.report import CheckReport, quantity
+    good = quantity("advantages", "advantages", [0.5], [0.5], "float32")
+    bad = quantity("log-probs", "logp", [1.0], [0.0], "float32")
     assert good.passed and not bad.passed
     fake = CheckReport("loss", "m", "float32", "verl", {}, ["x: a → b"], [good, bad], 0.0)
     monkeypatch.setattr(crosscheck, "run", lambda args: fake)
