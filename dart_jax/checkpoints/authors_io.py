@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.checkpoints.loader import load_base
-from dart_jax.checkpoints.peft_io import HF_MODULES
+from dart_jax.checkpoints.peft_io import MODULE_TO_TARGET, HF_MODULES, stack_torch_lora
 from dart_jax.checkpoints.sources import HFSource
 from dart_jax.models import lora as lora_lib
 from dart_jax.models.config import config_from_hf_dir
@@ -37,7 +37,6 @@ from dart_jax.rollout.router import RouterSpec
 
 REQUIRED = ("lora_r", "lora_alpha", "enter_tokens", "exit_tokens")
 _LORA = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.weight)?$")
-_MODULE_TO_TARGET = {m.split(".")[-1]: t for t, m in HF_MODULES.items()}
 
 
 class AuthorsLayoutError(ValueError):
@@ -113,29 +112,25 @@ def import_authors(path: str, mesh=None, **overrides):
         if not m:
             continue
         layer, module, ab = int(m.group(1)), m.group(3), m.group(4)
-        if module not in _MODULE_TO_TARGET:
+        if module not in MODULE_TO_TARGET:
             raise AuthorsLayoutError(f"{path}: LoRA on unsupported module {module!r} ({name})")
-        found.setdefault(_MODULE_TO_TARGET[module], {}).setdefault(ab, {})[layer] = np.asarray(source.get(name),
+        found.setdefault(MODULE_TO_TARGET[module], {}).setdefault(ab, {})[layer] = np.asarray(source.get(name),
                                                                                              np.float32)
     if not found:
         raise AuthorsLayoutError(f"{path}: no <module>.lora_A / lora_B tensors")
     halves = {"tool": slice(0, r), "reasoning": slice(r, 2 * r)}
     params: dict[str, dict] = {"tool": {}, "reasoning": {}}
     for target, ab in found.items():
-        in_shape, _, out_shape, _ = lora_lib.io_axes(cfg, target)
-        for which in ("A", "B"):
-            gone = sorted(set(range(cfg.num_layers)) - set(ab.get(which, {})))
-            if gone:
-                raise AuthorsLayoutError(f"{path}: lora_{which} of {HF_MODULES[target]} missing for layers {gone}")
-        for layer in range(cfg.num_layers):
+        for layer in sorted(set(ab.get("A", {})) & set(ab.get("B", {}))):
             a, b = ab["A"][layer], ab["B"][layer]
             if a.shape[0] != 2 * r or b.shape[1] != 2 * r:
                 raise AuthorsLayoutError(f"{path}: {HF_MODULES[target]} layer {layer}: lora_A {a.shape} / lora_B "
                                          f"{b.shape}, expected [2r={2 * r}, d_in] / [d_out, 2r] (both adapters "
                                          "concatenated)")
         for name, sl in halves.items():
-            A = np.stack([ab["A"][l][sl].T.reshape(*in_shape, r) for l in range(cfg.num_layers)])
-            B = np.stack([ab["B"][l][:, sl].T.reshape(r, *out_shape) for l in range(cfg.num_layers)])
+            half = {"A": {l: a[sl] for l, a in ab.get("A", {}).items()},
+                    "B": {l: b[:, sl] for l, b in ab.get("B", {}).items()}}
+            A, B = stack_torch_lora(cfg, target, half, r, path, AuthorsLayoutError)
             params[name][target] = {"a": jnp.asarray(A), "b": jnp.asarray(B)}
     scale = alpha / r
     adapters = {n: lora_lib.LoraAdapter(params=p, scale=scale, dropout_rate=0.0) for n, p in params.items()}

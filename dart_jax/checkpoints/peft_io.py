@@ -25,7 +25,7 @@ from dart_jax.models.transformer import Params
 HF_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
               "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
               "down": "mlp.down_proj"}
-_MODULE_TO_TARGET = {m.split(".")[-1]: t for t, m in HF_MODULES.items()}
+MODULE_TO_TARGET = {m.split(".")[-1]: t for t, m in HF_MODULES.items()}
 _KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
 
 
@@ -87,23 +87,31 @@ def import_peft(path: str, cfg: ModelConfig, dtype=jnp.float32) -> lora_lib.Lora
         if not m:
             raise ValueError(f"{weights}: unexpected tensor {key!r} (expected decoder-layer lora_A/lora_B weights)")
         layer, _, module, ab = int(m.group(1)), m.group(2), m.group(3), m.group(4)
-        if module not in _MODULE_TO_TARGET:
+        if module not in MODULE_TO_TARGET:
             raise ValueError(f"{weights}: LoRA on unsupported module {module!r} in {key!r}")
-        found.setdefault(_MODULE_TO_TARGET[module], {}).setdefault(ab, {})[layer] = f.get(key)
+        found.setdefault(MODULE_TO_TARGET[module], {}).setdefault(ab, {})[layer] = f.get(key)
     params = {}
     for target, ab in found.items():
-        in_shape, _, out_shape, _ = lora_lib.io_axes(cfg, target)
-        for which in ("A", "B"):
-            missing = sorted(set(range(cfg.num_layers)) - set(ab.get(which, {})))
-            if missing:
-                raise ValueError(f"{weights}: lora_{which} of {HF_MODULES[target]} missing for layers {missing}")
-        a = np.stack([np.asarray(ab["A"][l], np.float32).T.reshape(*in_shape, rank) for l in range(cfg.num_layers)])
-        b = np.stack([np.asarray(ab["B"][l], np.float32).T.reshape(rank, *out_shape) for l in range(cfg.num_layers)])
+        a, b = stack_torch_lora(cfg, target, ab, rank, weights)
         params[target] = {"a": jnp.asarray(a, dtype), "b": jnp.asarray(b, dtype)}
     if not params:
         raise ValueError(f"{weights}: no LoRA tensors")
     return lora_lib.LoraAdapter(params=params, scale=lora_lib.lora_scale(rank, alpha, bool(pc.get("use_rslora"))),
                                 dropout_rate=float(pc.get("lora_dropout", 0.0)))
+
+
+def stack_torch_lora(cfg: ModelConfig, target: str, ab: dict, rank: int, origin: str,
+                     error: type[Exception] = ValueError) -> tuple[np.ndarray, np.ndarray]:
+    """Per-layer torch-layout factors {"A": {layer: [r, in]}, "B": {layer: [out, r]}} -> our layer-stacked
+    (a [L, *in, r], b [L, r, *out]) for `target`; a layer missing from either names itself."""
+    in_shape, _, out_shape, _ = lora_lib.io_axes(cfg, target)
+    for which in ("A", "B"):
+        missing = sorted(set(range(cfg.num_layers)) - set(ab.get(which, {})))
+        if missing:
+            raise error(f"{origin}: lora_{which} of {HF_MODULES[target]} missing for layers {missing}")
+    a = np.stack([np.asarray(ab["A"][l], np.float32).T.reshape(*in_shape, rank) for l in range(cfg.num_layers)])
+    b = np.stack([np.asarray(ab["B"][l], np.float32).T.reshape(rank, *out_shape) for l in range(cfg.num_layers)])
+    return a, b
 
 
 def merge_adapter(base: Params, adapter: lora_lib.LoraAdapter) -> Params:

@@ -24,6 +24,7 @@ def recorded_observations(path: str, protocol: Protocol) -> tuple[dict, dict]:
     body = re.compile(re.escape(protocol.obs_open) + r"(.*?)" + re.escape(protocol.obs_close), re.S)
     by_uid: dict[str, list[str]] = {}
     by_question: dict = {}
+    from_sample0 = {id(by_uid): set(), id(by_question): set()}  # keys whose record is a sample 0
     for k, rec in enumerate(read_jsonl(path)):
         uid = rec.get("id", rec.get("uid"))
         if uid is None or "question" not in rec:
@@ -35,9 +36,12 @@ def recorded_observations(path: str, protocol: Protocol) -> tuple[dict, dict]:
         else:
             raise ValueError(f"{path}: record {k} has neither 'tool_calls' (launch.evaluate) nor 'pieces' "
                              "(training rollouts.jsonl)")
-        if rec.get("sample", 0) == 0 or uid not in by_uid:
-            by_uid.setdefault(str(uid), obs)
-            by_question.setdefault(question_key(rec), obs)
+        uid, qkey, first = str(uid), question_key(rec), rec.get("sample", 0) == 0
+        for table, key in ((by_uid, uid), (by_question, qkey)):
+            if key not in table or (first and key not in from_sample0[id(table)]):
+                table[key] = obs
+                if first:
+                    from_sample0[id(table)].add(key)
     return by_uid, by_question
 
 

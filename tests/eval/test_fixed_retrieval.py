@@ -17,13 +17,16 @@ def _write(path, recs):
 
 def test_reads_evaluation_records_and_training_rollouts(tmp_path):
     ev = _write(tmp_path / "per_question.jsonl", [
+        {"id": "nq-1", "sample": 2, "question": "Who wrote Hamlet?",
+         "tool_calls": [{"query": "w", "observation": "later sample"}]},
         {"id": "nq-1", "sample": 0, "question": "Who wrote Hamlet?",
          "tool_calls": [{"query": "hamlet", "observation": "Doc 1 A"}, {"query": "x", "observation": "Doc 1 B"}]},
         {"id": "nq-1", "sample": 1, "question": "Who wrote Hamlet?",
          "tool_calls": [{"query": "y", "observation": "Z"}]},
         {"id": "nq-2", "sample": 0, "question": "Capital of France", "tool_calls": []}])
     by_uid, by_q = recorded_observations(ev, QA)
-    assert by_uid == {"nq-1": ["Doc 1 A", "Doc 1 B"], "nq-2": []}  # sample 0 is the record kept
+    assert by_uid == {"nq-1": ["Doc 1 A", "Doc 1 B"], "nq-2": []}  # sample 0 is kept, wherever it stands
+    assert by_q[("", "who wrote hamlet")] == ["Doc 1 A", "Doc 1 B"]
     roll = _write(tmp_path / "rollouts.jsonl", [
         {"step": 1, "uid": "nq-oracle-3", "question": "who sings x", "pieces": [
             {"text": "<think>a</think>\n<search> x </search>", "loss": 1},
