@@ -27,6 +27,10 @@ def main(argv=None) -> int:
     sp.add_argument("--batches", default="1,8,32")
     sp.add_argument("--new-tokens", type=int, default=128)
     sp.add_argument("--no-torch", action="store_true")
+    sp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="weights and compute on both sides")
+    sp.add_argument("--temperature", type=float, default=0.0,
+                    help="0 = greedy; > 0 samples (both sides, no top-k / top-p)")
     rs = sub.add_parser("resume", help="cache resume vs re-prefilling the history every turn")
     rs.add_argument("--model", default="smollm2-135m-instruct")
     rs.add_argument("--batch", type=int, default=8)
@@ -60,8 +64,9 @@ def main(argv=None) -> int:
     if args.which == "sampler":
         from dart_jax.bench.sampler import bench_sampler
         res = bench_sampler(args.model, tuple(int(x) for x in args.batches.split(",")), args.new_tokens,
-                            with_torch=not args.no_torch)
-        print(f"matmul peak {res['matmul_flops'] / 1e9:.1f} GFLOP/s; {res['new_tokens']} new tokens")
+                            with_torch=not args.no_torch, dtype=args.dtype, temperature=args.temperature)
+        print(f"matmul peak {res['matmul_flops'] / 1e9:.1f} GFLOP/s; {res['new_tokens']} new tokens, {res['dtype']}, "
+              f"{'greedy' if not res['temperature'] else 'T = %g' % res['temperature']}")
         for r in res["rows"]:
             line = (f"batch {r['batch']:>3}: dart_jax {r['ours_tok_s']:8.1f} tok/s "
                     f"({100 * r['ours_flops_frac_of_matmul']:.1f}% of matmul FLOP/s)")

@@ -12,6 +12,7 @@ import numpy as np
 from dart_jax.bench.timing import time_fn
 from dart_jax.checkpoints.registry import load_model, resolve
 from dart_jax.models.cache import init_cache
+from dart_jax.models.transformer import per_layer_params
 from dart_jax.rollout.router import RouterSpec
 from dart_jax.rollout.sampler import (SamplerSpec, append, bucket, cache_used, decode_segment, ensure_capacity,
                                       prefill)
@@ -25,9 +26,10 @@ def matmul_flops(n: int = 2048, repeats: int = 5) -> float:
     return 2 * n ** 3 / t["median_s"]
 
 
-def _spec(cfg) -> SamplerSpec:
+def _spec(cfg, temperature: float = 0.0) -> SamplerSpec:
     never = cfg.vocab_size + 7  # an id no row can sample: decode runs the full budget
-    return SamplerSpec(cfg, RouterSpec((never + 1,), (never + 2,)), SamplingConfig(temperature=0.0), ((never,),), "none")
+    return SamplerSpec(cfg, RouterSpec((never + 1,), (never + 2,)), SamplingConfig(temperature=temperature),
+                       ((never,),), "none")
 
 
 def decode_flops_per_token(cfg, context: int) -> float:
@@ -38,8 +40,8 @@ def decode_flops_per_token(cfg, context: int) -> float:
     return 2 * (dense + d * v) + attn
 
 
-def _ours_generate(base, cfg, prompt: np.ndarray, new: int):
-    spec = _spec(cfg)
+def _ours_generate(base, cfg, prompt: np.ndarray, new: int, temperature: float = 0.0):
+    spec = _spec(cfg, temperature)
     b, t = prompt.shape
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
 
@@ -53,9 +55,13 @@ def _ours_generate(base, cfg, prompt: np.ndarray, new: int):
 
 
 def bench_sampler(model: str = "smollm2-135m-instruct", batches=(1, 8, 32), new_tokens: int = 128,
-                  prompt_len: int = 32, repeats: int = 2, with_torch: bool = True) -> dict:
+                  prompt_len: int = 32, repeats: int = 2, with_torch: bool = True, dtype: str = "float32",
+                  temperature: float = 0.0) -> dict:
+    """Decode throughput, ours vs transformers `generate`, same dtype and sampling on both sides
+    (greedy, or plain sampling at `temperature`); every row decodes exactly `new_tokens`."""
     path = resolve(model)
-    cfg, base = load_model(path)
+    cfg, base = load_model(path, param_dtype=dtype, compute_dtype=dtype)
+    base = per_layer_params(base)  # the sampler's layout, made once per base (as in rollouts)
     peak = matmul_flops()
     rng = np.random.default_rng(0)
     rows = []
@@ -64,10 +70,12 @@ def bench_sampler(model: str = "smollm2-135m-instruct", batches=(1, 8, 32), new_
         import torch
 
         from dart_jax.parity.crosscheck import load_torch_model
-        ref = load_torch_model(path)
+        ref = load_torch_model(path).to(getattr(torch, dtype))
+        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else \
+            dict(do_sample=False)
     for b in batches:
         prompt = rng.integers(100, cfg.vocab_size, (b, prompt_len)).astype(np.int32)
-        ours = time_fn(_ours_generate(base, cfg, prompt, new_tokens), repeats=repeats)
+        ours = time_fn(_ours_generate(base, cfg, prompt, new_tokens, temperature), repeats=repeats)
         row = {"batch": b, "ours_s": ours["median_s"], "ours_tok_s": b * new_tokens / ours["median_s"]}
         flops = b * new_tokens * decode_flops_per_token(cfg, prompt_len + new_tokens // 2)
         row["ours_flops_frac_of_matmul"] = flops / ours["median_s"] / peak
@@ -77,13 +85,13 @@ def bench_sampler(model: str = "smollm2-135m-instruct", batches=(1, 8, 32), new_
             def hf():
                 with torch.no_grad():
                     ref.generate(tt, attention_mask=torch.ones_like(tt), max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+                                 min_new_tokens=new_tokens, pad_token_id=0, **sampling)
             theirs = time_fn(hf, warmup=1, repeats=repeats)
             row.update(hf_s=theirs["median_s"], hf_tok_s=b * new_tokens / theirs["median_s"],
                        speedup=theirs["median_s"] / ours["median_s"])
         rows.append(row)
     return {"bench": "sampler", "model": model, "new_tokens": new_tokens, "prompt_len": prompt_len,
-            "matmul_flops": peak, "rows": rows}
+            "dtype": dtype, "temperature": temperature, "matmul_flops": peak, "rows": rows}
 
 
 def bench_resume(model: str = "smollm2-135m-instruct", batch: int = 8, prompt_len: int = 256, turns: int = 4,
@@ -91,6 +99,7 @@ def bench_resume(model: str = "smollm2-135m-instruct", batch: int = 8, prompt_le
     """A rollout with `turns` tool calls: ours appends each observation to the cache; the
     re-prefill way (Search-R1 / SkyRL) prefills the whole history again before every turn."""
     cfg, base = load_model(resolve(model))
+    base = per_layer_params(base)
     spec = _spec(cfg)
     rng = np.random.default_rng(0)
     prompt = jnp.asarray(rng.integers(100, cfg.vocab_size, (batch, prompt_len)), jnp.int32)

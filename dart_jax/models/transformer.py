@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from dart_jax.models import cache as cache_lib
 from dart_jax.models import lora as lora_lib
 from dart_jax.models import rope
 from dart_jax.models.cache import KVCache
@@ -107,10 +108,9 @@ def _proj(x, w, spec, layer_adapters, target, route_ids):
     return y if delta is None else y + delta
 
 
-def _layer(cfg: ModelConfig, x, p, layer_adapters, cached, cos, sin, self_mask, route_ids):
-    """One pre-norm block. `cached` is None or this layer's (k, v, mask) of the KV cache *before*
-    this chunk; the chunk's own keys are attended as a second block. Returns (x, (k, v)): the
-    chunk's keys and values, which the caller writes into the cache once for all layers."""
+def _layer(cfg: ModelConfig, x, p, layer_adapters, attend, cos, sin, route_ids):
+    """One pre-norm block. `attend(q, k, v) -> (attn, aux)` attends the chunk's queries (to the
+    chunk itself, or to a KV cache the chunk's keys are written into); returns (x, aux)."""
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
     q = _proj(h, p["q"], "btd,dnh->btnh", layer_adapters, "q", route_ids)
     k = _proj(h, p["k"], "btd,dkh->btkh", layer_adapters, "k", route_ids)
@@ -127,18 +127,40 @@ def _layer(cfg: ModelConfig, x, p, layer_adapters, cached, cos, sin, self_mask, 
     q = checkpoint_name(q, "query_proj")
     k = checkpoint_name(k, "key_proj")
     v = checkpoint_name(v, "value_proj")
-    if cached is None and cfg.attention_impl == "xla" and 0 < cfg.causal_block < q.shape[1]:
-        attn = causal_blocked_attention(q, k, v, self_mask, cfg)
-    else:
-        blocks = ([cached] if cached is not None else []) + [(k, v, self_mask)]
-        attn = attention(q, blocks, cfg)
+    attn, aux = attend(q, k, v)
     attn_out = _proj(attn, p["o"], "btnh,nhd->btd", layer_adapters, "o", route_ids)
     x = x + attn_out
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
     gate = _proj(h, p["gate"], "btd,df->btf", layer_adapters, "gate", route_ids)
     up = _proj(h, p["up"], "btd,df->btf", layer_adapters, "up", route_ids)
     mlp = _proj(jax.nn.silu(gate) * up, p["down"], "btf,fd->btd", layer_adapters, "down", route_ids)
-    return x + mlp, (k, v)
+    return x + mlp, aux
+
+
+def self_attention(cfg: ModelConfig, mask: jnp.ndarray):
+    """attend() for a chunk with no cache: causal query blocks ("xla", long chunks) or one block.
+    aux = the chunk's (k, v), for a prefill to write into an empty cache."""
+    def attend(q, k, v):
+        if cfg.attention_impl == "xla" and 0 < cfg.causal_block < q.shape[1]:
+            return causal_blocked_attention(q, k, v, mask, cfg), (k, v)
+        return attention(q, [(k, v, mask)], cfg), (k, v)
+    return attend
+
+
+def cached_attention(cfg: ModelConfig, k_buf: jnp.ndarray, v_buf: jnp.ndarray, index: jnp.ndarray,
+                     mask: jnp.ndarray):
+    """attend() for a chunk resuming from a KV cache: the chunk's keys and values are written into
+    this layer's buffers at `index` first, then the queries attend the whole buffer (`mask` from
+    the cache positions after the write; the chunk sees itself causally through the positions).
+    Write-then-read lets XLA update the donated buffer in place: reading the old buffer and
+    writing it afterwards made XLA copy the cache at every layer and step.
+    aux = the updated (kᵀ, v) buffers."""
+    def attend(q, k, v):
+        z = jnp.zeros((), jnp.int32)
+        kb = jax.lax.dynamic_update_slice(k_buf, k.transpose(0, 2, 3, 1).astype(k_buf.dtype), (z, z, z, index))
+        vb = jax.lax.dynamic_update_slice(v_buf, v.transpose(0, 2, 1, 3).astype(v_buf.dtype), (z, z, index, z))
+        return attention(q, [], cfg, cached=(kb, vb, mask)), (kb, vb)
+    return attend
 
 
 def causal_blocked_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray,
@@ -156,32 +178,55 @@ def causal_blocked_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mas
 
 
 def attention(q: jnp.ndarray, blocks: list[tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]],
-              cfg: ModelConfig) -> jnp.ndarray:
+              cfg: ModelConfig, cached: tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray] | None = None) -> jnp.ndarray:
     """Softmax attention of q: [B, T, N, H] over key/value blocks [(k, v, mask)], k, v:
-    [B, S_i, K, H] (KV heads not repeated), mask: bool[B, 1, T, S_i]. One softmax spans all
-    blocks, so the cache block and the new chunk are attended without concatenating them.
+    [B, S_i, K, H] (KV heads not repeated), mask: bool[B, 1, T, S_i], and optionally a KV-cache
+    block `cached` = (kᵀ [B, K, H, S], v [B, K, S, H], mask [B, 1, T, S]) in the cache's layout.
+    One softmax spans all blocks, so the cache and the new chunk are attended without
+    concatenating them.
 
     "xla": grouped einsums — queries reshaped to [B, T, K, N/K, H] so each KV head serves its
     group without materialising repeated keys; scores and softmax in fp32.
-    "cudnn" / "auto": `jax.nn.dot_product_attention` over the concatenated blocks."""
-    if cfg.attention_impl != "xla":
+    "cudnn" / "auto": `jax.nn.dot_product_attention` over the concatenated blocks, for cache-free
+    forwards (training, prefill); chunks attending a cache (decode, append) use the grouped
+    einsums, which read the cache in its own layout."""
+    if cfg.attention_impl != "xla" and cached is None:
         impl = None if cfg.attention_impl == "auto" else cfg.attention_impl
         k = jnp.concatenate([blk[0] for blk in blocks], axis=1)
         v = jnp.concatenate([blk[1] for blk in blocks], axis=1)
         mask = jnp.concatenate([blk[2] for blk in blocks], axis=-1)
         return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=cfg.head_dim ** -0.5, implementation=impl)
     b, t, n, h = q.shape
-    kv = blocks[0][0].shape[2]
-    qg = q.reshape(b, t, kv, n // kv, h)
-    scores = [jnp.where(m[:, :, None], jnp.einsum("btkgh,bskh->bkgts", qg, k.astype(q.dtype),
-                                                  preferred_element_type=jnp.float32) * (h ** -0.5),
-                        jnp.finfo(jnp.float32).min) for k, _, m in blocks]
+    kv = cached[0].shape[1] if cached is not None else blocks[0][0].shape[2]
+    g = n // kv
+    qg = q.reshape(b, t, kv, g, h)
+    neg = jnp.finfo(jnp.float32).min
+    scores = []
+    if cached is not None:
+        # the cache block as plain batched matmuls over (b, k), queries [B, K, G·T, H] on the left:
+        # einsum's own operand order put the cache on the left here, which XLA:CPU ran as a
+        # generic dot at ~1 ms per layer instead of its matmul kernel
+        kt, vc, m = cached
+        qm = qg.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
+        sc = jnp.matmul(qm, kt.astype(q.dtype), preferred_element_type=jnp.float32).reshape(b, kv, g, t, -1)
+        scores.append(jnp.where(m[:, :, None], sc * (h ** -0.5), neg))
+    scores += [jnp.where(m[:, :, None], jnp.einsum("btkgh,bskh->bkgts", qg, k.astype(q.dtype),
+                                                   preferred_element_type=jnp.float32) * (h ** -0.5), neg)
+               for k, _, m in blocks]
     probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
     out, start = 0.0, 0
-    for (k, v, _), sc in zip(blocks, scores):
-        p_blk = jax.lax.slice_in_dim(probs, start, start + sc.shape[-1], axis=-1).astype(v.dtype)
+    if cached is not None:
+        vc = cached[1]
+        s_c = vc.shape[2]
+        p_c = jax.lax.slice_in_dim(probs, 0, s_c, axis=-1).astype(vc.dtype).reshape(b, kv, g * t, s_c)
+        o = jnp.matmul(p_c, vc.astype(q.dtype)).reshape(b, kv, g, t, h)
+        out = o.transpose(0, 3, 1, 2, 4)
+        start = s_c
+    for k, v, _ in blocks:
+        s_i = k.shape[1]
+        p_blk = jax.lax.slice_in_dim(probs, start, start + s_i, axis=-1).astype(v.dtype)
         out = out + jnp.einsum("bkgts,bskh->btkgh", p_blk, v.astype(q.dtype))
-        start += sc.shape[-1]
+        start += s_i
     return out.reshape(b, t, n, h)
 
 
@@ -199,7 +244,13 @@ def hidden_states(base: Params, adapters, tokens: jnp.ndarray, positions: jnp.nd
                   cache_is_empty: bool = False) -> tuple[jnp.ndarray, KVCache | None]:
     """Final-normed hidden states [B, T, D] (compute dtype) and the updated cache.
     `cache_is_empty` (static): the cache holds nothing yet (a prefill), so attention skips it and
-    only the chunk's keys are written."""
+    only the chunk's keys are written.
+
+    Without a cache (training) the layers run as a `lax.scan` over the stacked weights (or a
+    Python loop when `cfg.scan_layers` is False). With a cache (the sampler) they always run as a
+    Python loop, layer by layer over the per-layer cache buffers; pass a base from
+    `per_layer_params` there, so no weight is sliced out of a stacked array inside the loop
+    (static slices of the stacked base are correct but may be copied at every call)."""
     dtype = cfg.dtype
     if route_ids is None:
         route_ids = jnp.full(tokens.shape, -1, jnp.int32)
@@ -207,43 +258,94 @@ def hidden_states(base: Params, adapters, tokens: jnp.ndarray, positions: jnp.nd
     cos, sin = rope.rope_tables(positions, rope.inverse_frequencies(cfg))
     layer_adapters = lora_lib.layer_slice(adapters)
     self_mask = attention_mask(positions, positions)
-    read_cache = cache is not None and not cache_is_empty
-    cache_mask = attention_mask(positions, cache["pos"]) if read_cache else None
+
+    if cache is not None:
+        layers = layer_list(base["layers"], cfg.num_layers)
+        ads = [None if layer_adapters is None else jax.tree_util.tree_map(lambda a, i=i: a[i], layer_adapters)
+               for i in range(cfg.num_layers)]
+        if cache_is_empty:  # prefill: attend the chunk only, then write it
+            kvs = []
+            for i in range(cfg.num_layers):
+                x, kv = _layer(cfg, x, layers[i], ads[i], self_attention(cfg, self_mask), cos, sin, route_ids)
+                kvs.append(kv)
+            return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), cache_lib.write(cache, kvs, positions)
+        w = cache["index"]
+        pos = jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32), w, axis=1)
+        mask = attention_mask(positions, pos)
+        ks, vs = [], []
+        for i in range(cfg.num_layers):
+            attend = cached_attention(cfg, cache["k"][i], cache["v"][i], w, mask)
+            x, (kb, vb) = _layer(cfg, x, layers[i], ads[i], attend, cos, sin, route_ids)
+            ks.append(kb)
+            vs.append(vb)
+        new_cache = KVCache(k=tuple(ks), v=tuple(vs), pos=pos, index=w + tokens.shape[1])
+        return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), new_cache
+
+    attend = self_attention(cfg, self_mask)
 
     def body(x, xs):
-        p, ad, ck, cv = xs
-        cached = None if ck is None else (ck, cv, cache_mask)
-        x, kv = _layer(cfg, x, p, ad, cached, cos, sin, self_mask, route_ids)
-        return x, kv
+        p, ad = xs
+        x, _ = _layer(cfg, x, p, ad, attend, cos, sin, route_ids)
+        return x, None
 
     if cfg.remat_policy != "none":
         body = jax.checkpoint(body, policy=_REMAT[cfg.remat_policy](), prevent_cse=not cfg.scan_layers)
 
-    xs = (base["layers"], layer_adapters, cache["k"] if read_cache else None, cache["v"] if read_cache else None)
-    if cfg.scan_layers:
-        x, (new_k, new_v) = jax.lax.scan(body, x, xs)
+    xs = (base["layers"], layer_adapters)
+    if cfg.scan_layers and not isinstance(base["layers"], (list, tuple)):
+        x, _ = jax.lax.scan(body, x, xs)
     else:
-        kvs = []
+        layers = layer_list(base["layers"], cfg.num_layers)
         for i in range(cfg.num_layers):
-            x, kv = body(x, jax.tree_util.tree_map(lambda a, i=i: a[i], xs))
-            kvs.append(kv)
-        new_k, new_v = jnp.stack([kv[0] for kv in kvs]), jnp.stack([kv[1] for kv in kvs])
-    x = rms_norm(x, base["final_norm"], cfg.rms_norm_eps)
-    if cache is None:
-        return x, None
-    # one write of every layer's new keys: the cache buffer is updated in place (donated)
-    w = cache["index"]
-    zero = jnp.zeros((), jnp.int32)
-    new_cache = KVCache(
-        k=jax.lax.dynamic_update_slice(cache["k"], new_k.astype(cache["k"].dtype), (zero, zero, w, zero, zero)),
-        v=jax.lax.dynamic_update_slice(cache["v"], new_v.astype(cache["v"].dtype), (zero, zero, w, zero, zero)),
-        pos=jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32), w, axis=1),
-        index=w + tokens.shape[1])
-    return x, new_cache
+            ad = None if layer_adapters is None else jax.tree_util.tree_map(lambda a, i=i: a[i], layer_adapters)
+            x, _ = body(x, (layers[i], ad))
+    return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), None
+
+
+def layer_list(layers, num_layers: int) -> tuple[Params, ...]:
+    """Per-layer param dicts: `layers` itself when already per-layer, else static slices of the
+    stacked tree."""
+    if isinstance(layers, (list, tuple)):
+        if len(layers) != num_layers:
+            raise ValueError(f"base has {len(layers)} per-layer param dicts, the config {num_layers} layers")
+        return tuple(layers)
+    return tuple(jax.tree_util.tree_map(lambda a, i=i: a[i], layers) for i in range(num_layers))
+
+
+_PER_LAYER: dict = {}
+
+
+def per_layer_params(base: Params) -> Params:
+    """The base with `layers` as a tuple of per-layer dicts, each weight its own buffer: the layout
+    the sampler's unrolled layer loop reads without slicing (on XLA:CPU a weight sliced out of the
+    stacked [L, …] array inside the decode loop is copied at every step: 19 ms of a 78 ms SmolLM2
+    step at batch 32). With tied embeddings it also stores the output head as a [D, V] copy
+    ("head"): the decode head reads it ~8% faster in fp32 and ~8× faster in bf16 than the
+    transposed embedding. Costs one copy of the layer weights (+ the head); the last conversion
+    is memoised on the identity of the source arrays, so a frozen base (DART, LoRA) is converted
+    once per process and a changed one (full fine-tuning, trained tag rows) again."""
+    layers = base["layers"]
+    if isinstance(layers, (list, tuple)):
+        return base
+    leaves = tuple(jax.tree_util.tree_leaves(layers)) + (base["embed"],)
+    key = tuple(id(a) for a in leaves)
+    hit = _PER_LAYER.get("entry")
+    if hit is not None and hit[0] == key:
+        return dict(base, layers=hit[2], **hit[3])
+    n = leaves[0].shape[0]
+    split = tuple(jax.tree_util.tree_map(lambda a, i=i: a[i], layers) for i in range(n))
+    extra = {}
+    if "lm_head" not in base:  # tied: a [D, V] copy, the layout the decode head reads fastest
+        extra["head"] = jnp.array(base["embed"].T)
+    _PER_LAYER["entry"] = (key, leaves, split, extra)  # holding `leaves` keeps their ids from being reused
+    return dict(base, layers=split, **extra)
 
 
 def output_head(base: Params, cfg: ModelConfig) -> jnp.ndarray:
-    """[D, V] output projection (the embedding transposed when tied)."""
+    """[D, V] output projection (the embedding transposed when tied, unless `per_layer_params`
+    stored the transposed copy as "head")."""
+    if "head" in base:
+        return base["head"]
     return base["embed"].T if cfg.tie_word_embeddings else base["lm_head"]
 
 

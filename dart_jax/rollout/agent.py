@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.models.cache import init_cache
+from dart_jax.models.transformer import per_layer_params
 from dart_jax.models.generate import left_pad
 from dart_jax.rollout.protocol import Protocol, stop_sequences
 from dart_jax.rollout.router import RouterSpec
@@ -78,6 +79,7 @@ class Agent:
     def rollout(self, base, adapters, prompts: list[list[int]], uids: list, meta: list[dict] | None = None,
                 seed: int = 0) -> TrajectoryBatch:
         rc, spec = self.rc, self.spec
+        base = per_layer_params(base)  # the decode loop's layout (memoised for a frozen base)
         b = len(prompts)
         meta = meta or [{} for _ in range(b)]
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0

@@ -21,6 +21,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from dart_jax.models import cache as cache_lib
 from dart_jax.models.cache import KVCache
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import hidden_states, output_head
@@ -87,12 +88,7 @@ class Segment:
 
 @functools.partial(jax.jit, static_argnames=("capacity",))
 def _grow(state: DecodeState, *, capacity: int) -> DecodeState:
-    c = state.cache
-    extra = capacity - c["pos"].shape[1]
-    pad_kv = ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0))
-    cache = KVCache(k=jnp.pad(c["k"], pad_kv), v=jnp.pad(c["v"], pad_kv),
-                    pos=jnp.pad(c["pos"], ((0, 0), (0, extra)), constant_values=-1), index=c["index"])
-    return state.replace(cache=cache)
+    return state.replace(cache=cache_lib.grow(state.cache, capacity))
 
 
 CACHE_STEP = 256

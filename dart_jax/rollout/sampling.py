@@ -36,29 +36,105 @@ class SamplingConfig:
         return 1.0 if self.greedy else self.temperature
 
 
+def argmax_first(z: jnp.ndarray) -> jnp.ndarray:
+    """i32[B]: index of the first maximum along the last axis (`jnp.argmax`'s tie and NaN rules).
+
+    Written as max, then the smallest index holding it: XLA:CPU lowers the variadic (value, index)
+    reduce of `jnp.argmax` about 5× slower over a 49k vocabulary (3.4 vs 0.7 ms at batch 32)."""
+    v = z.shape[-1]
+    idx = jnp.arange(v, dtype=jnp.int32)
+    hit = (z == jnp.max(z, axis=-1, keepdims=True)) | jnp.isnan(z)
+    return jnp.min(jnp.where(hit, idx, v), axis=-1)
+
+
+def _order_key(z: jnp.ndarray) -> jnp.ndarray:
+    """Order-preserving map float32 -> int32 (a < b iff key(a) < key(b); −0 and 0 adjacent)."""
+    i = jax.lax.bitcast_convert_type(z.astype(jnp.float32), jnp.int32)
+    return jnp.where(i < 0, i ^ 0x7FFFFFFF, i)
+
+
+def _from_key(k: jnp.ndarray) -> jnp.ndarray:
+    return jax.lax.bitcast_convert_type(jnp.where(k < 0, k ^ 0x7FFFFFFF, k), jnp.float32)
+
+
+def nucleus_cutoff(z: jnp.ndarray, top_p: float) -> jnp.ndarray:
+    """f32[B, 1]: the smallest logit c present in each row with Σ_{z_j > c} softmax(z)_j < top_p.
+    Keeping z ≥ c keeps the smallest prefix of the sorted tokens whose mass reaches top_p (ties at
+    the cutoff kept), the definition of nucleus sampling.
+
+    Found by bisection over the float ordering (32 passes of compare-and-sum over [B, V]) instead
+    of sorting the vocabulary: 8 ms vs 250 ms for a 32 × 49k batch on XLA:CPU. The predicate
+    G(c) < top_p is monotone in c and changes value only at logits present in the row, so the
+    smallest key where it holds is exactly such a logit."""
+    # materialised once: otherwise XLA may fuse the softmax into every bisection pass
+    p, kz = jax.lax.optimization_barrier((jax.nn.softmax(z.astype(jnp.float32), axis=-1), _order_key(z)))
+    lo, hi = jnp.min(kz, axis=-1), jnp.max(kz, axis=-1)  # predicate true at hi (nothing above max)
+
+    def body(_, bounds):
+        lo, hi = bounds
+        mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)     # ⌊(lo + hi) / 2⌋ without int32 overflow
+        above = jnp.sum(jnp.where(kz > mid[:, None], p, 0.0), axis=-1)
+        ok = above < top_p
+        return jnp.where(ok, lo, mid + 1), jnp.where(ok, mid, hi)
+
+    _, hi = jax.lax.fori_loop(0, 32, body, (lo, hi))
+    return _from_key(hi)[:, None]
+
+
 def filter_logits(z: jnp.ndarray, top_k: int, top_p: float) -> jnp.ndarray:
     """z: f32[B, V] (already divided by T) with everything outside top-k / the top-p nucleus set
-    to −inf. The nucleus keeps the smallest prefix of sorted tokens whose mass reaches top_p."""
+    to the dtype's minimum. The nucleus keeps the smallest prefix of sorted tokens whose mass
+    reaches top_p (`nucleus_cutoff`); ties at either cutoff are kept."""
     neg = jnp.finfo(z.dtype).min
-    if top_k:
-        kth = jax.lax.top_k(z, top_k)[0][:, -1:]
+    if top_k and top_k < z.shape[-1]:
+        # the k-th value as the min of the top k: slicing top_k's output instead ([:, -1:]) makes
+        # XLA rewrite it into a full sort of the vocabulary (2.6 vs 216 ms at 32 × 49k on CPU)
+        kth = jnp.min(jax.lax.top_k(z, top_k)[0], axis=-1, keepdims=True)
         z = jnp.where(z < kth, neg, z)
     if top_p < 1.0:
-        sorted_z = jnp.sort(z, axis=-1)[:, ::-1]
-        probs = jax.nn.softmax(sorted_z, axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs          # mass strictly above each token
-        keep_sorted = before < top_p
-        cutoff = jnp.min(jnp.where(keep_sorted, sorted_z, jnp.inf), axis=-1, keepdims=True)
-        z = jnp.where(z < cutoff, neg, z)
+        z = jnp.where(z < nucleus_cutoff(z, top_p), neg, z)
     return z
+
+
+CDF_BLOCK = 256
+
+
+def categorical(key: jax.Array, z: jnp.ndarray) -> jnp.ndarray:
+    """i32[B]: one draw per row from softmax(z) by inverse CDF in two stages: a block of
+    CDF_BLOCK tokens with probability ∝ its mass, then a token inside it ∝ its probability, each
+    with its own uniform. Exact in distribution (P = mass_blk/total · p_i/mass_blk) and never
+    picks a zero-probability token. Replaces `jax.random.categorical` (Gumbel-max: [B, V] random
+    numbers and a variadic argmax, 17 ms per 32 × 49k step on XLA:CPU) with two uniforms per row
+    and one pass over the probabilities (~1.5 ms)."""
+    b, v = z.shape
+    nb = -(-v // CDF_BLOCK)
+    z = z.astype(jnp.float32)
+    w = jnp.exp(z - jnp.max(z, axis=-1, keepdims=True))
+    w = jnp.pad(w, ((0, 0), (0, nb * CDF_BLOCK - v))).reshape(b, nb, CDF_BLOCK)
+    k1, k2 = jax.random.split(key)
+    mass = jnp.sum(w, axis=-1)                                            # [B, nb]
+    blk = _inverse_cdf(mass, jax.random.uniform(k1, (b,), jnp.float32))
+    inner = jnp.take_along_axis(w, blk[:, None, None], axis=1)[:, 0]      # [B, CDF_BLOCK]
+    j = _inverse_cdf(inner, jax.random.uniform(k2, (b,), jnp.float32))
+    return blk * CDF_BLOCK + j
+
+
+def _inverse_cdf(w: jnp.ndarray, u: jnp.ndarray) -> jnp.ndarray:
+    """First index i with cumsum(w)_i > u · Σw (rows of non-negative weights, u in [0, 1)),
+    clamped to the last positive weight (rounding can put u · Σw at or past the final sum)."""
+    cdf = jnp.cumsum(w, axis=-1)
+    i = jnp.sum(cdf <= (u * cdf[:, -1])[:, None], axis=-1).astype(jnp.int32)
+    idx = jnp.arange(w.shape[-1], dtype=jnp.int32)
+    last = jnp.max(jnp.where(w > 0, idx, 0), axis=-1)
+    return jnp.minimum(i, last)
 
 
 def sample(logits: jnp.ndarray, key: jax.Array, cfg: SamplingConfig) -> tuple[jnp.ndarray, jnp.ndarray]:
     """logits f32[B, V] -> (token i32[B], log-prob f32[B] at the sampling temperature)."""
     z = logits.astype(jnp.float32) / cfg.logprob_temperature
     if cfg.greedy:
-        tok = jnp.argmax(z, axis=-1)
+        tok = argmax_first(z)
     else:
-        tok = jax.random.categorical(key, filter_logits(z, cfg.top_k, cfg.top_p), axis=-1)
-    lp = jnp.take_along_axis(jax.nn.log_softmax(z, axis=-1), tok[:, None], axis=-1)[:, 0]
+        tok = categorical(key, filter_logits(z, cfg.top_k, cfg.top_p))
+    lp = jnp.take_along_axis(z, tok[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(z, axis=-1)
     return tok.astype(jnp.int32), lp
