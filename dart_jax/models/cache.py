@@ -57,15 +57,19 @@ def grow(cache: KVCache, slots: int) -> KVCache:
                    pos=jnp.pad(cache["pos"], ((0, 0), (0, extra)), constant_values=-1), index=cache["index"])
 
 
+def write_layer(k_buf: jnp.ndarray, v_buf: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
+                index: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """One layer's buffers with a chunk's k, v: [B, T, K, H] written at slot `index`."""
+    z = jnp.zeros((), jnp.int32)
+    return (jax.lax.dynamic_update_slice(k_buf, k.transpose(0, 2, 3, 1).astype(k_buf.dtype), (z, z, z, index)),
+            jax.lax.dynamic_update_slice(v_buf, v.transpose(0, 2, 1, 3).astype(v_buf.dtype), (z, z, index, z)))
+
+
 def write(cache: KVCache, layer_kv: list[tuple[jnp.ndarray, jnp.ndarray]], positions: jnp.ndarray) -> KVCache:
     """Write a chunk's keys/values (per layer k, v: [B, T, K, H]) and positions i32[B, T] at the
     cache's index, in place when the cache buffers are donated."""
     w = cache["index"]
-    z = jnp.zeros((), jnp.int32)
-    ks = tuple(jax.lax.dynamic_update_slice(buf, k.transpose(0, 2, 3, 1).astype(buf.dtype), (z, z, z, w))
-               for buf, (k, _) in zip(cache["k"], layer_kv))
-    vs = tuple(jax.lax.dynamic_update_slice(buf, v.transpose(0, 2, 1, 3).astype(buf.dtype), (z, z, w, z))
-               for buf, (_, v) in zip(cache["v"], layer_kv))
-    return KVCache(k=ks, v=vs, pos=jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32), w,
-                                                                           axis=1),
+    kvs = [write_layer(kb, vb, k, v, w) for kb, vb, (k, v) in zip(cache["k"], cache["v"], layer_kv)]
+    return KVCache(k=tuple(kb for kb, _ in kvs), v=tuple(vb for _, vb in kvs),
+                   pos=jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32), w, axis=1),
                    index=w + positions.shape[1])

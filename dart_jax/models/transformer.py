@@ -156,9 +156,7 @@ def cached_attention(cfg: ModelConfig, k_buf: jnp.ndarray, v_buf: jnp.ndarray, i
     writing it afterwards made XLA copy the cache at every layer and step.
     aux = the updated (kᵀ, v) buffers."""
     def attend(q, k, v):
-        z = jnp.zeros((), jnp.int32)
-        kb = jax.lax.dynamic_update_slice(k_buf, k.transpose(0, 2, 3, 1).astype(k_buf.dtype), (z, z, z, index))
-        vb = jax.lax.dynamic_update_slice(v_buf, v.transpose(0, 2, 1, 3).astype(v_buf.dtype), (z, z, index, z))
+        kb, vb = cache_lib.write_layer(k_buf, v_buf, k, v, index)
         return attention(q, kb, vb, mask, cfg, cache_layout=True), (kb, vb)
     return attend
 

@@ -104,7 +104,7 @@ def ensure_capacity(state: DecodeState, need: int) -> DecodeState:
     """Grow the cache to cache_bucket(need) slots when it holds fewer. Decode attention reads every
     slot of the cache, so it is kept near what the episode has used (one copy per growth, a
     bounded number of compiled shapes) instead of being preallocated for the longest episode."""
-    if state.cache["pos"].shape[1] >= need:
+    if cache_lib.capacity(state.cache) >= need:
         return state
     return _grow(state, capacity=cache_bucket(need))
 

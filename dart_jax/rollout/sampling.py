@@ -120,13 +120,15 @@ def categorical(key: jax.Array, z: jnp.ndarray) -> jnp.ndarray:
 
 
 def _inverse_cdf(w: jnp.ndarray, u: jnp.ndarray) -> jnp.ndarray:
-    """First index i with cumsum(w)_i > u · Σw (rows of non-negative weights, u in [0, 1)),
-    clamped to the last positive weight (rounding can put u · Σw at or past the final sum)."""
+    """First index i of positive weight with cumsum(w)_i > u · Σw (rows of non-negative weights,
+    u in [0, 1)), else the last positive weight (rounding can put u · Σw at or past the final
+    sum). Requiring w_i > 0 keeps a zero weight out even where a parallel prefix sum rounds
+    cumsum up across it."""
     cdf = jnp.cumsum(w, axis=-1)
-    i = jnp.sum(cdf <= (u * cdf[:, -1])[:, None], axis=-1).astype(jnp.int32)
     idx = jnp.arange(w.shape[-1], dtype=jnp.int32)
     last = jnp.max(jnp.where(w > 0, idx, 0), axis=-1)
-    return jnp.minimum(i, last)
+    hit = (cdf > (u * cdf[:, -1])[:, None]) & (w > 0)
+    return jnp.min(jnp.where(hit, idx, last[:, None]), axis=-1)
 
 
 def sample(logits: jnp.ndarray, key: jax.Array, cfg: SamplingConfig) -> tuple[jnp.ndarray, jnp.ndarray]:

@@ -12,7 +12,7 @@ from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.cache import init_cache
 from dart_jax.models.generate import left_pad
-from dart_jax.models.transformer import forward
+from dart_jax.models.transformer import forward, per_layer_params
 from dart_jax.rollout.router import RouterSpec, route_roles
 from dart_jax.rollout.sampler import LENGTH, STOPPED, SamplerSpec, append, decode_segment, prefill
 from dart_jax.rollout.sampling import SamplingConfig
@@ -110,3 +110,28 @@ def test_stop_sequences_and_budgets(model):
         if {STOPPED, LENGTH} <= seen:
             break
     assert {STOPPED, LENGTH} <= seen
+
+
+def test_per_layer_decode_layout_matches_stacked_and_is_memoised(model):
+    """The sampler's layout (`per_layer_params`: per-layer weight buffers, a [D, V] head copy for
+    tied embeddings) gives the same episode as the stacked base sliced inside the jit, and is
+    converted once per base: reused for the same arrays, rebuilt when a weight array changes."""
+    cfg, base, ads = model
+    fast = per_layer_params(base)
+    assert isinstance(fast["layers"], tuple) and len(fast["layers"]) == cfg.num_layers
+    assert per_layer_params(base)["layers"] is fast["layers"]
+    assert per_layer_params(fast) is fast
+    if cfg.tie_word_embeddings:
+        np.testing.assert_array_equal(np.asarray(fast["head"]), np.asarray(base["embed"]).T)
+    sampling = SamplingConfig(temperature=1.0)
+    _, rows_a, fin_a = run_episode(cfg, base, ads, sampling, seed=3)
+    _, rows_b, fin_b = run_episode(cfg, fast, ads, sampling, seed=3)
+    assert fin_a == fin_b
+    for a, b in zip(rows_a, rows_b):
+        assert a["ids"] == b["ids"] and a["routes"] == b["routes"]
+        np.testing.assert_allclose(a["lp"], b["lp"], atol=1e-6)
+    changed = dict(base, embed=base["embed"] + 1.0)
+    again = per_layer_params(changed)
+    assert again["layers"] is not fast["layers"]
+    if cfg.tie_word_embeddings:
+        np.testing.assert_array_equal(np.asarray(again["head"]), np.asarray(changed["embed"]).T)
