@@ -239,8 +239,7 @@ def hidden_states(base: Params, adapters, tokens: jnp.ndarray, positions: jnp.nd
 
     if cache is not None:
         layers = layer_list(base["layers"], cfg.num_layers)
-        ads = [None if layer_adapters is None else jax.tree_util.tree_map(lambda a, i=i: a[i], layer_adapters)
-               for i in range(cfg.num_layers)]
+        ads = [_adapters_at(layer_adapters, i) for i in range(cfg.num_layers)]
         if cache_is_empty:  # prefill: attend the chunk only, then write it
             kvs = []
             for i in range(cfg.num_layers):
@@ -275,9 +274,13 @@ def hidden_states(base: Params, adapters, tokens: jnp.ndarray, positions: jnp.nd
     else:
         layers = layer_list(base["layers"], cfg.num_layers)
         for i in range(cfg.num_layers):
-            ad = None if layer_adapters is None else jax.tree_util.tree_map(lambda a, i=i: a[i], layer_adapters)
-            x, _ = body(x, (layers[i], ad))
+            x, _ = body(x, (layers[i], _adapters_at(layer_adapters, i)))
     return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), None
+
+
+def _adapters_at(layer_adapters, i: int):
+    """Layer i of the layer-stacked adapters (static slice; None passes through)."""
+    return None if layer_adapters is None else jax.tree_util.tree_map(lambda a: a[i], layer_adapters)
 
 
 def layer_list(layers, num_layers: int) -> tuple[Params, ...]:
