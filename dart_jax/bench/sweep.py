@@ -4,7 +4,9 @@ For each mesh shape the config's model, method and loss are set up on a sub-mesh
 the step is compiled with explicit in/out shardings for a synthetic mini-batch of the config's
 micro-batch layout ([M, micro_batch, length]), then timed. Memory: the device's peak allocator
 statistic where the backend reports one (GPU/TPU), else XLA's compiled-program estimate
-(arguments + outputs + temporaries − aliased, per device).
+(arguments + outputs + temporaries − aliased, per device). Both include the train state: fp32 master
+parameters and fp32 AdamW moments (12 bytes per trainable parameter, also reported on their own as
+"state GiB/device"), plus the frozen base in `model.param_dtype`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dart_jax.checkpoints.registry import load_model
 from dart_jax.parallel.mesh import make_mesh
 from dart_jax.rl.optim import make_optimizer
 from dart_jax.rl.sections import loss_config, method_spec, model_overrides, optim_config
-from dart_jax.rl.placement import jit_step, microbatch_sharding, place_state
+from dart_jax.rl.placement import jit_step, microbatch_sharding, place_state, state_bytes_per_device
 from dart_jax.rl.step import BATCH_KEYS, make_train_step
 
 
@@ -40,19 +42,20 @@ def sweep_mesh(config, shapes: list[tuple[int, int, int]], length: int = 512, st
         cfg, base = load_model(config.model.path, mesh=mesh, **overrides)
         opt = make_optimizer(oc)
         state, base = place_state(method, cfg, base, init_adapters(method, cfg, jax.random.PRNGKey(0)), opt, mesh)
+        state_gib = state_bytes_per_device(state) / 2 ** 30
         data = synthetic_batch(cfg, mini, length)
         m = mini // micro
         batch = {k: jnp.asarray(data[k]).reshape((m, micro) + data[k].shape[1:]) for k in BATCH_KEYS}
         batch = {k: jax.device_put(v, microbatch_sharding(v.shape, mesh)) for k, v in batch.items()}
-        fn = jit_step(make_train_step(cfg, method, lc, opt), state, base, {k: v.shape for k, v in batch.items()}, mesh)
+        fn = jit_step(make_train_step(cfg, method, lc, oc), state, base, {k: v.shape for k, v in batch.items()}, mesh)
         key = jax.random.PRNGKey(0)
         t0 = time.perf_counter()
-        compiled = fn.lower(state, base, batch, key).compile()
+        compiled = fn.lower(state, base, batch, key, np.int32(0)).compile()
         compile_s = time.perf_counter() - t0
         times = []
         for _ in range(steps):
             t = time.perf_counter()
-            state, metrics = compiled(state, base, batch, key)
+            state, metrics = compiled(state, base, batch, key, np.int32(0))
             jax.block_until_ready(metrics)
             times.append(time.perf_counter() - t)
         stats = mesh.devices.flat[0].memory_stats() or {}
@@ -68,19 +71,22 @@ def sweep_mesh(config, shapes: list[tuple[int, int, int]], length: int = 512, st
                      "step_s": float(np.median(times[1:] if len(times) > 1 else times)),
                      "tokens_per_s": tokens / float(np.median(times[1:] if len(times) > 1 else times)),
                      "memory_gib_per_device": mem / 2 ** 30, "memory_source": source,
+                     "state_gib_per_device": state_gib,
                      "loss": float(metrics["loss"])})
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    head = "| mesh (data×fsdp×tensor) | compile s | step s | tokens/s | memory GiB/device | loss |"
-    out = [head, "|---|---|---|---|---|---|"]
+    head = ("| mesh (data×fsdp×tensor) | compile s | step s | tokens/s | memory GiB/device | "
+            "state GiB/device (fp32 masters + moments) | loss |")
+    out = [head, "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['mesh']} | {r['error']} | | | | |")
+            out.append(f"| {r['mesh']} | {r['error']} | | | | | |")
             continue
         out.append(f"| {r['mesh']} | {r['compile_s']:.1f} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | "
-                   f"{r['memory_gib_per_device']:.3f} ({r['memory_source']}) | {r['loss']:.6f} |")
+                   f"{r['memory_gib_per_device']:.3f} ({r['memory_source']}) | {r['state_gib_per_device']:.3f} | "
+                   f"{r['loss']:.6f} |")
     return "\n".join(out)
 
 

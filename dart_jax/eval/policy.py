@@ -167,7 +167,7 @@ def _from_orbax(config, mesh, key, path: str, step: int | None, remove: str | No
     if got is None:
         raise FileNotFoundError(f"{path}: no usable checkpoint (all missing, unfinished or corrupt)")
     step, tree, _ = got
-    base, adapters = model_trees(method, tree["train"].params, base, None)
+    base, adapters = model_trees(method, tree["train"].compute_params(), base, None)
     if remove:
         if method.variant != "dart":
             raise ValueError(f"--remove-adapter needs a DART run; this one is {method.variant!r}")

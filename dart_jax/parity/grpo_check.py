@@ -35,6 +35,9 @@ from dart_jax.tokenization.tokenizer import encode_chat
 
 # distance kept between a token's ratio and a clip boundary (relative), per dtype
 MARGIN = {"float32": 1e-3, "bfloat16": 5e-2}
+# seq-mean-token-sum-norm's L on both sides: the configured maximum response length (configs/base.py's
+# rollout.max_response_tokens, METHOD §5), never the width of the batch's arrays
+RESPONSE_LENGTH = 4096
 
 QUESTIONS = [
     ("who wrote the novel war and peace?",
@@ -217,7 +220,7 @@ def _jax_values(setup: Setup, lc: LossConfig, old, ref, adv, micro_batch: int) -
            "ratio (loss tokens)": ("ratio", np.exp(np.clip(logp - old, -20, 20))[m])}
     for mode in AGG_MODES:
         for term, v in (("pg_loss", pg), ("kl", kl), ("entropy", jnp.asarray(ent))):
-            out[f"{term} [{mode}]"] = ("loss", np.float64(aggregate(v, mask, mode)))
+            out[f"{term} [{mode}]"] = ("loss", np.float64(aggregate(v, mask, mode, lc.norm_length)))
     full = dict(b, old_logp=old, ref_logp=ref, advantages=adv)
     names = sorted(ads)
     for mode, micro in _runs(lc):
@@ -238,7 +241,8 @@ def _jax_values(setup: Setup, lc: LossConfig, old, ref, adv, micro_batch: int) -
     return out
 
 
-def _torch_values(setup: Setup, torch_model, lc: LossConfig, old, ref, micro_batch: int) -> dict:
+def _torch_values(setup: Setup, torch_model, lc: LossConfig, old, ref, micro_batch: int,
+                  response_length: int) -> dict:
     """The same quantities from PyTorch (`torch_grpo`), in the same order and layout."""
     import torch
 
@@ -259,13 +263,14 @@ def _torch_values(setup: Setup, torch_model, lc: LossConfig, old, ref, micro_bat
            "ratio (loss tokens)": ("ratio", terms["ratio"].numpy()[m])}
     for mode in AGG_MODES:
         for term, key in (("pg_loss", "pg"), ("kl", "kl"), ("entropy", "entropy")):
-            out[f"{term} [{mode}]"] = ("loss", np.float64(torch_grpo.aggregate(terms[key], tmask, mode)))
+            out[f"{term} [{mode}]"] = ("loss", np.float64(torch_grpo.aggregate(terms[key], tmask, mode,
+                                                                               response_length)))
     for mode, micro in _runs(lc):
         lcm = dataclasses.replace(lc, agg_mode=mode, micro_mode=micro)
         for f in factors:
             for A, B in f.values():
                 A.grad, B.grad = None, None
-        loss = torch_grpo.minibatch_loss(fwd, tb, lcm, micro_batch)
+        loss = torch_grpo.minibatch_loss(fwd, tb, lcm, micro_batch, response_length)
         loss.backward()
         flat = []
         for i, name in enumerate(names):
@@ -286,13 +291,13 @@ BF16_RATIO = 2.0
 
 def crosscheck_loss(model: str, dtype: str = "float32", lc: LossConfig | None = None, micro_batch: int = 2,
                     reference: str = "dart_jax", differences: list | None = None, seed: int = 0,
-                    setup: Setup | None = None) -> CheckReport:
+                    setup: Setup | None = None, response_length: int = RESPONSE_LENGTH) -> CheckReport:
     """fp32: ours vs PyTorch, quantity by quantity. bf16: both frameworks' bf16 results against
     PyTorch in fp32 (the same inputs); ours passes when its error is at most BF16_RATIO × PyTorch's
     own bf16 error (+ the fp32 tolerance), since two bf16 implementations round differently and a
     direct bf16-vs-bf16 difference measures rounding, not correctness."""
     t0 = time.time()
-    lc = lc or LossConfig()
+    lc = dataclasses.replace(lc or LossConfig(), norm_length=response_length)
     setup = setup or prepare(model, dtype, seed=seed)
     b = setup.batch
     mask = b["loss_mask"]
@@ -308,13 +313,13 @@ def crosscheck_loss(model: str, dtype: str = "float32", lc: LossConfig | None = 
     gid, ng = group_index(b["uids"])
     adv = np.asarray(grpo_advantages(jnp.asarray(b["scores"]), jnp.asarray(gid), ng), np.float32)
     ours = _jax_values(setup, lc, old, ref, adv, micro_batch)
-    ref_vals = _torch_values(setup, ref_torch, lc, old, ref, micro_batch)
+    ref_vals = _torch_values(setup, ref_torch, lc, old, ref, micro_batch, response_length)
     quantities = []
     if dtype == "float32":
         for name, (key, v) in ours.items():
             quantities.append(quantity(name, key, v, ref_vals[name][1], dtype))
     else:
-        theirs = _torch_values(setup, setup.torch_model, lc, old, ref, micro_batch)
+        theirs = _torch_values(setup, setup.torch_model, lc, old, ref, micro_batch, response_length)
         for name, (key, v) in ours.items():
             kind, t32, _ = TOLERANCES[key]
             d_ours, scale = metric(kind, v, ref_vals[name][1])
@@ -330,6 +335,7 @@ def crosscheck_loss(model: str, dtype: str = "float32", lc: LossConfig | None = 
     settings = {"temperature": lc.temperature, "kl_type": lc.kl_type, "kl_coef": lc.kl_coef, "kl_clamp": lc.kl_clamp,
                 "entropy_coef": lc.entropy_coef, "clip": [lc.clip_low, lc.clip_high], "dual_clip": lc.dual_clip,
                 "micro_mode": lc.micro_mode, "micro_batch": micro_batch, "trajectories": int(len(adv)),
+                "sum_norm_length": response_length, "padded_width": int(mask.shape[1]),
                 "loss_tokens": int(mask.sum()), "tool_tokens": int(((b["loss_roles"] == 1) & m).sum()),
                 "clipped_share": float(np.mean((np.abs(ratio - 1) > lc.clip_high)[m])),
                 "bf16_rule": (f"ours bf16 within {BF16_RATIO}× PyTorch's bf16 distance from PyTorch fp32 "

@@ -1,16 +1,22 @@
 """`launch.crosscheck step`: full jitted GRPO updates (clipping, AdamW, warmup) vs torch.optim.AdamW
-+ clip_grad_norm_ + LambdaLR on the batch of `grpo_check`, parameters after every update."""
++ clip_grad_norm_ + LambdaLR on the batch of `grpo_check`, parameters after every update.
+
+The schedule runs on verl's clock: each RL step applies one update per mini-batch (≥ 2), then torch's
+LambdaLR steps once, as verl's actor calls lr_scheduler.step() after update_policy; ours reads the
+schedule at the RL step the jitted step is given. With warmup 2 the first RL step's updates all have
+lr 0 (nothing may move), the second's lr/2."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dart_jax.parity.grpo_check import (MARGIN, Setup, _old_ref, _stack, _torch_batch, _torch_factors,
-                                        _torch_forward, prepare)
+from dart_jax.parity.grpo_check import (MARGIN, RESPONSE_LENGTH, Setup, _old_ref, _stack, _torch_batch,
+                                        _torch_factors, _torch_forward, prepare)
 from dart_jax.parity.report import TOLERANCES, CheckReport, Quantity, quantity, within
 from dart_jax.rl.advantages import group_index, grpo_advantages
 from dart_jax.rl.optim import OptimConfig, make_optimizer
@@ -18,13 +24,15 @@ from dart_jax.rl.step import BATCH_KEYS, LossConfig, init_state, make_accumulate
 
 
 def crosscheck_step(model: str, dtype: str = "float32", lc: LossConfig | None = None,
-                    oc: OptimConfig | None = None, updates: int = 3, micro_batch: int = 2, reference: str = "dart_jax",
-                    differences: list | None = None, seed: int = 0, setup: Setup | None = None) -> CheckReport:
-    """`updates` full AdamW updates on the same batch (warmup 2, clipping active), parameters after each."""
+                    oc: OptimConfig | None = None, rl_steps: int = 3, minibatches: int = 2, micro_batch: int = 2,
+                    reference: str = "dart_jax", differences: list | None = None, seed: int = 0,
+                    setup: Setup | None = None, response_length: int = RESPONSE_LENGTH) -> CheckReport:
+    """`rl_steps` RL steps of `minibatches` AdamW updates each (the batch split into that many
+    mini-batches; warmup 2 RL steps, clipping active), parameters after every update."""
 
     from dart_jax.parity import torch_grpo
     t0 = time.time()
-    lc = lc or LossConfig()
+    lc = dataclasses.replace(lc or LossConfig(), norm_length=response_length)
     setup = setup or prepare(model, dtype, seed=seed)
     b, cfg, base = setup.batch, setup.cfg, setup.base
     ads0 = jax.device_get(setup.adapters)
@@ -35,13 +43,20 @@ def crosscheck_step(model: str, dtype: str = "float32", lc: LossConfig | None = 
     gid, ng = group_index(b["uids"])
     adv = np.asarray(grpo_advantages(jnp.asarray(b["scores"]), jnp.asarray(gid), ng), np.float32)
     full = dict(b, old_logp=old, ref_logp=ref, advantages=adv)
-    stacked = _stack(full, BATCH_KEYS, micro_batch)
+    n = len(adv)
+    if minibatches < 2 or n % minibatches or (n // minibatches) % micro_batch:
+        raise ValueError(f"{n} trajectories must split into ≥ 2 mini-batches ({minibatches}) of whole "
+                         f"micro-batches ({micro_batch})")
+    rows = n // minibatches
+    parts = [{k: v[i * rows:(i + 1) * rows] for k, v in full.items() if k in BATCH_KEYS}
+             for i in range(minibatches)]
+    stacked = [_stack(p, BATCH_KEYS, micro_batch) for p in parts]
     if oc is None:  # clip at half the first gradient norm, so clipping acts
-        g, _ = jax.jit(make_accumulate(cfg, setup.method, lc))(ads0, base, stacked, jax.random.PRNGKey(0))
+        g, _ = jax.jit(make_accumulate(cfg, setup.method, lc))(ads0, base, stacked[0], jax.random.PRNGKey(0))
         norm = float(np.sqrt(sum(float(jnp.sum(jnp.square(x))) for x in jax.tree.leaves(g))))
         oc = OptimConfig(lr=1e-3, warmup_steps=2, total_steps=10, clip_norm=0.5 * norm)
     opt = make_optimizer(oc)
-    step = jax.jit(make_train_step(cfg, setup.method, lc, opt))
+    step = jax.jit(make_train_step(cfg, setup.method, lc, oc))
     state = init_state(ads0, opt)
 
     names, factors, scales = _torch_factors(setup)
@@ -49,21 +64,27 @@ def crosscheck_step(model: str, dtype: str = "float32", lc: LossConfig | None = 
     topt, sched = torch_grpo.adamw_with_warmup(params, oc)
     fwd = _torch_forward(setup, factors, scales, lc.temperature)
     tb = _torch_batch(b, old, ref, adv)
+    tparts = [{k: v[i * rows:(i + 1) * rows] for k, v in tb.items()} for i in range(minibatches)]
     quantities = []
     start = [p.detach().clone() for p in params]
     lr_total = 0.0
     solid = True
-    for k in range(updates):
-        state, metrics = step(state, base, stacked, jax.random.PRNGKey(k))
+    order = [(s, j) for s in range(rl_steps) for j in range(minibatches)]
+    for k, (rl_step, j) in enumerate(order):
+        state, metrics = step(state, base, stacked[j], jax.random.PRNGKey(k), rl_step)
         topt.zero_grad()
-        loss = torch_grpo.minibatch_loss(fwd, tb, lc, micro_batch)
+        loss = torch_grpo.minibatch_loss(fwd, tparts[j], lc, micro_batch, response_length)
         loss.backward()
         gmag = np.concatenate([np.abs(p.grad.numpy()).ravel() for f in factors for pair in f.values() for p in pair])
         lr_k = sched.get_last_lr()[0]  # the lr this update applies
         lr_total += lr_k
-        tnorm = torch_grpo.apply_update(params, topt, sched, oc.clip_norm)
-        quantities.append(quantity(f"update {k + 1}: grad norm before clipping", "loss", float(metrics["grad_norm"]),
-                                    tnorm, dtype))
+        tnorm = torch_grpo.apply_update(params, topt, sched if j == minibatches - 1 else None, oc.clip_norm)
+        quantities.append(quantity(f"update {k + 1} (RL step {rl_step + 1}, mini-batch {j + 1}): grad norm before "
+                                   "clipping", "loss", float(metrics["grad_norm"]), tnorm, dtype))
+        q = Quantity(f"update {k + 1}: learning rate (verl: LambdaLR stepped once per RL step)", "abs",
+                     abs(float(metrics["lr"]) - lr_k), lr_k, 1e-9 * max(oc.lr, 1.0), 1e-9 * max(oc.lr, 1.0), False)
+        q.passed = q.value <= q.tol_fp32
+        quantities.append(q)
         ours, theirs, moved = [], [], []
         for i, name in enumerate(names):
             r = setup.adapters[name].rank
@@ -72,11 +93,11 @@ def crosscheck_step(model: str, dtype: str = "float32", lc: LossConfig | None = 
                 pb = np.asarray(state.params[name].params[target]["b"][layer], np.float32).reshape(r, -1).T
                 ours += [pa.ravel(), pb.ravel()]
                 theirs += [A.detach().numpy().ravel(), B.detach().numpy().ravel()]
-        j = 0
+        at = 0
         for f in factors:
             for A, B in f.values():
-                moved += [(A.detach() - start[j]).numpy().ravel(), (B.detach() - start[j + 1]).numpy().ravel()]
-                j += 2
+                moved += [(A.detach() - start[at]).numpy().ravel(), (B.detach() - start[at + 1]).numpy().ravel()]
+                at += 2
         ours, theirs, moved = np.concatenate(ours), np.concatenate(theirs), np.concatenate(moved)
         kind, t32, t16 = TOLERANCES["params"]
         diff = float(np.linalg.norm(ours - theirs))
@@ -106,7 +127,8 @@ def crosscheck_step(model: str, dtype: str = "float32", lc: LossConfig | None = 
                          float(np.max(np.abs(ours - theirs))), lr_total, None, None, True)
         quantities.append(q)
     settings = {"lr": oc.lr, "warmup_steps": oc.warmup_steps, "clip_norm": oc.clip_norm,
-                "weight_decay": oc.weight_decay, "betas": [oc.b1, oc.b2], "eps": oc.eps, "updates": updates,
+                "weight_decay": oc.weight_decay, "betas": [oc.b1, oc.b2], "eps": oc.eps, "rl_steps": rl_steps,
+                "minibatches_per_rl_step": minibatches, "schedule_clock": oc.schedule_clock,
                 "micro_batch": micro_batch, "agg_mode": lc.agg_mode, "micro_mode": lc.micro_mode, "kl_coef": lc.kl_coef,
                 "entropy_coef": lc.entropy_coef}
     return CheckReport("step", model, dtype, reference, settings, list(differences or []), quantities,

@@ -11,8 +11,10 @@ systems differ:
         (kl_clamp=False: no clamps, Search-R1's older verl)
     §4  Δ = clamp(logp − old, ±20); ratio = e^Δ; Lclip = max(−A·ratio, −A·clamp(ratio, 1−εl, 1+εh));
         ℓ = min(−A·c, Lclip) where A < 0 (dual clip c), else Lclip
-    §5  token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm; micro-batches
-        by a true global token mean (SkyRL) or verl's per-micro-batch mean / M
+    §5  token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (Σ m·ℓ / L with
+        L the configured maximum response length: verl pads every response to it and divides by
+        that width, whatever the batch's own widths); micro-batches by a true global token mean
+        (SkyRL) or verl's per-micro-batch mean / M
     §6  torch.optim.AdamW after clip_grad_norm_, linear warmup from 0 (LambdaLR)
 """
 
@@ -80,8 +82,9 @@ def policy_loss(logp, old_logp, adv, clip_low=0.2, clip_high=0.2, dual_clip: flo
     return loss, ratio, (l2 > l1).float(), lower
 
 
-def aggregate(values, mask, mode: str = "token-mean"):
-    """REFERENCE §5 over one batch (0 when no token carries loss)."""
+def aggregate(values, mask, mode: str = "token-mean", response_length: int | None = None):
+    """REFERENCE §5 over one batch (0 when no token carries loss). `response_length`: the configured
+    maximum response length, seq-mean-token-sum-norm's L (required there)."""
     mask = mask.float()
     row = mask.sum(-1)
     nonempty = row > 0
@@ -94,7 +97,9 @@ def aggregate(values, mask, mode: str = "token-mean"):
         means = (values * mask).sum(-1) / row.clamp(min=1)
         return means[nonempty].mean() if nonempty.any() else values.sum() * 0
     if mode == "seq-mean-token-sum-norm":
-        return (values * mask).sum() / mask.shape[-1]
+        if not response_length:
+            raise ValueError("seq-mean-token-sum-norm needs the configured maximum response length")
+        return (values * mask).sum() / response_length
     raise ValueError(mode)
 
 
@@ -107,21 +112,22 @@ def micro_loss_terms(logp, ent, batch: dict, lc) -> dict:
             "ppo_kl": -torch.clamp(logp - batch["old_logp"], -20, 20)}
 
 
-def total_loss(terms: dict, mask, lc) -> torch.Tensor:
-    loss = aggregate(terms["pg"], mask, lc.agg_mode)
+def total_loss(terms: dict, mask, lc, response_length: int | None = None) -> torch.Tensor:
+    loss = aggregate(terms["pg"], mask, lc.agg_mode, response_length)
     if lc.kl_coef:
-        loss = loss + lc.kl_coef * aggregate(terms["kl"], mask, lc.agg_mode)
+        loss = loss + lc.kl_coef * aggregate(terms["kl"], mask, lc.agg_mode, response_length)
     if lc.entropy_coef:
-        loss = loss - lc.entropy_coef * aggregate(terms["entropy"], mask, lc.agg_mode)
+        loss = loss - lc.entropy_coef * aggregate(terms["entropy"], mask, lc.agg_mode, response_length)
     return loss
 
 
-def minibatch_loss(forward_logp, batch: dict, lc, micro_batch: int) -> torch.Tensor:
+def minibatch_loss(forward_logp, batch: dict, lc, micro_batch: int, response_length: int | None = None
+                   ) -> torch.Tensor:
     """The loss whose gradient one update applies, with gradient accumulation over micro-batches:
     `global` = the aggregate over the whole mini-batch (SkyRL's true token mean), written as each
     micro-batch's Σ w·ℓ over the mini-batch's denominator; `verl_microbatch_mean` = Σ_m agg_m / M.
-    seq-mean-token-sum-norm divides by the padded length L of each micro-batch, as verl does, in both
-    modes (so the global form is Σ / (M·L), not Σ / L)."""
+    seq-mean-token-sum-norm divides each micro-batch by L = `response_length` and the accumulation by
+    M, as verl does, in both modes (so the global form is Σ / (M·L), not Σ / L)."""
     n = batch["tokens"].shape[0]
     chunks = [slice(s, s + micro_batch) for s in range(0, n, micro_batch)]
     if lc.micro_mode == "verl_microbatch_mean" or lc.agg_mode == "seq-mean-token-sum-norm":
@@ -129,7 +135,8 @@ def minibatch_loss(forward_logp, batch: dict, lc, micro_batch: int) -> torch.Ten
         for sl in chunks:
             mb = {k: v[sl] for k, v in batch.items()}
             logp, ent = forward_logp(mb)
-            out = out + total_loss(micro_loss_terms(logp, ent, mb, lc), mb["loss_mask"], lc) / len(chunks)
+            out = out + total_loss(micro_loss_terms(logp, ent, mb, lc), mb["loss_mask"], lc,
+                                   response_length) / len(chunks)
         return out
     # global: one forward per micro-batch, the aggregate taken over the concatenation
     logps, ents = zip(*(forward_logp({k: v[sl] for k, v in batch.items()}) for sl in chunks))
@@ -157,7 +164,8 @@ def adamw_with_warmup(params, oc):
 
 
 def apply_update(params, opt, sched, clip_norm: float | None) -> float:
-    """clip_grad_norm_ (global), then AdamW, then the schedule's next lr; -> the gradient norm."""
+    """clip_grad_norm_ (global), then AdamW, then the schedule's next lr (`sched` None: the caller
+    steps it, e.g. once per RL step as verl does); -> the gradient norm."""
     if clip_norm is None:
         norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params))
     else:
@@ -165,5 +173,6 @@ def apply_update(params, opt, sched, clip_norm: float | None) -> float:
     if not torch.isfinite(norm):  # a non-finite gradient skips the step
         return float(norm)
     opt.step()
-    sched.step()
+    if sched is not None:
+        sched.step()
     return float(norm)

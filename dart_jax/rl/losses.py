@@ -15,7 +15,10 @@ split into micro-batches can carry (Σ numerator, Σ D):
     token-mean               w = m,                      D = Σ m
     seq-mean-token-sum       w = m,                      D = #rows with Σ_t m > 0
     seq-mean-token-mean      w = m / Σ_t m (per row),    D = #rows with Σ_t m > 0
-    seq-mean-token-sum-norm  w = m,                      D = L (padded length; per micro-batch)
+    seq-mean-token-sum-norm  w = m,                      D = L (per micro-batch)
+L is a constant: verl divides by `loss_mask.shape[-1]`, and its response arrays are always padded to
+the configured maximum response length, so L = `rollout.max_response_tokens` (LossConfig.norm_length),
+whatever width the prompt + response arrays here happen to have (Dr. GRPO's constant normaliser).
 """
 
 from __future__ import annotations
@@ -68,8 +71,10 @@ def clipped_policy_loss(logp: jnp.ndarray, old_logp: jnp.ndarray, advantages: jn
     return loss, {"clipped": clipped, "clipped_lower": lower, "ppo_kl": -delta}
 
 
-def aggregation_weights(mask: jnp.ndarray, mode: str = "token-mean") -> tuple[jnp.ndarray, jnp.ndarray]:
-    """mask f32[B, T] -> (w f32[B, T], D scalar) with agg(ℓ) = Σ w·ℓ / D (see module docstring)."""
+def aggregation_weights(mask: jnp.ndarray, mode: str = "token-mean", norm_length: int | None = None
+                        ) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """mask f32[B, T] -> (w f32[B, T], D scalar) with agg(ℓ) = Σ w·ℓ / D (see module docstring).
+    `norm_length`: seq-mean-token-sum-norm's L (required by that mode)."""
     mask = mask.astype(jnp.float32)
     row = jnp.sum(mask, axis=-1)
     rows = jnp.sum((row > 0).astype(jnp.float32))
@@ -80,13 +85,18 @@ def aggregation_weights(mask: jnp.ndarray, mode: str = "token-mean") -> tuple[jn
     if mode == "seq-mean-token-mean":
         return mask / jnp.maximum(row, 1.0)[:, None], rows
     if mode == "seq-mean-token-sum-norm":
-        return mask, jnp.asarray(mask.shape[-1], jnp.float32)
+        if not norm_length or norm_length <= 0:
+            raise ValueError("loss aggregation 'seq-mean-token-sum-norm' divides by the configured maximum "
+                             f"response length; got norm_length={norm_length!r} (set rollout.max_response_tokens "
+                             "or loss.norm_length)")
+        return mask, jnp.asarray(norm_length, jnp.float32)
     raise ValueError(f"loss aggregation {mode!r}; expected one of {AGG_MODES}")
 
 
-def aggregate(values: jnp.ndarray, mask: jnp.ndarray, mode: str = "token-mean") -> jnp.ndarray:
+def aggregate(values: jnp.ndarray, mask: jnp.ndarray, mode: str = "token-mean",
+              norm_length: int | None = None) -> jnp.ndarray:
     """agg(ℓ) over one batch; 0 when no token carries loss."""
-    w, d = aggregation_weights(mask, mode)
+    w, d = aggregation_weights(mask, mode, norm_length)
     return jnp.sum(w * values) / jnp.maximum(d, 1e-8) * (d > 0)
 
 

@@ -1,9 +1,19 @@
-"""Optimiser and learning-rate schedule (REFERENCE §6).
+"""Optimiser, learning-rate schedule and the schedule's clock (REFERENCE §6).
 
 AdamW (β = (0.9, 0.999), ε = 1e-8, decoupled weight decay 0.01 as torch.optim.AdamW) after global-
-norm clipping (1.0). Schedule per optimiser update k (0-based):
-    constant:  lr·k/W for k < W, then lr          (verl: the first update has lr 0 when W > 0)
+norm clipping (1.0), split in two so the learning rate can run on its own clock:
+
+    d = AdamW direction (clip → m̂ / (√v̂ + ε) → + wd·θ)     `make_optimizer` (optax, state: moments)
+    θ ← θ − lr(k)·d                                         `apply_update`, in the jitted step
+
+The schedule, over its clock k (0-based):
+    constant:  lr·k/W for k < W, then lr                    (verl: lr 0 at k = 0 when W > 0)
     cosine:    the same warmup, then lr_min + ½(lr − lr_min)(1 + cos(π (k−W)/(K−W)))
+
+Clock (`schedule_clock`): "rl_step" (default, verl) — k = the RL step; every mini-batch update of one
+RL step uses the same lr (verl calls lr_scheduler.step() once per RL step, after all its updates), so
+warmup_steps / total_steps count RL steps. "update" — k = optimiser updates applied so far (optax's
+own count; with 4 mini-batches per step a 10-step warmup then ends after 2.5 RL steps).
 Non-finite gradient norms never reach the optimiser: the train step skips them (see step.py).
 """
 
@@ -11,9 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import optax
 
 SCHEDULES = ("constant", "cosine")
+CLOCKS = ("rl_step", "update")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,15 +41,19 @@ class OptimConfig:
     b2: float = 0.999
     eps: float = 1e-8
     clip_norm: float | None = 1.0
+    schedule_clock: str = "rl_step"
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"optim.schedule={self.schedule!r}; expected one of {SCHEDULES}")
+        if self.schedule_clock not in CLOCKS:
+            raise ValueError(f"optim.schedule_clock={self.schedule_clock!r}; expected one of {CLOCKS}")
         if self.lr < 0 or self.warmup_steps < 0:
             raise ValueError(f"optim.lr ({self.lr}) and optim.warmup_steps ({self.warmup_steps}) must be ≥ 0")
 
 
 def learning_rate(cfg: OptimConfig) -> optax.Schedule:
+    """lr as a function of the schedule's clock k (see the module docstring)."""
     warm = max(int(cfg.warmup_steps), 0)
     if cfg.schedule == "cosine":
         decay = max(int(cfg.total_steps) - warm, 1)
@@ -48,8 +65,22 @@ def learning_rate(cfg: OptimConfig) -> optax.Schedule:
     return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, warm), optax.constant_schedule(cfg.lr)], [warm])
 
 
+def clock(cfg: OptimConfig, rl_step, updates) -> jnp.ndarray:
+    """The schedule's k: the RL step (verl) or the number of optimiser updates applied so far."""
+    return jnp.asarray(rl_step if cfg.schedule_clock == "rl_step" else updates, jnp.int32)
+
+
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
-    adamw = optax.adamw(learning_rate(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    if cfg.clip_norm is None:
-        return adamw
-    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw)
+    """The AdamW direction d at unit learning rate: clip → scale_by_adam → add_decayed_weights (optax's
+    adamw without its final −lr scale). `apply_update` applies θ − lr·d."""
+    parts = [optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)]
+    if cfg.weight_decay:
+        parts.append(optax.add_decayed_weights(cfg.weight_decay))
+    if cfg.clip_norm is not None:
+        parts.insert(0, optax.clip_by_global_norm(cfg.clip_norm))
+    return optax.chain(*parts)
+
+
+def apply_update(params, direction, lr):
+    """θ ← θ − lr·d, in the parameters' dtype (fp32 masters)."""
+    return jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), params, direction)

@@ -11,6 +11,12 @@ mean (or verl's per-micro-batch mean) is exact under accumulation. Gradients acc
 through a `lax.scan` over micro-batches; a non-finite global norm leaves params and optimiser
 state untouched and counts the step in `skipped`.
 
+Mixed precision as verl's FSDP actors: the train state holds fp32 *master* parameters and fp32
+AdamW moments; the forward / backward runs on a copy cast to the dtype the tree was built in
+(`model.param_dtype` for the full variant, `method.adapter_dtype` for adapters), made inside the
+jitted step and sharded like the masters; its gradients accumulate in fp32 and update the masters.
+An lr-1e-6 update of a bf16 weight of magnitude 0.1 (ulp ≈ 5e-4) would otherwise round to nothing.
+
 The loss mask already holds CEA's role mask m_t (`trainer.build_batch`), so the denominators count
 only the tokens that keep gradient.
 """
@@ -32,6 +38,7 @@ from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import hidden_states, output_head
 from dart_jax.rl import losses
 from dart_jax.rl.logprobs import token_logprobs
+from dart_jax.rl.optim import OptimConfig, apply_update, clock, learning_rate, make_optimizer
 from dart_jax.tokenization.sentinels import with_token_rows
 
 BATCH_KEYS = ("tokens", "positions", "route_ids", "loss_roles", "loss_mask", "old_logp", "ref_logp", "advantages")
@@ -53,24 +60,45 @@ class LossConfig:
     micro_mode: str = "global"
     logprob_chunk: int = 128
     objective: str = "grpo"  # grpo (clipped policy loss) | sft (−log p on the loss-mask tokens)
+    norm_length: int = 0     # seq-mean-token-sum-norm's L: the configured maximum response length
 
     def __post_init__(self):
         for field, allowed in (("kl_type", losses.KL_TYPES), ("agg_mode", losses.AGG_MODES),
                                ("micro_mode", losses.MICRO_MODES), ("objective", OBJECTIVES)):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"loss.{field}={getattr(self, field)!r}; expected one of {allowed}")
+        if self.agg_mode == "seq-mean-token-sum-norm" and self.norm_length <= 0:
+            raise ValueError("loss.agg_mode='seq-mean-token-sum-norm' divides by the maximum response length: "
+                             f"loss.norm_length must be > 0, got {self.norm_length}")
 
 
 @flax.struct.dataclass
 class TrainState:
-    params: Any          # the trainable tree (adapters, or the base for the full variant)
+    params: Any          # fp32 masters of the trainable tree (adapters, or the base for the full variant)
     opt_state: Any
     step: jnp.ndarray    # i32: optimiser updates applied
     skipped: jnp.ndarray  # i32: updates skipped for a non-finite gradient norm
+    compute_dtypes: tuple = flax.struct.field(pytree_node=False, default=())  # per leaf of params
+
+    def compute_params(self):
+        """The trainable tree in its compute dtypes (what forwards, rollouts and exports use)."""
+        if not self.compute_dtypes:
+            return self.params
+        leaves, tree = jax.tree_util.tree_flatten(self.params)
+        return jax.tree_util.tree_unflatten(tree, [x if x.dtype == d else x.astype(d) for x, d in zip(leaves, self.compute_dtypes)])
+
+
+def _is_float(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.floating)
 
 
 def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
-    return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    """A fresh state whose masters are `params` in fp32; the dtypes `params` arrive in are the compute
+    dtypes (a bf16 base or bf16 adapters train through fp32 masters)."""
+    dtypes = tuple(str(x.dtype) for x in jax.tree.leaves(params))
+    masters = jax.tree.map(lambda x: x.astype(jnp.float32) if _is_float(x) else x, params)
+    return TrainState(masters, optimizer.init(masters), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
+                      dtypes)
 
 
 def sequence_logprobs(base, adapters, tokens, positions, route_ids, *, cfg: ModelConfig, temperature: float,
@@ -130,7 +158,7 @@ def make_accumulate(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, row_id
         def per_token(adapters):
             return per_token_terms(base_, lora_lib.with_dropout(adapters, key), mb, cfg=cfg, lc=lc)
 
-        w, _ = losses.aggregation_weights(mb["loss_mask"], lc.agg_mode)
+        w, _ = losses.aggregation_weights(mb["loss_mask"], lc.agg_mode, lc.norm_length)
         w = w * scale
         if ads is None or method.isolation == "forward":
             loss, terms = per_token(ads)
@@ -144,7 +172,8 @@ def make_accumulate(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, row_id
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
     def accumulate(params, base, batch: dict, key: jax.Array):
-        denominators = jax.vmap(lambda m: losses.aggregation_weights(m, lc.agg_mode)[1])(batch["loss_mask"])
+        denominators = jax.vmap(lambda m: losses.aggregation_weights(m, lc.agg_mode, lc.norm_length)[1])(
+            batch["loss_mask"])
         scales = losses.micro_scales(denominators, lc.micro_mode)
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
         n_micro = batch["tokens"].shape[0]
@@ -167,25 +196,29 @@ def make_accumulate(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, row_id
     return accumulate
 
 
-def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, optimizer: optax.GradientTransformation,
+def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, oc: OptimConfig,
                     row_ids: tuple[int, ...] = ()):
-    """-> step(state, base, batch, key) -> (state, metrics). `base` is the frozen base (the
-    reference policy for the full variant); `batch` holds BATCH_KEYS, each [M, b, ...]; `row_ids`:
-    see `policy_trees`."""
+    """-> step(state, base, batch, key, rl_step) -> (state, metrics). `base` is the frozen base (the
+    reference policy for the full variant); `batch` holds BATCH_KEYS, each [M, b, ...]; `rl_step`
+    (i32 scalar) is the RL step the update belongs to — the schedule's clock by default (see
+    optim.py); `row_ids`: see `policy_trees`. The state comes from `init_state(params,
+    make_optimizer(oc))`."""
     accumulate = make_accumulate(cfg, method, lc, row_ids)
+    optimizer, schedule = make_optimizer(oc), learning_rate(oc)
 
-    def step(state: TrainState, base, batch: dict, key: jax.Array) -> tuple[TrainState, dict]:
-        grads, sums = accumulate(state.params, base, batch, key)
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+    def step(state: TrainState, base, batch: dict, key: jax.Array, rl_step) -> tuple[TrainState, dict]:
+        grads, sums = accumulate(state.compute_params(), base, batch, key)  # fp32, like the masters
         gnorm = optax.global_norm(grads)
         finite = jnp.isfinite(gnorm)
-        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
+        direction, new_opt = optimizer.update(grads, state.opt_state, state.params)
+        lr = schedule(clock(oc, rl_step, state.step))
+        new_params = apply_update(state.params, direction, lr)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
         new_state = TrainState(keep(new_params, state.params), keep(new_opt, state.opt_state),
-                               state.step + finite.astype(jnp.int32), state.skipped + (~finite).astype(jnp.int32))
+                               state.step + finite.astype(jnp.int32), state.skipped + (~finite).astype(jnp.int32),
+                               state.compute_dtypes)
         metrics = dict(sums, grad_norm=gnorm, skipped=(~finite).astype(jnp.float32),
-                       loss_tokens=jnp.sum(batch["loss_mask"]))
+                       loss_tokens=jnp.sum(batch["loss_mask"]), lr=jnp.asarray(lr, jnp.float32))
         return new_state, metrics
 
     return step

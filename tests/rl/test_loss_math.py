@@ -47,7 +47,8 @@ def np_pg(lp, old, a, lo=0.2, hi=0.2, c=3.0):
     return np.where(a < 0, np.minimum(-a * c, lc), lc)
 
 
-def np_agg(x, m, mode):
+def np_agg(x, m, mode, L=None):
+    """REFERENCE §5 in numpy; L = seq-mean-token-sum-norm's configured maximum response length."""
     if mode == "token-mean":
         return (x * m).sum() / m.sum()
     rows = m.sum(-1) > 0
@@ -55,7 +56,7 @@ def np_agg(x, m, mode):
         return (x * m).sum(-1)[rows].mean()
     if mode == "seq-mean-token-mean":
         return ((x * m).sum(-1)[rows] / m.sum(-1)[rows]).mean()
-    return (x * m).sum() / m.shape[-1]
+    return (x * m).sum() / L
 
 
 # ---------------------------------------------------------------- advantages
@@ -149,18 +150,32 @@ def test_aggregation_vs_numpy_with_empty_row(mode):
     x = rng.normal(size=(4, 10))
     m = (rng.random((4, 10)) > 0.4).astype(np.float64)
     m[2] = 0.0  # a fully masked row: excluded from the seq-mean denominators
-    got = float(losses.aggregate(jnp.asarray(x, jnp.float32), jnp.asarray(m, jnp.float32), mode))
-    assert got == pytest.approx(np_agg(x, m, mode), rel=1e-5, abs=1e-6)
+    got = float(losses.aggregate(jnp.asarray(x, jnp.float32), jnp.asarray(m, jnp.float32), mode, 16))
+    assert got == pytest.approx(np_agg(x, m, mode, 16), rel=1e-5, abs=1e-6)
 
 
 def test_aggregation_hand_worked():
     x = np.asarray([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
     m = np.asarray([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    vals = {mode: float(losses.aggregate(jnp.asarray(x), jnp.asarray(m), mode)) for mode in losses.AGG_MODES}
+    vals = {mode: float(losses.aggregate(jnp.asarray(x), jnp.asarray(m), mode, 8)) for mode in losses.AGG_MODES}
     assert vals["token-mean"] == pytest.approx(7 / 3)
     assert vals["seq-mean-token-sum"] == pytest.approx((3 + 4) / 2)
     assert vals["seq-mean-token-mean"] == pytest.approx((1.5 + 4) / 2)
-    assert vals["seq-mean-token-sum-norm"] == pytest.approx(7 / 3)  # L = 3 columns
+    assert vals["seq-mean-token-sum-norm"] == pytest.approx(7 / 8)  # L = the configured response length 8
+
+
+def test_sum_norm_divides_by_the_configured_length_not_the_array_width():
+    """verl: Σ m·ℓ / loss_mask.shape[-1] over response arrays padded to the configured maximum
+    response length — a constant. Padding our arrays wider (a longer prompt, another pad bucket)
+    must not change it; without a configured length the mode refuses."""
+    x = np.asarray([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    m = np.asarray([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    wide_x, wide_m = np.pad(x, ((0, 0), (5, 60))), np.pad(m, ((0, 0), (5, 60)))
+    for a, b in ((x, m), (wide_x, wide_m)):
+        assert float(losses.aggregate(jnp.asarray(a), jnp.asarray(b), "seq-mean-token-sum-norm", 512)) \
+            == pytest.approx(7 / 512)
+    with pytest.raises(ValueError, match="maximum response length"):
+        losses.aggregate(jnp.asarray(x), jnp.asarray(m), "seq-mean-token-sum-norm")
 
 
 def test_fully_masked_batch_aggregates_to_zero():
@@ -177,11 +192,11 @@ def test_micro_batch_carry_global_and_verl(mode):
     m = (rng.random((6, 8)) > 0.5).astype(np.float64)
     m[1] = 0
     xs, ms = x.reshape(3, 2, 8), m.reshape(3, 2, 8)
-    parts = [losses.aggregation_weights(jnp.asarray(mm), mode) for mm in ms]
+    parts = [losses.aggregation_weights(jnp.asarray(mm), mode, 20) for mm in ms]
     dens = jnp.stack([d for _, d in parts])
     for micro_mode, expect in (("global", np_agg(x, m, mode) if mode != "seq-mean-token-sum-norm"
-                                else (x * m).sum() / (3 * 8)),
-                               ("verl_microbatch_mean", np.mean([np_agg(a, b, mode) for a, b in zip(xs, ms)]))):
+                                else (x * m).sum() / (3 * 20)),
+                               ("verl_microbatch_mean", np.mean([np_agg(a, b, mode, 20) for a, b in zip(xs, ms)]))):
         c = np.asarray(losses.micro_scales(dens, micro_mode))
         total = sum(c[i] * float(jnp.sum(parts[i][0] * xs[i])) for i in range(3))
         assert total == pytest.approx(expect, rel=1e-5), micro_mode

@@ -22,3 +22,12 @@ def test_sweep_same_loss_on_every_mesh(tmp_path):
         assert r["loss"] == pytest.approx(ok[0]["loss"], abs=1e-5), r["mesh"]
         assert r["compile_s"] > 0 and r["step_s"] > 0 and r["memory_gib_per_device"] > 0
     assert "| 2x2x2 |" in table(rows)
+    # the state column: fp32 masters + two fp32 AdamW moments = 12 bytes per trainable (adapter)
+    # parameter, plus three int32 counters (updates, skipped, Adam's count), on one device
+    import jax
+    from dart_jax.adapters.method import init_adapters
+    from dart_jax.checkpoints.registry import load_model
+    from dart_jax.rl.sections import method_spec
+    cfg, _ = load_model(path)
+    n = sum(x.size for x in jax.tree.leaves(init_adapters(method_spec(c), cfg, jax.random.PRNGKey(0))))
+    assert ok[0]["state_gib_per_device"] * 2 ** 30 == 12 * n + 12

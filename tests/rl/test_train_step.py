@@ -1,5 +1,5 @@
 """The jitted GRPO update on a tiny random model: micro-batch accumulation, verl's per-micro-batch
-mean, non-finite skipping, AdamW + schedule against torch.optim.AdamW."""
+mean, non-finite skipping, AdamW + schedule (on verl's RL-step clock) against torch.optim.AdamW."""
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +11,8 @@ from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import init_params
 from dart_jax.rl import losses
-from dart_jax.rl.optim import OptimConfig, learning_rate, make_optimizer
+from dart_jax.rl.optim import OptimConfig, apply_update, learning_rate, make_optimizer
+from dart_jax.rl.optim import clock as clock_of
 from dart_jax.rl.step import (
     BATCH_KEYS,
     LossConfig,
@@ -68,8 +69,8 @@ def _run(setup, lc, m, batch=None, optim=OptimConfig(lr=1e-3)):
     base, method, adapters = setup
     batch = batch if batch is not None else _with_logps(_batch(), base, adapters, lc)
     opt = make_optimizer(optim)
-    step = jax.jit(make_train_step(CFG, method, lc, opt))
-    state, metrics = step(init_state(adapters, opt), base, _split(batch, m), jax.random.PRNGKey(0))
+    step = jax.jit(make_train_step(CFG, method, lc, optim))
+    state, metrics = step(init_state(adapters, opt), base, _split(batch, m), jax.random.PRNGKey(0), 0)
     return state, metrics, batch
 
 
@@ -116,7 +117,11 @@ def test_verl_microbatch_mean_differs_and_equals_mean_of_micro_losses(setup):
     _, mv, _ = _run(setup, lc_v, 2, batch)
     halves = [_run(setup, lc_g, 1, {k: v[i * 2:(i + 1) * 2] for k, v in batch.items()})[1] for i in range(2)]
     assert float(mv["loss"]) == pytest.approx(np.mean([float(h["loss"]) for h in halves]), rel=1e-5)
-    assert abs(float(mv["loss"]) - float(mg["loss"])) > 1e-6  # the micro-batches hold different token counts
+    # global = the token-weighted mean of the halves, verl = their plain mean: the micro-batches hold
+    # different token counts (row 2 has 4 masked tokens), so the two differ by exactly that weighting
+    counts = [float(batch["loss_mask"][i * 2:(i + 1) * 2].sum()) for i in range(2)]
+    weighted = sum(c * float(h["loss"]) for c, h in zip(counts, halves)) / sum(counts)
+    assert counts[0] != counts[1] and float(mg["loss"]) == pytest.approx(weighted, rel=1e-5)
 
 
 def test_non_finite_gradient_skips_and_counts(setup):
@@ -129,7 +134,7 @@ def test_non_finite_gradient_skips_and_counts(setup):
     assert int(state.skipped) == 1 and int(state.step) == 0 and float(m["skipped"]) == 1.0
     for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(adapters)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    assert int(state.opt_state[1][0].count) == 0  # the optimiser's step count did not move
+    assert int(state.opt_state[1].count) == 0  # Adam's step count did not move
 
 
 def test_strict_isolation_step_runs_and_differs_from_forward(setup):
@@ -150,28 +155,69 @@ def test_schedule_constant_with_warmup_starts_at_zero():
     assert float(cos(10)) == pytest.approx(1e-6, rel=1e-4)
 
 
-def test_adamw_with_clipping_matches_torch():
-    """Three updates of optax's chain (clip 1.0, AdamW wd 0.01, warmup 2) vs torch.optim.AdamW with
-    clip_grad_norm_ and LambdaLR (verl's warmup). Tolerance 1e-6."""
+def _torch_adamw(p0, cfg, lam):
+    tp = torch.nn.Parameter(torch.tensor(p0))
+    topt = torch.optim.AdamW([tp], lr=cfg.lr, betas=(cfg.b1, cfg.b2), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return tp, topt, torch.optim.lr_scheduler.LambdaLR(topt, lam)
+
+
+@pytest.mark.parametrize("clock", ["rl_step", "update"])
+def test_adamw_with_clipping_matches_torch_on_both_clocks(clock):
+    """Three RL steps × two mini-batch updates of our AdamW (clip 1.0, wd 0.01, warmup 2) vs
+    torch.optim.AdamW + clip_grad_norm_ + LambdaLR. rl_step: LambdaLR stepped once per RL step,
+    after both updates (verl's actor); update: stepped after every update. Tolerance 1e-6."""
     rng = np.random.default_rng(0)
     p0 = rng.normal(size=(5, 3)).astype(np.float32)
-    grads = [rng.normal(scale=s, size=(5, 3)).astype(np.float32) for s in (3.0, 0.1, 2.0)]
-    cfg = OptimConfig(lr=1e-2, warmup_steps=2, weight_decay=0.01, clip_norm=1.0)
-    opt = make_optimizer(cfg)
+    grads = [rng.normal(scale=s, size=(5, 3)).astype(np.float32) for s in (3.0, 0.1, 2.0, 0.5, 1.5, 0.2)]
+    cfg = OptimConfig(lr=1e-2, warmup_steps=2, weight_decay=0.01, clip_norm=1.0, schedule_clock=clock)
+    opt, sched_fn = make_optimizer(cfg), learning_rate(cfg)
     params = {"w": jnp.asarray(p0)}
     st = opt.init(params)
-    tp = torch.nn.Parameter(torch.tensor(p0))
-    topt = torch.optim.AdamW([tp], lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(topt, lambda k: k / 2 if k < 2 else 1.0)
-    for g in grads:
-        upd, st = opt.update({"w": jnp.asarray(g)}, st, params)
-        params = jax.tree.map(lambda a, b: a + b, params, upd)
-        tp.grad = torch.tensor(g)
-        torch.nn.utils.clip_grad_norm_([tp], 1.0)
-        topt.step()
-        sched.step()
-        np.testing.assert_allclose(np.asarray(params["w"]), tp.detach().numpy(), atol=1e-6)
-    assert not np.allclose(np.asarray(params["w"]), p0)
+    tp, topt, sched = _torch_adamw(p0, cfg, lambda k: k / 2 if k < 2 else 1.0)
+    lrs = []
+    for rl_step in range(3):
+        for j in range(2):
+            g = grads[2 * rl_step + j]
+            d, st = opt.update({"w": jnp.asarray(g)}, st, params)
+            lr = sched_fn(int(clock_of(cfg, rl_step, 2 * rl_step + j)))
+            params = apply_update(params, d, lr)
+            tp.grad = torch.tensor(g)
+            torch.nn.utils.clip_grad_norm_([tp], 1.0)
+            lrs.append(sched.get_last_lr()[0])
+            topt.step()
+            if clock == "update":
+                sched.step()
+            np.testing.assert_allclose(float(lr), lrs[-1], rtol=1e-6)
+            np.testing.assert_allclose(np.asarray(params["w"]), tp.detach().numpy(), atol=1e-6)
+        if clock == "rl_step":
+            sched.step()
+    # verl: a 2-step warmup spans two RL steps (four updates); per update it would end after one RL step
+    expect = [0, 0, 5e-3, 5e-3, 1e-2, 1e-2] if clock == "rl_step" else [0, 5e-3, 1e-2, 1e-2, 1e-2, 1e-2]
+    np.testing.assert_allclose(lrs, expect, rtol=1e-6)
+
+
+def test_train_step_lr_follows_the_rl_step(setup):
+    """The jitted step reads the schedule at the RL step it is given (default clock), not at its
+    update count: two updates in RL step 0 of a warmup run both have lr 0 and move nothing."""
+    base, method, adapters = setup
+    lc = LossConfig()
+    batch = _split(_with_logps(_batch(), base, adapters, lc), 2)
+    oc = OptimConfig(lr=1e-3, warmup_steps=4)
+    opt = make_optimizer(oc)
+    step = jax.jit(make_train_step(CFG, method, lc, oc))
+    state = init_state(adapters, opt)
+    start = jax.device_get(state.params)
+    for _ in range(2):
+        state, m = step(state, base, batch, jax.random.PRNGKey(0), 0)
+        assert float(m["lr"]) == 0.0
+    assert int(state.step) == 2
+    for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(start)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    state, m = step(state, base, batch, jax.random.PRNGKey(0), 3)
+    assert float(m["lr"]) == pytest.approx(7.5e-4)
+    per_update = jax.jit(make_train_step(CFG, method, lc, OptimConfig(lr=1e-3, warmup_steps=4, schedule_clock="update")))
+    _, m = per_update(state, base, batch, jax.random.PRNGKey(0), 0)
+    assert float(m["lr"]) == pytest.approx(7.5e-4)  # three updates applied so far
 
 
 def test_micro_scales_rejects_unknown_mode():

@@ -11,7 +11,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
+from dart_jax.rl.optim import OptimConfig, make_optimizer
 import pytest
 
 from configs import quickstart
@@ -50,12 +50,13 @@ def test_sft_loss_is_masked_token_mean_nll(tiny_smollm_dir):
     arrays = batch_lib.token_arrays(*D.pack_rows(enc), method, router, 16)
     assert arrays["loss_mask"].sum() == sum(sum(m) for _, _, m in enc)  # obs and prompt tokens carry mask 0
     lc = LossConfig(objective="sft", kl_coef=0.0)
-    opt = optax.sgd(0.1)
+    oc = OptimConfig(lr=0.1)
+    opt = make_optimizer(oc)
     row_ids = tuple(sentinel_ids(tok).values())
-    step = jax.jit(make_train_step(cfg, method, lc, opt, row_ids))
+    step = jax.jit(make_train_step(cfg, method, lc, oc, row_ids))
     batch = {k: jnp.asarray(arrays[k]).reshape((2, 2) + arrays[k].shape[1:]) for k in SFT_KEYS}
     rows = row_params(base, cfg, row_ids)
-    state, m = step(init_state({"adapters": ads, "rows": rows}, opt), base, batch, jax.random.PRNGKey(0))
+    state, m = step(init_state({"adapters": ads, "rows": rows}, opt), base, batch, jax.random.PRNGKey(0), 0)
     # the tag rows train with the adapters (the demos use <search> / </search> / <information> ...)
     moved = np.abs(np.asarray(state.params["rows"]["embed"] - rows["embed"])).max(axis=1)
     assert (moved > 0).sum() >= 3, moved
