@@ -23,15 +23,22 @@ def get() -> ConfigDict:
     c.algo = ConfigDict(dict(norm_adv_by_std=True))
     c.loss = ConfigDict(dict(temperature=1.0, clip_low=0.2, clip_high=0.2, dual_clip=3.0, kl_coef=0.001,
                              kl_type="k3", kl_clamp=True, entropy_coef=0.0, agg_mode="token-mean",
-                             micro_mode="global", logprob_chunk=128))
+                             micro_mode="global", logprob_chunk=128,
+                             norm_length=0))  # seq-mean-token-sum-norm's L; 0 = rollout.max_response_tokens
     c.optim = ConfigDict(dict(lr=1e-5, warmup_steps=10, total_steps=100, schedule="constant", min_lr_ratio=0.0,
-                              weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0))
+                              weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0,
+                              schedule_clock="rl_step"))  # verl: the lr moves once per RL step
     c.sampling = ConfigDict(dict(temperature=1.0, top_p=1.0, top_k=0))
     c.rollout = ConfigDict(dict(max_turns=4, max_tokens_per_turn=500, max_response_tokens=4096,
                                 max_obs_tokens=1024, invalid_action="none", final_answer_segment=True))
     c.retriever = ConfigDict(dict(url="", index_dir="", corpus="data/corpus/wiki_sample.jsonl",
                                   encoder="all-minilm-l6-v2", topk=3))
     c.tool = ConfigDict(dict(sql_timeout_s=5.0))
+    # training reward (dart_jax/rewards/training.py): QA em | em_format (Search-R1's partial format
+    # credit); SQL shaping paper (+1 / −1) | skyrl (+1 / 0 wrong / −1 format), empty gold results earn
+    # nothing unless reward_empty_gold, 30 s per reward query
+    c.reward = ConfigDict(dict(qa="em", structure_format_score=0.2, final_format_score=0.1, retrieval_score=0.1,
+                               sql_shaping="paper", reward_empty_gold=False, sql_timeout_s=30.0, workers=8))
     c.data = ConfigDict(dict(train=[]))
     c.train = ConfigDict(dict(steps=100, prompts_per_step=256, group_size=16, mini_batch=1024, micro_batch=8,
                               ppo_epochs=1, seed=0, shuffle=True, shuffle_minibatches=True, pad_multiple=128,
@@ -46,5 +53,7 @@ def get() -> ConfigDict:
 
 
 def search_r1_data(train_parquet: str = "") -> list:
-    """Search-R1's merged NQ + HotpotQA train parquet (the user supplies the path)."""
-    return [dict(reader="search_r1_parquet", path=train_parquet, data_source="")]
+    """Search-R1's merged NQ + HotpotQA train parquet (the user supplies the path), with every question
+    of the shipped QA evaluation sets excluded."""
+    from dart_jax.eval.datasets import exclusion_specs
+    return [dict(reader="search_r1_parquet", path=train_parquet, data_source="", exclude=exclusion_specs("qa"))]

@@ -1,18 +1,22 @@
 """The paper's NL2SQL setups (METHOD §1, §6) on Qwen2.5-Coder-7B(-Instruct), SkyRL-SQL protocol.
 
-    python -m launch.train --config=configs/paper_sql.py:dart --config.model.path=/models/Qwen2.5-Coder-7B-Instruct
-    # SkyRL-SQL-653 when you have it:
-    --config.data.train[0].reader=skyrl_sql --config.data.train[0].path=/data/skyrl_sql_653.parquet \
-    --config.data.train[0].db_root=/data/synsql/databases
+    python -m launch.train --config=configs/paper_sql.py:dart --config.model.path=/models/Qwen2.5-Coder-7B-Instruct \
+        --config.data.train[0].path=/data/SkyRL-SQL-653-data-newfmt/train.parquet \
+        --config.data.train[0].db_root=/data/sql/db_files/data
 
 method: dart | lora | full (Sky-SQL's full-parameter GRPO)
 
-Default training data: the shipped Spider dev questions on the real Spider databases (runs now;
-evaluation must then use another split). Reward +1 / −1 (format check, then execution match),
-max 5 turns, observation tables truncated to 50 rows, 5 s tool timeout.
+Training data (required; a clear error names what is missing): SkyRL-SQL-653 as published, newfmt or
+verl-format parquet; `db_root` is SkyRL's `db_path` (OmniSQL's data/ folder, holding
+SynSQL-2.5M/databases, spider/database and bird/train/train_databases). Every shipped evaluation set
+(Spider dev / DK / Realistic / Syn, BIRD dev / mini-dev) is excluded from it by question.
+Reward +1 / −1 (SkyRL's format check, then execution match; `--config.reward.sql_shaping=skyrl` for
+SkyRL's +1 / 0 / −1), empty gold results earn nothing, a failing gold query drops its prompt; max 5
+turns, observation tables truncated to 50 rows, 5 s tool timeout, 30 s reward timeout.
 """
 
 from configs import base
+from dart_jax.eval.datasets import exclusion_specs
 
 METHODS = ("dart", "lora", "full")
 
@@ -24,8 +28,8 @@ def get_config(arg: str | None = None):
     c = base.get()
     c.task = "sql"
     c.model.path = "models/Qwen2.5-Coder-7B-Instruct"
-    c.data.train = [dict(reader="spider", path="data/spider/dev_questions.jsonl", db_root="data/spider/database",
-                         data_source="spider_dev")]
+    c.data.train = [dict(reader="skyrl_sql", path="", db_root="", data_source="skyrl_sql",
+                         exclude=exclusion_specs("sql"))]
     c.rollout.max_turns = 5
     c.rollout.max_tokens_per_turn = 1024
     c.rollout.max_response_tokens = 6144

@@ -10,16 +10,15 @@ the gold query reads, run by the real read-only executor, its `<observation>`, t
 `<solution>` with the gold query (only gold queries that execute are kept). Or distil the correct
 trajectories of an earlier run: `--config.sft.data='[{"builder": "distill", "path": "runs/x/rollouts.jsonl"}]'`.
 
-Spider train is not shipped (only dev, our evaluation set): every Spider dev question is excluded
-(`sft.exclude`), so pointing `sft.data` at the dev set yields no demonstrations rather than a leak.
+Spider train is not shipped (only dev, our evaluation set): every question of every shipped SQL
+evaluation set is excluded (`sft.exclude`), so pointing `sft.data` at the dev set yields no
+demonstrations rather than a leak.
 """
 
 from ml_collections import ConfigDict
 
 from configs import base
-
-SPIDER_DEV = dict(reader="spider", path="data/spider/dev_questions.jsonl", db_root="data/spider/database",
-                  data_source="spider_dev")
+from dart_jax.eval.datasets import exclusion_specs
 
 
 def get_config():
@@ -34,7 +33,7 @@ def get_config():
     c.sft = ConfigDict(dict(
         data=[dict(builder="sql_exploration", reader="spider", path="data/spider/train_spider.json",
                    db_root="data/spider/database", data_source="spider_train")],
-        exclude=[SPIDER_DEV],
+        exclude=exclusion_specs("sql"),
         epochs=2, batch_size=64, micro_batch=4, max_length=4096, val_size=64, eval_every=50,
         protocol_check=64, seed=0, export_dtype="float32", train_tag_rows=True))
     c.optim.lr = 1e-4

@@ -1,4 +1,4 @@
-"""What `launch.train` and `launch.sft` share: the --config / --resume flags and quiet logging."""
+"""What `launch.train` and `launch.sft` share: the --config / --resume / --overwrite flags and quiet logging."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from ml_collections import config_flags
 from launch._log import setup_logging
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "an ml_collections config file (configs/*.py)")
-RESUME = flags.DEFINE_bool("resume", False, "continue from the newest usable checkpoint in output.dir")
+RESUME = flags.DEFINE_bool("resume", False, "continue from the newest usable checkpoint in output.dir (fails, "
+                                            "saying why, when none can be restored)")
+OVERWRITE = flags.DEFINE_bool("overwrite", False, "start afresh in an output.dir that already holds a run, "
+                                                  "removing its checkpoints and records")
 
 
 def config_or_exit():

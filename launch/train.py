@@ -1,4 +1,4 @@
-"""python -m launch.train --config=configs/quickstart.py [--config.train.steps=8] [--resume]
+"""python -m launch.train --config=configs/quickstart.py [--config.train.steps=8] [--resume | --overwrite]
 
 GRPO training (DART, LoRA, full-parameter, CEA variants) as the config says; see configs/."""
 
@@ -11,7 +11,11 @@ def main(argv) -> None:
     del argv
     config = _job.config_or_exit()
     from dart_jax.rl.trainer import Trainer, summary
-    print(summary(Trainer(config).run(resume=_job.RESUME.value)))
+    from dart_jax.rl.run_dir import RunDirError
+    try:
+        print(summary(Trainer(config).run(resume=_job.RESUME.value, overwrite=_job.OVERWRITE.value)))
+    except RunDirError as e:
+        raise SystemExit(f"launch.train: {e}") from None
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ command-line style overrides reach them."""
 import pytest
 
 from configs import base, cea, paper_qa, paper_sql, quickstart
-from dart_jax.rl.sections import loss_config, method_spec, optim_config
+from dart_jax.rl.sections import loss_config, method_spec, optim_config, reward_config
 from dart_jax.rollout.agent import RolloutConfig
 from dart_jax.rollout.sampling import SamplingConfig
 
@@ -13,6 +13,7 @@ def _validate(c):
     method_spec(c)
     loss_config(c)
     optim_config(c)
+    reward_config(c)
     RolloutConfig(**c.rollout)
     SamplingConfig(**c.sampling)
     n = c.train.prompts_per_step * c.train.group_size
@@ -76,3 +77,24 @@ def test_quickstart_and_its_warm_start_agree():
         assert q[section_][field] == s[section_][field], (section_, field)
     assert q.warm_start and q.data.train[0]["exclude"] == s.sft.exclude
     assert q.data.train[0]["offset"] + q.data.train[0]["limit"] <= s.sft.data[0]["offset"]
+
+
+def test_paper_sql_needs_its_training_file_and_excludes_every_evaluation_set(tmp_path):
+    """configs/paper_sql.py trains on SkyRL-SQL-653 (a required path): no default that trains on the
+    evaluation set, a clear error naming what is missing before any model loads, and every shipped
+    SQL evaluation set excluded."""
+    from dart_jax.data.readers import DataError
+    from dart_jax.eval.datasets import SQL_SETS
+    from dart_jax.rl.trainer import Trainer
+    c = paper_sql.get_config("dart")
+    spec = dict(c.data.train[0])
+    assert spec["reader"] == "skyrl_sql" and "spider/dev" not in spec["path"]
+    assert {e["data_source"] for e in spec["exclude"]} == {s.name for s in SQL_SETS}
+    c.model.path = str(tmp_path / "no-model")  # the data check comes first
+    with pytest.raises(DataError, match="has no path"):
+        Trainer(c)
+    c.data.train = [dict(spec, path=str(tmp_path / "SkyRL-SQL-653" / "train.parquet"))]
+    with pytest.raises(FileNotFoundError, match="SkyRL-SQL-653/train.parquet"):
+        Trainer(c)
+    qa = paper_qa.get_config("dart,qwen2.5-3b-base")
+    assert {e["data_source"] for e in qa.data.train[0]["exclude"]} >= {"nq", "triviaqa", "popqa", "bamboogle"}

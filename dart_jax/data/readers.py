@@ -139,47 +139,110 @@ def _db_path(db_root, db_id: str) -> str:
 
 
 def _sql_rows(records: Iterable[dict], path: str, db_root: str, source: str, sql_fields: Sequence[str],
-              question_field: str = "question") -> tuple[list[dict], int]:
-    """-> (rows whose database exists, count skipped for a missing database)."""
-    rows, missing = [], 0
+              question_field: str = "question", require_db: bool = True) -> tuple[list[dict], int]:
+    """-> (rows whose database exists, count skipped for a missing database). `require_db=False`
+    keeps every row (excluding evaluation questions needs their text, not their database)."""
+    rows, missing, example = [], 0, ""
     for k, r in enumerate(records):
         db_id = _need(r, "db_id", path, k)
         sql = next((r[f] for f in sql_fields if r.get(f)), None)
         if sql is None:
             raise DataError(f"{path}: row {k} has no gold SQL (looked for {list(sql_fields)})")
         db = _db_path(db_root, db_id)
-        if not os.path.isfile(db):
+        if require_db and not os.path.isfile(db):
             missing += 1
+            example = example or db
             continue
         rid = str(r.get("question_id", r.get("id", k)))
         rows.append({"id": rid if rid.startswith(f"{source}-") else f"{source}-{rid}", "question": _need(r, question_field, path, k), "query": sql,
                      "db_id": db_id, "db_path": db, "evidence": r.get("evidence") or "", "data_source": source})
+    _log_skipped(path, missing, "their database is not under the database root", example)
     return rows, missing
 
 
+def _log_skipped(path: str, n: int, why: str, example: str = "") -> None:
+    if n:
+        log.warning("%s: %d rows skipped: %s%s", path, n, why, f" (e.g. {example})" if example else "")
+
+
 def read_spider_json(path: str, db_root, data_source: str = "spider_dev", question_field: str = "question",
-                     limit: int | None = None) -> tuple[list[dict], int]:
+                     limit: int | None = None, require_db: bool = True) -> tuple[list[dict], int]:
     """Spider (and DK / Realistic / Syn: `question_field="SpiderSynQuestion"`) json lists or jsonl.
     `limit`: the first N questions of the file, before questions without a database are dropped."""
     data = _json_records(path)[:limit or None]
-    return _sql_rows(data, path, db_root, data_source, ("query",), question_field)
+    return _sql_rows(data, path, db_root, data_source, ("query",), question_field, require_db)
 
 
 def read_bird_json(path: str, db_root, data_source: str = "bird_dev",
-                   limit: int | None = None) -> tuple[list[dict], int]:
+                   limit: int | None = None, require_db: bool = True) -> tuple[list[dict], int]:
     """BIRD dev json ({"question_id", "db_id", "question", "evidence", "SQL"}); databases from `db_root`."""
     data = _json_records(path)[:limit or None]
-    return _sql_rows(data, path, db_root, data_source, ("SQL", "sql", "query"))
+    return _sql_rows(data, path, db_root, data_source, ("SQL", "sql", "query"), require_db=require_db)
 
 
-def read_skyrl_sql(path: str, db_root: str, data_source: str = "skyrl_sql") -> tuple[list[dict], int]:
-    """SkyRL-SQL-653 rows (parquet or json/jsonl): db_id, question (or the user prompt), gold `sql`."""
+# SkyRL-SQL's database folders per row `data` (skyrl-gym envs/sql/env.py): {root}/{folder}/{db_id}/{db_id}.sqlite
+SKYRL_DB_FOLDERS = {"synsql": "SynSQL-2.5M/databases", "spider": "spider/database",
+                    "bird": "bird/train/train_databases"}
+_SKYRL_USER = re.compile(r"\{db_details\}:(?P<schema>.*?);\n \{external_knowledge\}: (?P<evidence>.*?);\n "
+                         r"\{question\}: (?P<question>.*)\Z", re.S)
+
+
+def _skyrl_question(r: dict, path: str, k: int) -> tuple[str, str]:
+    """(question, external knowledge) of a SkyRL-SQL row: its own fields, else parsed from the user
+    message '{db_details}:SCHEMA;\n {external_knowledge}: EVIDENCE;\n {question}: QUESTION'."""
+    if r.get("question"):
+        return str(r["question"]), str(r.get("external_knowledge") or r.get("evidence") or "")
+    prompt = _need(r, "prompt", path, k)
+    if hasattr(prompt, "tolist"):
+        prompt = prompt.tolist()
+    users = [m.get("content", "") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+    m = _SKYRL_USER.search(users[-1]) if users else None
+    if m is None:
+        raise DataError(f"{path}: row {k} has no 'question' and its user message is not SkyRL-SQL's "
+                        "'{db_details}:…;\n {external_knowledge}: …;\n {question}: …'")
+    return m.group("question").strip(), m.group("evidence").strip()
+
+
+def read_skyrl_sql(path: str, db_root, data_source: str = "skyrl_sql", require_db: bool = True
+                   ) -> tuple[list[dict], int]:
+    """SkyRL-SQL-653 as published (NovaSky-AI/SkyRL-SQL-653-data-newfmt and the older verl-format
+    SkyRL-SQL-653-data; parquet, or the same rows as json/jsonl): `prompt` (chat messages), `db_id`,
+    `data` ∈ {synsql, spider, bird}, gold SQL in `reward_spec.ground_truth` (newfmt) or
+    `reward_model.ground_truth` (verl format). The database of a row is
+    `{root}/{SKYRL_DB_FOLDERS[data]}/{db_id}/{db_id}.sqlite` under the first `db_root` that has it
+    (the `db_path` of SkyRL's env config: OmniSQL's data/ folder). Rows with a flat `sql` and the
+    database directly under the root (`{root}/{db_id}/{db_id}.sqlite`) are read too. The prompt is
+    rebuilt by our SkyRL-SQL template (`data.prompts.sql_prompt`) from the question, the external
+    knowledge and the DDL of the database, as for evaluation; uids are '{data_source}-{row}'."""
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
         records = pq.read_table(_exists(path)).to_pylist()
     else:
         records = _json_records(path)
-    return _sql_rows(records, path, db_root, data_source, ("sql", "SQL", "query", "gold_sql"))
+    roots = db_roots(db_root) or [""]
+    rows, missing, example = [], 0, ""
+    for k, r in enumerate(records):
+        db_id = _need(r, "db_id", path, k)
+        spec = r.get("reward_spec") or r.get("reward_model") or {}
+        gold = spec.get("ground_truth") or next((r[f] for f in ("sql", "SQL", "query", "gold_sql") if r.get(f)), None)
+        if not gold:
+            raise DataError(f"{path}: row {k} has no gold SQL (reward_spec.ground_truth, reward_model.ground_truth "
+                            "or sql)")
+        kind = r.get("data")
+        if kind is not None and kind not in SKYRL_DB_FOLDERS:
+            raise DataError(f"{path}: row {k} has data={kind!r}; expected one of {sorted(SKYRL_DB_FOLDERS)}")
+        folders = [SKYRL_DB_FOLDERS[kind]] if kind else [""]
+        candidates = [os.path.join(root, f, db_id, f"{db_id}.sqlite") for root in roots for f in folders]
+        db = next((c for c in candidates if os.path.isfile(c)), candidates[0])
+        if require_db and not os.path.isfile(db):
+            missing += 1
+            example = example or db
+            continue
+        question, evidence = _skyrl_question(r, path, k)
+        rows.append({"id": f"{data_source}-{k}", "question": question, "query": gold, "db_id": db_id,
+                     "db_path": db, "evidence": evidence, "data_source": data_source})
+    _log_skipped(path, missing, "their database is not under the database root", example)
+    return _unique(rows, path), missing
 
 
 def read_tfds(name: str, split: str, data_source: str, data_dir: str | None = None,
@@ -235,13 +298,17 @@ def exclude_questions(rows: list[dict], held_out: list[dict]) -> tuple[list[dict
     return kept, len(rows) - len(kept)
 
 
-def load_rows(spec: dict, base_dir: str | None = None) -> list[dict]:
+def load_rows(spec: dict, base_dir: str | None = None, require_db: bool = True) -> list[dict]:
     """One dataset from a config entry {"reader", "path", "data_source", "db_root", "limit", "offset",
     "exclude"}. `exclude` lists datasets (entries of the same form) whose questions are removed
-    before offset / limit apply: evaluation questions never reach training."""
+    before offset / limit apply: evaluation questions never reach training (their databases need
+    not be present: `require_db=False` for them)."""
     reader = spec.get("reader", "flashrag")
     if reader not in READERS:
         raise DataError(f"dataset reader {reader!r}; expected one of {sorted(READERS)}")
+    if not spec.get("path") and reader != "tfds":
+        raise DataError(f"dataset entry {dict(spec)} has no path: set it to the {reader} file "
+                        "(e.g. --config.data.train[0].path=FILE)")
     path = spec["path"]
     if base_dir and not os.path.isabs(path) and not os.path.exists(path):
         path = os.path.join(base_dir, path)
@@ -249,13 +316,13 @@ def load_rows(spec: dict, base_dir: str | None = None) -> list[dict]:
     if reader in ("spider", "bird", "skyrl_sql"):
         roots = [os.path.join(base_dir, r) if base_dir and not os.path.isabs(r) and not os.path.exists(r) else r
                  for r in db_roots(spec.get("db_root"))]
-        rows, _ = READERS[reader](path, roots, **kw)
+        rows, _ = READERS[reader](path, roots, require_db=require_db, **kw)
     elif reader == "tfds":
         rows = read_tfds(spec["name"], spec.get("split", "train"), spec.get("data_source") or spec["name"],
                          spec.get("data_dir"))
     else:
         rows = READERS[reader](path, **kw)
-    held_out = [r for ex in (spec.get("exclude") or ()) for r in load_rows(dict(ex), base_dir)]
+    held_out = [r for ex in (spec.get("exclude") or ()) for r in load_rows(dict(ex), base_dir, require_db=False)]
     if held_out:
         rows, dropped = exclude_questions(rows, held_out)
         log.info("%s: %d rows dropped (their questions are in the excluded sets), %d left", path, dropped, len(rows))

@@ -29,6 +29,14 @@ class EvalSet:
     needs_db_root: bool = False
     note: str = ""
 
+    def exclusion_spec(self) -> dict:
+        """This set as a `readers.load_rows` entry for `exclude` (questions only, databases not needed):
+        a training source listing it never trains on these questions."""
+        spec = {"reader": self.reader, "path": os.path.join(DATA, self.path), "data_source": self.name}
+        if self.task == "sql":
+            spec["db_root"] = [os.path.join(DATA, r) for r in self.db_root]
+        return spec
+
     def spec(self, db_root: str | None = None, limit: int | None = None) -> dict:
         """The dataset entry for `readers.load_rows`."""
         if self.task == "sql" and self.needs_db_root and not db_root:
@@ -67,6 +75,11 @@ SQL_SETS = (
 EVAL_SETS = {s.name: s for s in QA_SETS + SQL_SETS}
 GROUPS = {"Gen-Avg": ("nq", "triviaqa", "popqa"), "MH-Avg": ("hotpotqa", "2wiki", "musique", "bamboogle"),
           "Avg": tuple(s.name for s in QA_SETS)}
+
+
+def exclusion_specs(task: str) -> list[dict]:
+    """Every shipped evaluation set of `task`, as `exclude` entries for training sources."""
+    return [s.exclusion_spec() for s in (QA_SETS if task == "qa" else SQL_SETS)]
 
 
 def default_sets(task: str, db_root: str | None = None) -> list[str]:

@@ -71,29 +71,82 @@ def execution_match(db_path: str, pred_sql: str, gold_sql: str, semantics: str =
     return ok, {"pred_rows": len(pred.rows), "gold_rows": len(gold.rows)}
 
 
+SOLUTION_START, SOLUTION_END, THINK_START = "<solution>", "</solution>", "<think>"
 _SOLUTION = re.compile(r"<solution>(.*?)</solution>", re.DOTALL)
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_THOUGHTS = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+_FORBIDDEN_IN_SOLUTION = re.compile(r"</?(think|sql|observation)\b", re.IGNORECASE)
+_OBSERVATION_END = re.compile(r"</observation>", re.IGNORECASE)
+
+
+def verify_format_and_extract(output: str) -> tuple[bool, list[str] | None, str | None]:
+    """SkyRL-SQL's training format check (REFERENCE §9; skyrl-gym `envs/sql/utils.py`
+    `verify_format_and_extract`, same rules in the same order) -> (valid, thoughts, solution):
+    exactly one `<solution>` and, after it, exactly one `</solution>`; no think / sql / observation
+    tag inside the solution; at least one `<think>…</think>`; before the solution, every
+    `</observation>` followed (after whitespace only) by `<think>`."""
+    if output.count(SOLUTION_START) != 1:
+        return False, None, None
+    pre_solution, tail = output.split(SOLUTION_START, 1)
+    if tail.count(SOLUTION_END) != 1:
+        return False, None, None
+    solution_text = tail.split(SOLUTION_END, 1)[0]
+    if _FORBIDDEN_IN_SOLUTION.search(solution_text):
+        return False, None, None
+    thoughts = _THOUGHTS.findall(output)
+    if not thoughts:
+        return False, None, None
+    for m in _OBSERVATION_END.finditer(pre_solution):
+        if not pre_solution[m.end():].lstrip().lower().startswith(THINK_START):
+            return False, None, None
+    return True, thoughts, solution_text.strip()
 
 
 def sql_format_ok(response: str) -> bool:
-    """SkyRL-SQL's format check: exactly one <solution>…</solution>, at least one <think> block,
-    and a <think> block after every </observation>."""
-    if len(_SOLUTION.findall(response)) != 1 or not _THINK.search(response):
-        return False
-    parts = response.split("</observation>")
-    return all(_THINK.search(after) for after in parts[1:])
+    return verify_format_and_extract(response)[0]
 
 
 def extract_solution(response: str) -> str | None:
+    """The last <solution>…</solution> (evaluation: EX scores what the model finally answered)."""
     found = _SOLUTION.findall(response)
     return found[-1].strip() if found else None
 
 
-def sql_training_reward(response: str, db_path: str, gold_sql: str, timeout_s: float = 30.0) -> float:
-    """+1 if the format is valid and the solution's result set equals the gold's, else −1."""
-    if not sql_format_ok(response):
-        return -1.0
-    ok, _ = execution_match(db_path, extract_solution(response) or "", gold_sql, "bird", timeout_s)
-    return 1.0 if ok else -1.0
+SHAPINGS = {  # reward of (execution match, wrong or failing prediction, format failure)
+    "paper": (1.0, -1.0, -1.0),   # METHOD §1: +1 if the final SQL's result matches, else −1
+    "skyrl": (1.0, 0.0, -1.0),    # SkyRL's calculate_reward_single
+}
 
 
+def shaped_reward(outcome: str, shaping: str = "paper") -> float:
+    """outcome: 'match' | 'wrong' | 'format' -> the shaping's reward."""
+    if shaping not in SHAPINGS:
+        raise ValueError(f"SQL reward shaping {shaping!r}; expected one of {sorted(SHAPINGS)}")
+    return SHAPINGS[shaping][("match", "wrong", "format").index(outcome)]
+
+
+def training_outcome(format_ok: bool, pred_rows_or_error, gold_rows: list[tuple], reward_empty_gold: bool = False
+                     ) -> str:
+    """'format' (SkyRL's check failed), 'match' (set equality of the result rows, as SkyRL's frozenset
+    comparison) or 'wrong' (also a prediction that failed: `pred_rows_or_error` a string). An empty gold
+    result matches nothing unless `reward_empty_gold` (SkyRL issue 2451: any query returning no rows
+    would otherwise earn the full reward)."""
+    if not format_ok:
+        return "format"
+    if isinstance(pred_rows_or_error, str):
+        return "wrong"
+    if not gold_rows and not reward_empty_gold:
+        return "wrong"
+    return "match" if bird_result_eq(pred_rows_or_error, gold_rows) else "wrong"
+
+
+def sql_training_reward(response: str, db_path: str, gold_sql: str, timeout_s: float = 30.0, shaping: str = "paper",
+                        reward_empty_gold: bool = False, max_rows: int = 100_000) -> float:
+    """One response's training reward (the batch form with the gold cache and thread pool is
+    `rewards.training.SQLReward`). A failing gold query raises."""
+    gold = execute(db_path, gold_sql, timeout_s, max_rows)
+    if not gold.ok or gold.truncated:
+        raise ValueError(f"gold SQL fails on {db_path}: {gold.error or 'too many rows'}: {gold_sql}")
+    ok, _, solution = verify_format_and_extract(response)
+    pred = execute(db_path, solution or "", timeout_s, max_rows) if ok else None
+    rows = pred.rows if pred is not None and pred.ok and not pred.truncated else "error"
+    return shaped_reward(training_outcome(ok, rows, gold.rows, reward_empty_gold), shaping)

@@ -41,13 +41,18 @@ def token_arrays(ids: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray, 
 
 
 def build_batch(tb: TrajectoryBatch, scores: np.ndarray, method: MethodSpec, router: RouterSpec,
-                pad_multiple: int = 64, norm_adv_by_std: bool = True) -> dict[str, np.ndarray]:
+                pad_multiple: int = 64, norm_adv_by_std: bool = True, valid: np.ndarray | None = None
+                ) -> dict[str, np.ndarray]:
     """-> {tokens, positions, route_ids, loss_roles, loss_mask, sampler_logp [N, L]; advantages,
-    scores [N]} as numpy arrays."""
+    scores [N]} as numpy arrays. Rows with `valid` False (their prompt's reference failed) keep their
+    place, so the batch layout does not change, but carry no loss: mask and advantage 0."""
     out = token_arrays(tb.ids, tb.positions, tb.loss_mask, method, router, pad_multiple)
     pad = ((0, 0), (0, out["tokens"].shape[1] - tb.ids.shape[1]))
     ids, groups = group_index(tb.uids)
     adv = grpo_advantages(jnp.asarray(scores, jnp.float32), jnp.asarray(ids), groups, norm_adv_by_std)
+    if valid is not None and not np.all(valid):
+        adv = np.where(valid, np.asarray(adv), 0.0)
+        out["loss_mask"] = out["loss_mask"] * np.asarray(valid, np.float32)[:, None]
     out.update(sampler_logp=np.pad(tb.sampler_logprobs, pad).astype(np.float32),
                advantages=np.asarray(adv, np.float32), scores=np.asarray(scores, np.float32))
     return out

@@ -65,8 +65,16 @@ class CorruptCheckpoint(RuntimeError):
     pass
 
 
+def checkpoint_steps(directory: str) -> list[int]:
+    """Steps with a checkpoint folder in `directory` (without opening it with orbax)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+
+
 class Checkpointer:
     def __init__(self, directory: str, keep: int = 3):
+        self.failures: dict[int, str] = {}  # step -> why `restore_latest` could not use it
         self.directory = os.path.abspath(directory)
         os.makedirs(os.path.join(self.directory, "integrity"), exist_ok=True)
         self.manager = ocp.CheckpointManager(
@@ -107,12 +115,15 @@ class Checkpointer:
         return unflatten_state(dict(out["state"]), like), dict(out["meta"])
 
     def restore_latest(self, like: Any) -> tuple[int, Any, dict] | None:
-        """Newest checkpoint that verifies and loads; corrupt ones are logged and skipped."""
+        """Newest checkpoint that verifies and loads; unusable ones are logged, skipped and their
+        reasons kept in `failures` (None when none is usable)."""
+        self.failures = {}
         for step in reversed(self.steps()):
             try:
                 state, meta = self.restore(step, like)
                 return step, state, meta
             except Exception as e:  # orbax raises many types for unreadable files
+                self.failures[step] = f"{type(e).__name__}: {str(e)[:300]}"
                 log.warning("checkpoint %d in %s is unusable (%s: %s); trying the previous one",
                             step, self.directory, type(e).__name__, e)
         return None

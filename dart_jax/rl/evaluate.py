@@ -7,32 +7,54 @@ never sees, greedy by default (temperature 0), so the numbers move only when the
 
 from __future__ import annotations
 
+import numpy as np
+
+from dart_jax.rewards.qa import em_reward
+from dart_jax.rewards.training import make_reward
 from dart_jax.rollout.agent import Agent, RolloutConfig
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.tasks import qa_task, sql_task
 
 
 def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, router_convention: str, base, adapters,
-                 rows: list[dict], temperature: float = 0.0, batch: int = 8, seed: int = 0) -> dict:
-    """-> {n, answer_rate, invalid_rate, tool_calls, reward, example} over `rows` (task rows; rows
-    without a reference — demonstrations from a file may have none — are skipped)."""
+                 rows: list[dict], temperature: float = 0.0, batch: int = 8, seed: int = 0, reward=None) -> dict:
+    """-> {n, answer_rate, invalid_rate, tool_calls, reward, correct, example} over `rows` (task rows;
+    rows without a reference — demonstrations from a file may have none — are skipped). `reward`: the
+    run's training reward (`rewards.training`; default the task's paper reward); rows whose reference
+    fails (a broken gold query) leave the reward mean. `correct` counts EM = 1 / an execution match."""
     need = ("db_path", "query") if protocol.name == "sql" else ("golden_answers",)
     rows = [r for r in rows if all(r.get(k) for k in need)]
     if not rows:
         return {}
     task_fn = sql_task if protocol.name == "sql" else qa_task
-    prompts, uids, metas, reward_fn = task_fn(tokenizer, rows)
+    prompts, uids, metas = task_fn(tokenizer, rows)
+    reward = reward or make_reward(protocol.name)
     agent = Agent(cfg, tokenizer, protocol, tool_fn, SamplingConfig(temperature=temperature), rollout,
                   router_convention)
-    out = {"n": len(rows), "answer_rate": 0.0, "invalid_rate": 0.0, "tool_calls": 0.0, "reward": 0.0}
+    out = {"n": len(rows), "answer_rate": 0.0, "invalid_rate": 0.0, "tool_calls": 0.0, "reward": 0.0, "correct": 0}
+    scored_rows = 0
     for s in range(0, len(rows), batch):
         tb = agent.rollout(base, adapters, prompts[s:s + batch], uids[s:s + batch], metas[s:s + batch], seed=seed + s)
         out["answer_rate"] += sum(f == "answer" for f in tb.finish_reason)
         out["invalid_rate"] += sum(f == "invalid" for f in tb.finish_reason)
         out["tool_calls"] += float(tb.tool_calls().sum())
-        out["reward"] += sum(reward_fn(tb.response_text[i], metas[s + i]) for i in range(tb.batch_size))
+        scored = reward.score(tb.response_text, metas[s:s + batch])
+        out["reward"] += float(scored.scores[scored.valid].sum())
+        scored_rows += int(scored.valid.sum())
+        out["correct"] += int(task_accuracy(protocol.name, tb.response_text, metas[s:s + batch], scored.scores)[
+            scored.valid].sum())
         if s == 0:
             out["example"] = tb.response_text[0]
-    for k in ("answer_rate", "invalid_rate", "tool_calls", "reward"):
+    for k in ("answer_rate", "invalid_rate", "tool_calls"):
         out[k] /= len(rows)
+    out["reward"] = out["reward"] / scored_rows if scored_rows else float("nan")
+    out["scored"] = scored_rows
     return out
+
+
+def task_accuracy(task: str, texts: list[str], metas: list[dict], scores: np.ndarray) -> np.ndarray:
+    """Per-trajectory accuracy, whatever the reward shaping: QA = EM of the response's last <answer>
+    (Search-R1), SQL = execution match (every SQL shaping gives its maximum, +1, exactly then)."""
+    if task == "qa":
+        return np.asarray([em_reward(t, m["golden_answers"]) for t, m in zip(texts, metas)], np.float32)
+    return (np.asarray(scores) > 0).astype(np.float32)

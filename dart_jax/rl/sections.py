@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dart_jax.adapters.method import MethodSpec
+from dart_jax.rewards.training import RewardConfig
 from dart_jax.rl.optim import OptimConfig
 from dart_jax.rl.step import LossConfig
 
@@ -19,7 +20,16 @@ def method_spec(config) -> MethodSpec:
 
 
 def loss_config(config) -> LossConfig:
-    return LossConfig(**section(config, "loss"))
+    """config.loss; seq-mean-token-sum-norm's L defaults to rollout.max_response_tokens (verl pads its
+    response arrays to the configured response length and divides by that width)."""
+    fields = section(config, "loss")
+    if not fields.get("norm_length") and "rollout" in config:
+        fields["norm_length"] = int(config.rollout.max_response_tokens)
+    return LossConfig(**fields)
+
+
+def reward_config(config) -> RewardConfig:
+    return RewardConfig(**section(config, "reward"))
 
 
 def optim_config(config) -> OptimConfig:

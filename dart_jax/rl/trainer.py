@@ -27,15 +27,16 @@ import numpy as np
 from dart_jax.adapters.method import model_trees
 from dart_jax.checkpoints.dart_io import export_dart
 from dart_jax.data.readers import load_rows, merge, question_key
-from dart_jax.rewards.qa import em_reward
+from dart_jax.rewards.training import make_reward
 from dart_jax.rl import batch as batch_lib
-from dart_jax.rl.checkpoint import Checkpointer
-from dart_jax.rl.evaluate import rollout_eval
+from dart_jax.rl import run_dir
+from dart_jax.rl.checkpoint import Checkpointer, checkpoint_steps
+from dart_jax.rl.evaluate import rollout_eval, task_accuracy
 from dart_jax.rl.metrics import MetricsWriter, plot_curves
-from dart_jax.rl.optim import learning_rate, make_optimizer
+from dart_jax.rl.optim import make_optimizer
 from dart_jax.rl.placement import jit_step, microbatch_sharding, place_state
 from dart_jax.rl.policy import load_policy, repo_path, run_mesh
-from dart_jax.rl.sections import loss_config, method_spec, optim_config, section
+from dart_jax.rl.sections import loss_config, method_spec, optim_config, reward_config, section
 from dart_jax.rl.step import BATCH_KEYS, make_scorer, make_train_step
 from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
 from dart_jax.rollout.protocol import PROTOCOLS
@@ -99,19 +100,13 @@ def load_eval_rows(config) -> list[dict]:
 
 
 def load_task_rows(config) -> list[dict]:
+    if not config.data.train:
+        raise ValueError("config.data.train is empty: list the training datasets (see configs/base.py)")
     sets = [load_rows(dict(spec), base_dir=os.path.dirname(DATA)) for spec in config.data.train]
     rows = merge(*sets)
     if not rows:
         raise ValueError("config.data.train selected no rows")
     return rows
-
-
-def task_accuracy(task: str, texts: list[str], metas: list[dict], scores: np.ndarray) -> np.ndarray:
-    """Per-trajectory accuracy, whatever the reward shaping: QA = EM of the response's last
-    <answer> (Search-R1), SQL = execution match (SkyRL's reward is +1 exactly then)."""
-    if task == "qa":
-        return np.asarray([em_reward(t, m["golden_answers"]) for t, m in zip(texts, metas)], np.float32)
-    return (np.asarray(scores) > 0).astype(np.float32)
 
 
 class Trainer:
@@ -135,6 +130,7 @@ class Trainer:
             raise ValueError(f"train.prompts_per_step × train.group_size = {n_traj} must be a multiple of "
                              f"train.mini_batch ({tc.mini_batch}), itself a multiple of train.micro_batch "
                              f"({tc.micro_batch})")
+        self.rows = load_task_rows(config)  # before the model: a missing data file fails fast
         self.mesh = run_mesh(config)
         key = jax.random.PRNGKey(tc.seed)
         cfg, base, tok, adapters = load_policy(config, self.method, self.mesh, key)
@@ -144,7 +140,7 @@ class Trainer:
         self.key = jax.random.fold_in(key, 2)
 
         self.protocol = PROTOCOLS[config.task]
-        self.rows = load_task_rows(config)
+        self.reward = make_reward(config.task, reward_config(config))
         self.agent = Agent(cfg, tok, self.protocol, build_tool(config, self.protocol), self.sampling,
                            self.rollout_cfg, config.router.convention)
         self.router = self.agent.spec.router
@@ -160,7 +156,7 @@ class Trainer:
     # -- jitted functions with explicit shardings ----------------------------------------------
     def _compile(self):
         self.state_sh = jax.tree.map(lambda x: x.sharding, self.state)
-        step = make_train_step(self.cfg, self.method, self.loss_cfg, self.optimizer)
+        step = make_train_step(self.cfg, self.method, self.loss_cfg, self.optim_cfg)
         self._step_jits: dict = {}
 
         def step_for(batch):
@@ -185,7 +181,8 @@ class Trainer:
         self._ref = jax.jit(ref_logp)
 
     def rollout_trees(self):
-        return model_trees(self.method, self.state.params, self.base, None)
+        """(base, adapters) of the current policy in its compute dtypes (the masters stay fp32)."""
+        return model_trees(self.method, self.state.compute_params(), self.base, None)
 
     # -- one step --------------------------------------------------------------------------------
     def _score(self, batch: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -200,21 +197,18 @@ class Trainer:
         for s in range(0, n, mb):
             t, p, r = (jnp.asarray(batch[k][s:s + mb]) for k in ("tokens", "positions", "route_ids"))
             if recompute:
-                olds.append(np.asarray(self._old(self.state.params, self.base, t, p, r)))
+                olds.append(np.asarray(self._old(self.state.compute_params(), self.base, t, p, r)))
             if self.loss_cfg.kl_coef != 0:
                 refs.append(np.asarray(self._ref(self.base, t, p)))
         old = np.concatenate(olds) if recompute else batch["sampler_logp"]
         return old, (np.concatenate(refs) if refs else old)
 
-    def _rewards(self, tb, metas) -> tuple[np.ndarray, np.ndarray]:
-        scores = np.asarray([self.reward_fn(tb.response_text[i], metas[i]) for i in range(tb.batch_size)], np.float32)
-        return scores, task_accuracy(self.protocol.name, tb.response_text, metas, scores)
 
     def train_step(self, step: int) -> dict:
         tc = self.config.train
         t0 = time.perf_counter()
         picks = [self.rows[i] for i in self.stream.take(tc.prompts_per_step)]
-        prompts, uids, metas, self.reward_fn = self.task_fn(self.tok, picks)
+        prompts, uids, metas = self.task_fn(self.tok, picks)
         g = tc.group_size
         prompts, uids = [p for p in prompts for _ in range(g)], [u for u in uids for _ in range(g)]
         metas = [dict(m, data_source=r.get("data_source", "data")) for m, r in zip(metas, picks) for _ in range(g)]
@@ -222,11 +216,13 @@ class Trainer:
         seed = int(jax.random.randint(jax.random.fold_in(self.key, step), (), 0, 2 ** 31 - 1))
         tb = self.agent.rollout(rollout_base, rollout_ads, prompts, uids, metas, seed=seed)
         t_roll = time.perf_counter()
-        scores, acc = self._rewards(tb, metas)
+        scored = self.reward.score(tb.response_text, metas)
+        scores, valid = scored.scores, scored.valid
+        acc = task_accuracy(self.protocol.name, tb.response_text, metas, scores)
         if self.config.output.get("save_rollouts", False):
-            self._save_rollouts(step, tb, [r for r in picks for _ in range(g)], scores, acc)
+            self._save_rollouts(step, tb, [r for r in picks for _ in range(g)], scores, acc, valid)
         batch = batch_lib.build_batch(tb, scores, self.method, self.router, tc.pad_multiple,
-                                      self.config.algo.norm_adv_by_std)
+                                      self.config.algo.norm_adv_by_std, valid)
         batch["old_logp"], batch["ref_logp"] = self._score(batch)
         t_score = time.perf_counter()
         upd: list[dict] = []
@@ -237,22 +233,26 @@ class Trainer:
                 order = np.random.default_rng([tc.seed, step, epoch]).permutation(len(prompts))
             for k, mb in enumerate(batch_lib.minibatches(batch, order, tc.mini_batch, tc.micro_batch, BATCH_KEYS)):
                 mb = {name: jax.device_put(v, microbatch_sharding(v.shape, self.mesh)) for name, v in mb.items()}
-                self.state, m = self._step_for(mb)(self.state, self.base, mb, jax.random.fold_in(key, epoch * 1000 + k))
+                self.state, m = self._step_for(mb)(self.state, self.base, mb, jax.random.fold_in(key, epoch * 1000 + k),
+                                                   np.int32(step))
                 upd.append(jax.device_get(m))
         t_end = time.perf_counter()
-        return self._metrics(step, tb, batch, scores, acc, metas, upd, t0, t_roll, t_score, t_end)
+        return self._metrics(step, tb, batch, scored, acc, metas, upd, t0, t_roll, t_score, t_end)
 
     def evaluate(self) -> dict:
         """Greedy (eval.temperature) rollouts of the held-out questions with the current policy."""
         base, ads = self.rollout_trees()
         res = rollout_eval(self.cfg, self.tok, self.protocol, self.agent.tool, self.rollout_cfg,
                            self.config.router.convention, base, ads, self.eval_rows,
-                           float(self.config.eval.temperature), max(self.config.train.micro_batch, 8))
-        return {f"eval/{k}": v for k, v in res.items() if k != "example"}
+                           float(self.config.eval.temperature), max(self.config.train.micro_batch, 8),
+                           reward=self.reward)
+        out = {f"eval/{k}": v for k, v in res.items() if k != "example"}
+        out["eval/temperature"] = float(self.config.eval.temperature)
+        return out
 
     def _trim_rollouts(self, start: int) -> None:
-        """Keep only trajectories of steps ≤ start (a fresh run starts an empty file; a resumed run drops
-        what the interrupted run wrote past its checkpoint)."""
+        """After a successful resume: keep only trajectories of steps ≤ start (drop what the interrupted
+        run wrote past its checkpoint)."""
         path = os.path.join(self.config.output.dir, "rollouts.jsonl")
         if not os.path.isfile(path):
             return
@@ -261,7 +261,8 @@ class Trainer:
         with open(path, "w") as f:
             f.writelines(keep)
 
-    def _save_rollouts(self, step: int, tb, rows: list[dict], scores: np.ndarray, acc: np.ndarray) -> None:
+    def _save_rollouts(self, step: int, tb, rows: list[dict], scores: np.ndarray, acc: np.ndarray,
+                       valid: np.ndarray) -> None:
         """Append every trajectory of the step to output.dir/rollouts.jsonl as text pieces (written: loss
         1, observations: 0) — the input of self-distillation (`sft.demos.distill_demos`)."""
         os.makedirs(self.config.output.dir, exist_ok=True)
@@ -277,21 +278,30 @@ class Trainer:
                         start = t
                 rec = {"step": step + 1, "uid": tb.uids[i], "data_source": row.get("data_source", "data"),
                        "task": self.protocol.name, "question": row["question"], "pieces": pieces,
-                       "score": float(scores[i]), "accuracy": float(acc[i]), "finish": tb.finish_reason[i]}
+                       "score": float(scores[i]), "accuracy": float(acc[i]), "finish": tb.finish_reason[i],
+                       "in_update": bool(valid[i])}
                 for k in ("golden_answers", "db_path", "db_id", "query"):
                     if k in row:
                         rec[k] = row[k]
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
-    def _metrics(self, step, tb, batch, scores, acc, metas, upd, t0, t_roll, t_score, t_end) -> dict:
+    def _metrics(self, step, tb, batch, scored, acc, metas, upd, t0, t_roll, t_score, t_end) -> dict:
         m: dict[str, Any] = {}
-        m["reward/mean"] = float(scores.mean())
-        m["reward/std"] = float(scores.std())
-        m["accuracy/mean"] = float(acc.mean())
+        ok = scored.valid  # rows whose reference works (a failing gold query drops its prompt)
+        scores = scored.scores
+        mean = lambda x: float(x.mean()) if x.size else float("nan")  # noqa: E731
+        m["reward/mean"] = mean(scores[ok])
+        m["reward/std"] = float(scores[ok].std()) if ok.any() else float("nan")
+        m["reward/min"] = float(scores[ok].min()) if ok.any() else float("nan")
+        m["reward/max"] = float(scores[ok].max()) if ok.any() else float("nan")
+        m["accuracy/mean"] = mean(acc[ok])
+        m["reward/dropped_prompts"] = float(len({tb.uids[i] for i in np.flatnonzero(~ok)}))
+        for k, v in scored.counts.items():
+            m[f"reward/{self.protocol.name}_{k}"] = float(v)
         for src in sorted({x["data_source"] for x in metas}):
-            idx = [i for i, x in enumerate(metas) if x["data_source"] == src]
-            m[f"reward/{src}"] = float(scores[idx].mean())
-            m[f"accuracy/{src}"] = float(acc[idx].mean())
+            idx = np.asarray([i for i, x in enumerate(metas) if x["data_source"] == src and ok[i]], int)
+            m[f"reward/{src}"] = mean(scores[idx])
+            m[f"accuracy/{src}"] = mean(acc[idx])
         finish = np.asarray(tb.finish_reason)
         m["protocol/answer_rate"] = float(np.mean(finish == "answer"))
         for reason in ("invalid", "length", "budget"):
@@ -314,7 +324,7 @@ class Trainer:
             vals = [float(u[k]) for u in upd if math.isfinite(float(u[k]))]
             m[f"actor/{k}"] = float(np.mean(vals)) if vals else float("nan")
         m["actor/skipped_updates"] = float(sum(float(u["skipped"]) for u in upd))
-        m["actor/lr"] = float(self.optimizer_lr(int(self.state.step) - 1))
+        m["actor/lr"] = float(upd[-1]["lr"])  # every update of one RL step shares it (verl's clock)
         total_tokens = float(np.sum(batch["positions"] >= 0))
         m["time/rollout_s"] = t_roll - t0
         m["time/score_s"] = t_score - t_roll
@@ -324,9 +334,6 @@ class Trainer:
         m["rollout/generated_tokens_per_s"] = float(tb.loss_mask.sum()) / max(t_roll - t0, 1e-9)
         return m
 
-    def optimizer_lr(self, update: int) -> float:
-        return float(learning_rate(self.optim_cfg)(max(update, 0)))
-
     # -- the loop --------------------------------------------------------------------------------
     @property
     def task_fn(self):
@@ -335,25 +342,32 @@ class Trainer:
     def _train_tree(self):
         return {"train": self.state, "rng": self.key}
 
-    def run(self, resume: bool = False) -> dict:
+    def run(self, resume: bool = False, overwrite: bool = False) -> dict:
+        """Train to `train.steps`. A fresh run refuses an output.dir that holds a run unless `overwrite`;
+        `resume` continues from the newest usable checkpoint or fails saying why (`run_dir`)."""
         from tqdm.auto import tqdm
 
         oc, tc = self.config.output, self.config.train
         os.makedirs(oc.dir, exist_ok=True)
-        ckpt = Checkpointer(os.path.join(oc.dir, "checkpoints"), keep=oc.keep)
+        ckdir = os.path.join(oc.dir, "checkpoints")
+        if not resume:
+            run_dir.start_fresh(oc.dir, self.config, checkpoint_steps(ckdir), overwrite)
+        ckpt = Checkpointer(ckdir, keep=oc.keep)
         start = 0
         if resume:
             got = ckpt.restore_latest(self._train_tree())
             if got is None:
-                log.warning("--resume: no usable checkpoint in %s; starting from step 0", ckpt.directory)
-            else:
-                start, tree, meta = got
-                self.state = jax.device_put(tree["train"], self.state_sh)
-                self.key = tree["rng"]
-                self.stream.position = int(meta["data_position"])
-                log.info("resumed from checkpoint %d (data position %d)", start, self.stream.position)
+                ckpt.close()
+                raise run_dir.resume_failure(oc.dir, self.config, ckpt.failures)
+            start, tree, meta = got
+            self.state = jax.device_put(tree["train"], self.state_sh)
+            self.key = tree["rng"]
+            self.stream.position = int(meta["data_position"])
+            log.info("resumed from checkpoint %d (data position %d)", start, self.stream.position)
+            for diff in run_dir.resumed_differences(oc.dir, self.config):
+                log.warning("resumed with a changed setting: %s", diff)
+            self._trim_rollouts(start)
         writer = MetricsWriter(oc.dir, resume_step=start if resume else None, tensorboard=oc.tensorboard)
-        self._trim_rollouts(start)
         history = []
         bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, desc="GRPO", unit="step",
                    disable=not oc.progress)
@@ -378,11 +392,29 @@ class Trainer:
         out = {"metrics": writer.path, "plot": plot, "checkpoints": ckpt.directory, "steps": tc.steps,
                "history": history}
         if oc.export_adapters and self.method.variant == "dart":
-            out["adapters"] = export_dart(os.path.join(oc.dir, "adapters"), self.state.params, self.cfg, self.base,
+            out["adapters"] = export_dart(os.path.join(oc.dir, "adapters"), self.state.compute_params(), self.cfg, self.base,
                                           self.tok, self.protocol.tool_open, self.protocol.tool_close,
                                           self.router.convention, base_model=self.config.model.path,
                                           extra={"kind": "dart", "warm_start": self.config.get("warm_start", "")})
         return out
+
+
+def held_out_line(a: dict, b: dict) -> str:
+    """First vs last held-out evaluation as counts with 95% Wilson intervals; "greedy" only at T = 0."""
+    from dart_jax.rl.metrics import wilson_interval
+    temp = float(a.get("eval/temperature", 0.0))
+    mode = "greedy" if temp == 0.0 else f"sampled at T={temp:g}"
+
+    def one(r):
+        n = int(r.get("eval/scored", r["eval/n"]))
+        if "eval/correct" not in r:
+            return f"step {r['step']}: reward {r['eval/reward']:.3f}, answers {r['eval/answer_rate']:.2f}"
+        k = int(r["eval/correct"])
+        lo, hi = wilson_interval(k, n)
+        return (f"step {r['step']}: {k}/{n} correct (95% CI {lo:.2f}–{hi:.2f}), answers "
+                f"{r['eval/answer_rate']:.2f}")
+
+    return f"held-out ({int(a['eval/n'])} questions, {mode})  {one(a)}   {one(b)}"
 
 
 def summary(result: dict) -> str:
@@ -407,10 +439,7 @@ def summary(result: dict) -> str:
              f"protocol-following rollouts (ended in an answer), all steps: {avg(rows, 'protocol/answer_rate'):.0%}",
              f"metrics {result['metrics']}", f"plot {result['plot']}", f"checkpoints {result['checkpoints']}"]
     if len(evals) >= 2:
-        a, b = evals[0], evals[-1]
-        lines.insert(4, f"held-out ({int(a['eval/n'])} questions, greedy)  step {a['step']}: reward "
-                        f"{a['eval/reward']:.3f}, answers {a['eval/answer_rate']:.2f}   step {b['step']}: reward "
-                        f"{b['eval/reward']:.3f}, answers {b['eval/answer_rate']:.2f}")
+        lines.insert(4, held_out_line(evals[0], evals[-1]))
     if "adapters" in result:
         lines.append(f"adapters {result['adapters']}")
     if all(r.get("protocol/answer_rate", 0) == 0 for r in rows):

@@ -1,15 +1,12 @@
 """Ready-made rollout tasks on the embedded data: QA over the shipped corpus, NL2SQL on Spider dev.
-Each returns prompts (chat-templated ids), uids, per-row metadata and a reward function."""
+Each returns prompts (chat-templated ids), uids and per-row metadata (what the task's reward reads:
+`rewards.training`)."""
 
 from __future__ import annotations
 
 import os
-from typing import Callable
-
 from dart_jax.data.corpus import read_jsonl
 from dart_jax.data.prompts import qa_prompt, sql_prompt
-from dart_jax.rewards.qa import em_reward
-from dart_jax.rewards.sql import sql_training_reward
 from dart_jax.tokenization.tokenizer import encode_chat
 
 DATA = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "data"))
@@ -45,18 +42,17 @@ def spider_rows(n: int = 4, offset: int = 0, spider_dir: str | None = None) -> l
     return out[offset:offset + n]
 
 
-def qa_task(tokenizer, rows: list[dict]) -> tuple[list[list[int]], list, list[dict], Callable]:
+def qa_task(tokenizer, rows: list[dict]) -> tuple[list[list[int]], list, list[dict]]:
     prompts = [encode_chat(tokenizer, [{"role": "user", "content": qa_prompt(r["question"])}]) for r in rows]
     metas = [{"golden_answers": r["golden_answers"]} for r in rows]
-    return prompts, [r["id"] for r in rows], metas, lambda text, meta: em_reward(text, meta["golden_answers"])
+    return prompts, [r["id"] for r in rows], metas
 
 
-def sql_task(tokenizer, rows: list[dict]) -> tuple[list[list[int]], list, list[dict], Callable]:
+def sql_task(tokenizer, rows: list[dict]) -> tuple[list[list[int]], list, list[dict]]:
     prompts = [encode_chat(tokenizer, [{"role": "user", "content": sql_prompt(r["question"], r["db_path"],
                                                                               r.get("evidence", ""))}])
                for r in rows]
     metas = [{"db_path": r["db_path"], "gold_sql": r["query"]} for r in rows]
-    return prompts, [r["id"] for r in rows], metas, \
-        lambda text, meta: sql_training_reward(text, meta["db_path"], meta["gold_sql"])
+    return prompts, [r["id"] for r in rows], metas
 
 

@@ -30,14 +30,16 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from dart_jax.checkpoints.dart_io import export_dart
 from dart_jax.data.readers import exclude_questions, load_rows
 from dart_jax.rl import batch as batch_lib
-from dart_jax.rl.checkpoint import Checkpointer
+from dart_jax.rl import run_dir
+from dart_jax.rl.checkpoint import Checkpointer, checkpoint_steps
 from dart_jax.rl.metrics import MetricsWriter, plot_curves
-from dart_jax.rl.optim import learning_rate, make_optimizer
-from dart_jax.rl.placement import jit_step, microbatch_sharding, place_state
+from dart_jax.rl.optim import make_optimizer
+from dart_jax.rl.placement import init_on_mesh, jit_step, microbatch_sharding, place_state
 from dart_jax.rl.policy import load_policy, repo_path, run_mesh
-from dart_jax.rl.sections import loss_config, method_spec, optim_config, section
-from dart_jax.rl.step import SFT_KEYS, init_state, make_scorer, make_train_step, policy_trees
+from dart_jax.rl.sections import loss_config, method_spec, optim_config, reward_config, section
+from dart_jax.rl.step import SFT_KEYS, make_scorer, make_train_step, policy_trees
 from dart_jax.rl.trainer import ROUTE_MODE, make_tool
+from dart_jax.rewards.training import make_reward
 from dart_jax.rl.evaluate import rollout_eval
 from dart_jax.rollout.agent import RolloutConfig, tool_for
 from dart_jax.rollout.protocol import PROTOCOLS
@@ -82,7 +84,7 @@ def build_demos(config, tokenizer, get_tool=None) -> tuple[list[dict], dict]:
                              f"{wrong_task[:3]}")
         stats[f"{k}:{builder}"] = st
         out += got
-    held_out = [r for ex in (config.sft.get("exclude") or ()) for r in load_rows(dict(ex), base_dir)]
+    held_out = [r for ex in (config.sft.get("exclude") or ()) for r in load_rows(dict(ex), base_dir, require_db=False)]
     out, dropped = exclude_questions(out, held_out)
     stats["excluded_eval_questions"] = dropped
     stats["eval_questions_checked"] = len(held_out)
@@ -130,13 +132,13 @@ class SFTTrainer:
         if sc.get("train_tag_rows", True) and not self.method.trains_base:
             self.row_ids = tuple(sentinel_ids(self.tok).values())
             rows = jax.device_put(row_params(self.base, self.cfg, self.row_ids), NamedSharding(self.mesh, P()))
-            self.state = jax.jit(lambda p: init_state(p, self.optimizer))({"adapters": self.state.params,
-                                                                          "rows": rows})
+            self.state = init_on_mesh({"adapters": self.state.compute_params(), "rows": rows}, self.optimizer,
+                                      self.mesh)
         self.key = jax.random.fold_in(key, 2)
         ids = sentinel_ids(self.tok, (self.protocol.tool_open, self.protocol.tool_close))
         self.router = RouterSpec((ids[self.protocol.tool_open],), (ids[self.protocol.tool_close],),
                                  config.router.convention)
-        self._step = make_train_step(self.cfg, self.method, self.loss_cfg, self.optimizer, self.row_ids)
+        self._step = make_train_step(self.cfg, self.method, self.loss_cfg, self.optim_cfg, self.row_ids)
         self._jits: dict = {}
         score = make_scorer(self.cfg, 1.0, self.loss_cfg.logprob_chunk)
         method, row_ids = self.method, self.row_ids
@@ -173,7 +175,8 @@ class SFTTrainer:
         if shapes not in self._jits:
             self._jits[shapes] = jit_step(self._step, self.state, self.base, dict(shapes), self.mesh)
         batch = {k: jax.device_put(v, microbatch_sharding(v.shape, self.mesh)) for k, v in batch.items()}
-        self.state, m = self._jits[shapes](self.state, self.base, batch, jax.random.fold_in(self.key, step))
+        self.state, m = self._jits[shapes](self.state, self.base, batch, jax.random.fold_in(self.key, step),
+                                           np.int32(step))  # one update per SFT step: both clocks agree
         return jax.device_get(m)
 
     def validation_nll(self) -> float:
@@ -184,7 +187,7 @@ class SFTTrainer:
         total, count = 0.0, 0.0
         for s in range(0, len(self.val_encoded), mb):
             a = self._arrays(self.val_encoded[s:s + mb])
-            lp = np.asarray(self._logp(self.state.params, self.base, jnp.asarray(a["tokens"]),
+            lp = np.asarray(self._logp(self.state.compute_params(), self.base, jnp.asarray(a["tokens"]),
                                        jnp.asarray(a["positions"]), jnp.asarray(a["route_ids"])))
             total += float(-(lp * a["loss_mask"]).sum())
             count += float(a["loss_mask"].sum())
@@ -194,29 +197,38 @@ class SFTTrainer:
         """Rollouts (greedy, or sampled at `temperature` as GRPO samples) of up to n held-out questions
         with the real tool: does the policy follow the protocol? (`rl.evaluate.rollout_eval`)"""
         rc = RolloutConfig(**section(self.config, "rollout"), route_mode=ROUTE_MODE[self.method.variant])
-        base, ads = policy_trees(self.method, self.state.params, self.base, self.row_ids)
+        base, ads = policy_trees(self.method, self.state.compute_params(), self.base, self.row_ids)
         return rollout_eval(self.cfg, self.tok, self.protocol,
                             tool_for(self.protocol, self.tool), rc,
                             self.config.router.convention, base, ads, self.val[:n], temperature,
-                            max(self.config.sft.micro_batch, 8))
+                            max(self.config.sft.micro_batch, 8), reward=make_reward(self.config.task,
+                                                                                    reward_config(self.config)))
 
     # -- the loop ------------------------------------------------------------------------------------
-    def run(self, resume: bool = False) -> dict:
+    def run(self, resume: bool = False, overwrite: bool = False) -> dict:
+        """SFT to the configured length; output.dir rules as for GRPO (`rl.run_dir`)."""
         from tqdm.auto import tqdm
 
         sc, oc = self.config.sft, self.config.output
         os.makedirs(oc.dir, exist_ok=True)
-        demo_lib.write_demos(os.path.join(oc.dir, "demos.jsonl"), self.train)
-        demo_lib.write_demos(os.path.join(oc.dir, "demos_val.jsonl"), self.val)
-        ckpt = Checkpointer(os.path.join(oc.dir, "checkpoints"), keep=oc.keep)
+        ckdir = os.path.join(oc.dir, "checkpoints")
+        if not resume:
+            run_dir.start_fresh(oc.dir, self.config, checkpoint_steps(ckdir), overwrite)
+        ckpt = Checkpointer(ckdir, keep=oc.keep)
         start = 0
         if resume:
             got = ckpt.restore_latest({"train": self.state, "rng": self.key})
-            if got is not None:
-                start, tree, _ = got
-                self.state = jax.device_put(tree["train"], jax.tree.map(lambda x: x.sharding, self.state))
-                self.key = tree["rng"]
-                log.info("resumed SFT from checkpoint %d", start)
+            if got is None:
+                ckpt.close()
+                raise run_dir.resume_failure(oc.dir, self.config, ckpt.failures)
+            start, tree, _ = got
+            self.state = jax.device_put(tree["train"], jax.tree.map(lambda x: x.sharding, self.state))
+            self.key = tree["rng"]
+            log.info("resumed SFT from checkpoint %d", start)
+            for diff in run_dir.resumed_differences(oc.dir, self.config):
+                log.warning("resumed with a changed setting: %s", diff)
+        demo_lib.write_demos(os.path.join(oc.dir, "demos.jsonl"), self.train)
+        demo_lib.write_demos(os.path.join(oc.dir, "demos_val.jsonl"), self.val)
         summary: dict = {"data": self.data_stats, "train_demos": len(self.encoded), "val_demos": len(self.val),
                          "steps": self.total_steps}
         temp = float(self.config.sampling.temperature)
@@ -234,7 +246,7 @@ class SFTTrainer:
             dt = time.perf_counter() - t0
             row = {"sft/loss": float(m["loss"]), "sft/nll": float(m["nll"]), "sft/entropy": float(m["entropy"]),
                    "sft/grad_norm": float(m["grad_norm"]), "sft/skipped_updates": float(m["skipped"]),
-                   "sft/lr": float(learning_rate(self.optim_cfg)(max(int(self.state.step) - 1, 0))),
+                   "sft/lr": float(m["lr"]),
                    "sft/loss_tokens": float(m["loss_tokens"]), "time/step_s": dt,
                    "throughput/tokens_per_s": float(np.sum(batch["positions"] >= 0)) / max(dt, 1e-9),
                    "epoch": step // self.steps_per_epoch}
@@ -263,12 +275,12 @@ class SFTTrainer:
         variant = self.method.variant
         if variant == "full":
             from dart_jax.checkpoints.hf_export import save_hf
-            return save_hf(self.state.params, self.cfg, out_dir, self.tok)
+            return save_hf(self.state.compute_params(), self.cfg, out_dir, self.tok)
         extra = {"kind": "warm_start" if variant == "lora" else "dart", "variant": variant,
                  "warm_start": self.config.get("warm_start", ""),
                  "sft": {"steps": self.total_steps, "train_demos": len(self.encoded),
                          "val_nll": summary["after"]["val_nll"]}}
-        base, adapters = policy_trees(self.method, self.state.params, self.base, self.row_ids)
+        base, adapters = policy_trees(self.method, self.state.compute_params(), self.base, self.row_ids)
         return export_dart(out_dir, adapters, self.cfg, base, self.tok, self.protocol.tool_open,
                            self.protocol.tool_close, self.config.router.convention,
                            base_model=self.config.model.path, extra=extra,

@@ -93,3 +93,96 @@ def test_load_rows_from_config_entry():
     assert [r["id"] for r in rows] == ["nq-oracle-10", "nq-oracle-11", "nq-oracle-12"]
     with pytest.raises(readers.DataError, match="reader 'csv'"):
         readers.load_rows({"reader": "csv", "path": "x"})
+
+
+SKYRL_SYSTEM = "You are a data science expert. ... The returned dataframe will be truncated in 50 rows ..."
+
+
+def _skyrl_row(db_id, data, question, sql, evidence="", newfmt=True, schema="CREATE TABLE x (a int)"):
+    """One SkyRL-SQL-653 row as its preprocessing script writes it (newfmt, or the older verl format)."""
+    user = "{db_details}:" + schema + ";\n {external_knowledge}: " + evidence + ";\n {question}: " + question
+    row = {"data_source": "synsql", "prompt": [{"role": "system", "content": SKYRL_SYSTEM},
+                                               {"role": "user", "content": user}],
+           "db_id": db_id, "data": data, "extra_info": {"split": "train" if newfmt else "dummy", "index": 0}}
+    if newfmt:
+        row.update(env_class="text2sql", reward_spec={"method": "rule", "ground_truth": sql})
+    else:
+        row.update(ability="synsql", reward_model={"style": "rule", "ground_truth": sql})
+    return row
+
+
+def _skyrl_root(tmp_path):
+    """SkyRL's db_path layout with the real Spider databases under spider/database (SynSQL and BIRD
+    train databases absent)."""
+    root = tmp_path / "db_files" / "data"
+    (root / "spider").mkdir(parents=True)
+    os.symlink(os.path.join(DATA, "spider", "database"), root / "spider" / "database")
+    return str(root)
+
+
+@pytest.mark.parametrize("newfmt", [True, False])
+def test_skyrl_sql_653_as_published(tmp_path, newfmt):
+    rows = [_skyrl_row("concert_singer", "spider", "How many singers are there?", "SELECT count(*) FROM singer",
+                       newfmt=newfmt),
+            _skyrl_row("pets_1", "spider", "Average weight of dogs?", "SELECT avg(weight) FROM pets WHERE "
+                       "pettype = 'dog'", evidence="dogs are pets with pettype 'dog'", newfmt=newfmt),
+            _skyrl_row("synsql_db_17", "synsql", "q", "SELECT 1", newfmt=newfmt),
+            _skyrl_row("california_schools", "bird", "q", "SELECT 1", newfmt=newfmt)]
+    path = str(tmp_path / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    root = _skyrl_root(tmp_path)
+    got, missing = readers.read_skyrl_sql(path, root)
+    assert missing == 2  # the SynSQL and BIRD train databases are not under the root: skipped, counted
+    assert [r["id"] for r in got] == ["skyrl_sql-0", "skyrl_sql-1"]
+    assert got[0]["question"] == "How many singers are there?" and got[0]["evidence"] == ""
+    assert got[0]["db_path"] == os.path.join(root, "spider", "database", "concert_singer", "concert_singer.sqlite")
+    assert got[1]["evidence"] == "dogs are pets with pettype 'dog'"
+    assert got[1]["query"].startswith("SELECT avg(weight)")
+    from dart_jax.tools.sqlite_exec import execute
+    assert execute(got[0]["db_path"], got[0]["query"]).rows == [(6,)]  # the real database answers the gold
+    bad = str(tmp_path / "bad.parquet")
+    pq.write_table(pa.Table.from_pylist([dict(rows[0], data="wikisql")]), bad)
+    with pytest.raises(readers.DataError, match="data='wikisql'"):
+        readers.read_skyrl_sql(bad, root)
+
+
+def test_skyrl_synsql_path_and_skipped_rows_are_logged(tmp_path, caplog):
+    import shutil
+    root = tmp_path / "data"
+    db = root / "SynSQL-2.5M" / "databases" / "pets_1"
+    db.mkdir(parents=True)
+    shutil.copy(os.path.join(DATA, "spider", "database", "pets_1", "pets_1.sqlite"), db / "pets_1.sqlite")
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(_skyrl_row(d, "synsql", "How many pets?", "SELECT count(*) FROM pets"))
+                              for d in ("pets_1", "absent_db")))
+    with caplog.at_level("WARNING"):
+        got, missing = readers.read_skyrl_sql(str(path), str(root))
+    assert missing == 1 and got[0]["db_path"] == str(db / "pets_1.sqlite")
+    assert "1 rows skipped: their database is not under the database root" in caplog.text
+    assert "absent_db" in caplog.text
+
+
+def test_training_sources_exclude_every_evaluation_question(tmp_path):
+    """A SkyRL-SQL file that contains a Spider dev question (and one from BIRD dev, whose databases are
+    not shipped) loses them when the paper config's `exclude` applies."""
+    from dart_jax.eval.datasets import exclusion_specs
+    dev = next(readers.read_jsonl(os.path.join(DATA, "spider", "dev_questions.jsonl")))
+    bird = next(readers.read_jsonl(os.path.join(DATA, "bird", "dev.jsonl")))
+    rows = [_skyrl_row(dev["db_id"], "spider", dev["question"], dev["query"]),
+            _skyrl_row("concert_singer", "spider", "Name every singer older than 99?", "SELECT name FROM singer "
+                       "WHERE age > 99"),
+            _skyrl_row(bird["db_id"], "bird", bird["question"], bird["query"])]
+    path = str(tmp_path / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    root = _skyrl_root(tmp_path)
+    bird_db = os.path.join(root, "bird", "train", "train_databases", bird["db_id"])
+    os.makedirs(bird_db)  # a database file for the BIRD row, so only the exclusion can drop it
+    import shutil
+    shutil.copy(os.path.join(DATA, "spider", "database", "pets_1", "pets_1.sqlite"),
+                os.path.join(bird_db, f"{bird['db_id']}.sqlite"))
+    spec = {"reader": "skyrl_sql", "path": path, "db_root": root}
+    assert len(readers.load_rows(spec)) == 3
+    got = readers.load_rows(dict(spec, exclude=exclusion_specs("sql")))
+    assert [r["question"] for r in got] == ["Name every singer older than 99?"]
+    with pytest.raises(readers.DataError, match="has no path"):
+        readers.load_rows(dict(spec, path=""))

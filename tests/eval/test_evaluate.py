@@ -55,7 +55,7 @@ def test_greedy_is_argmax_at_every_step_and_ignores_the_seed(tiny_smollm_dir, tm
                   RolloutConfig(max_turns=1, max_tokens_per_turn=12, max_obs_tokens=64, max_response_tokens=128,
                                 route_mode="none"))
     rows = qa_rows(n=3)
-    prompts, uids, metas, _ = qa_task(policy.tokenizer, rows)
+    prompts, uids, metas = qa_task(policy.tokenizer, rows)
     tb = agent.rollout(policy.base, None, prompts, uids, metas, seed=5)
     checked = 0
     for i in range(tb.batch_size):

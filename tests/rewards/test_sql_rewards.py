@@ -5,7 +5,8 @@ import os
 import pytest
 
 from dart_jax.rewards.sql import (bird_result_eq, execution_match, spider_result_eq, sql_format_ok,
-                                  sql_training_reward)
+                                  sql_training_reward, verify_format_and_extract)
+from dart_jax.rewards.training import RewardConfig, SQLReward
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "data", "spider")
 
@@ -44,8 +45,7 @@ def test_execution_match_on_real_database():
 
 def test_training_reward_and_format():
     d = db("concert_singer")
-    good = ("<think>count rows</think><sql>SELECT count(*) FROM singer</sql>\n\n<observation>| 6 |</observation>"
-            "\n\n<think>six</think><solution>SELECT count(*) FROM singer</solution>")
+    good = GOOD
     assert sql_format_ok(good)
     assert sql_training_reward(good, d, "SELECT count(*) FROM singer") == 1.0
     assert sql_training_reward(good, d, "SELECT count(*) FROM stadium") == -1.0
@@ -53,6 +53,112 @@ def test_training_reward_and_format():
     assert not sql_format_ok(no_think_after_obs) and sql_training_reward(no_think_after_obs, d, "SELECT count(*) FROM singer") == -1.0
     two = good + "<solution>SELECT 1</solution>"
     assert sql_training_reward(two, d, "SELECT count(*) FROM singer") == -1.0
+
+
+# SkyRL's own cases (skyrl-gym/tests/test_sql.py, test_verify_format_and_extract), verbatim inputs
+SKYRL_FORMAT_CASES = [
+    ("<think>I need to query the database</think>\n<solution>SELECT * FROM users;</solution>", True, "valid_format"),
+    ("<solution>SELECT * FROM users;</solution>", False, "missing_think_tag"),
+    ("<think>thinking</think>\n<solution>SELECT * FROM users;<solution>more text</solution>", False,
+     "multiple_solution_start_tags"),
+    ("<think>thinking</think>\n<solution>SELECT * FROM users;</solution>extra</solution>", False,
+     "multiple_solution_end_tags"),
+    ("<think>thinking</think>\nSELECT * FROM users;</solution>", False, "missing_solution_start_tag"),
+    ("<think>thinking</think>\n<solution>SELECT * FROM users;", False, "missing_solution_end_tag"),
+    ("<think>thinking</think>\nsome text<solution>", False, "solution_start_at_end"),
+    ("<think>thinking</think>\n<solution>SELECT * FROM users; <sql>forbidden</sql></solution>", False,
+     "solution_contains_forbidden_sql_tag"),
+    ("<think>thinking</think>\n<solution>SELECT * FROM users; <observation>forbidden</observation></solution>", False,
+     "solution_contains_forbidden_observation_tag"),
+    ("<think>thinking</think>\n<solution></solution>", True, "empty_solution_content"),
+    ("<think>first thought</think>\n<think>second thought</think>\n<solution>SELECT * FROM users;</solution>", True,
+     "multiple_think_tags"),
+    ("<observation>some observation</observation>\n<think>thinking</think>\n<solution>SELECT * FROM users;</solution>",
+     True, "observation_then_think"),
+    ("<observation>some observation</observation>\nrandom text\n<think>thinking</think>\n<solution>SELECT * FROM "
+     "users;</solution>", False, "observation_not_followed_by_think"),
+    ("some text<solution>", False, "solution_tag_at_end_no_content"),
+    ("</solution><solution>content</solution>", False, "end_tag_before_start_tag"),
+    ("<solution><solution>content</solution>", False, "malformed_nested_tags"),
+    ("some text</solution>", False, "only_end_tag"),
+    ("", False, "empty_string"),
+    ("<solution>content without end", False, "only_start_tag"),
+]
+
+
+@pytest.mark.parametrize("output, expected, name", SKYRL_FORMAT_CASES, ids=[c[2] for c in SKYRL_FORMAT_CASES])
+def test_format_check_agrees_with_skyrls_cases(output, expected, name):
+    valid, thoughts, solution = verify_format_and_extract(output)
+    assert valid == expected == sql_format_ok(output)
+    if valid:
+        assert thoughts and solution is not None
+    else:
+        assert thoughts is None and solution is None
+
+
+GOOD = ("<think>count rows</think><sql>SELECT count(*) FROM singer</sql>\n\n<observation>| 6 |</observation>"
+        "\n\n<think>six</think><solution>SELECT count(*) FROM singer</solution>")
+
+
+def test_shapings_and_empty_gold_hand_worked():
+    """paper: +1 match / −1 otherwise; skyrl: +1 / 0 wrong / −1 format. An empty gold result scores as
+    wrong unless reward_empty_gold (SkyRL issue 2451); a prediction that fails scores as wrong."""
+    d = db("concert_singer")
+    empty_gold = "SELECT name FROM singer WHERE age > 1000"
+    empty_pred = GOOD.replace("SELECT count(*) FROM singer</solution>", "SELECT 1 WHERE 0</solution>")
+    failing = GOOD.replace("SELECT count(*) FROM singer</solution>", "SELECT nope FROM singer</solution>")
+    bad_format = GOOD.replace("<think>six</think>", "")
+    cases = [  # (response, gold, paper, skyrl, skyrl with reward_empty_gold)
+        (GOOD, "SELECT count(*) FROM singer", 1.0, 1.0, 1.0),
+        (GOOD, "SELECT count(*) FROM stadium", -1.0, 0.0, 0.0),
+        (failing, "SELECT count(*) FROM singer", -1.0, 0.0, 0.0),
+        (bad_format, "SELECT count(*) FROM singer", -1.0, -1.0, -1.0),
+        (empty_pred, empty_gold, -1.0, 0.0, 1.0),
+        (GOOD, empty_gold, -1.0, 0.0, 0.0),
+    ]
+    for response, gold, paper, skyrl, legacy in cases:
+        assert sql_training_reward(response, d, gold) == paper
+        assert sql_training_reward(response, d, gold, shaping="skyrl") == skyrl
+        assert sql_training_reward(response, d, gold, shaping="skyrl", reward_empty_gold=True) == legacy
+    with pytest.raises(ValueError, match="shaping"):
+        sql_training_reward(GOOD, d, "SELECT 1", shaping="binary")
+
+
+def test_batch_reward_drops_failing_gold_caches_and_runs_in_threads(monkeypatch):
+    """A gold query that fails or times out marks its rows invalid (never raises); each question's
+    gold runs once however many samples share it; predictions of a step run concurrently."""
+    import threading
+    import time
+    from dart_jax.rewards import training
+    d = db("concert_singer")
+    calls, threads = [], set()
+    real = training.execute
+
+    def spy(path, sql, timeout_s, max_rows):
+        calls.append(sql)
+        threads.add(threading.get_ident())
+        time.sleep(0.05)
+        return real(path, sql, timeout_s, max_rows)
+
+    monkeypatch.setattr(training, "execute", spy)
+    slow = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c")
+    gold = "SELECT COUNT(*) FROM singer"  # spelled unlike the predictions, to count its executions
+    metas = ([{"db_path": d, "gold_sql": gold}] * 4
+             + [{"db_path": d, "gold_sql": "SELECT nope FROM singer"}] * 2
+             + [{"db_path": d, "gold_sql": slow}] * 2)
+    reward = SQLReward(RewardConfig(sql_shaping="skyrl", sql_timeout_s=0.5, workers=8))
+    texts = [GOOD, GOOD.replace("singer</solution>", "stadium</solution>"), "no format", GOOD] + [GOOD] * 4
+    t0 = time.monotonic()
+    out = reward.score(texts, metas)
+    assert time.monotonic() - t0 < 0.5 + 8 * 0.05  # the slow gold hit its deadline; calls overlapped
+    assert out.scores[:4].tolist() == [1.0, 0.0, -1.0, 1.0]
+    assert out.valid.tolist() == [True] * 4 + [False] * 4
+    assert out.counts == {"match": 2, "wrong": 1, "format": 1, "empty_gold": 0, "gold_failed": 4}
+    assert calls.count(gold) == 1 and calls.count(slow) == 1  # gold once per question
+    assert len(threads) > 1
+    calls.clear()
+    reward.score(texts[:4], metas[:4])
+    assert gold not in calls  # cached across steps
 
 
 def gold_queries():

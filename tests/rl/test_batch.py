@@ -58,3 +58,15 @@ def test_minibatches_shape_and_divisibility():
     np.testing.assert_array_equal(out[0]["x"][0, 0], [21, 22, 23])
     with pytest.raises(ValueError, match="mini-batches of 3"):
         list(minibatches(batch, np.arange(8), 3, 1, ("x",)))
+
+
+def test_invalid_rows_keep_their_place_but_carry_no_loss():
+    """A prompt whose reference failed (valid False): its rows stay in the batch, mask and advantage 0;
+    the other rows are untouched."""
+    tb = _trajectories()
+    ok = build_batch(tb, np.asarray([1.0, 0.0]), MethodSpec("dart"), ROUTER, pad_multiple=16)
+    b = build_batch(tb, np.asarray([1.0, 0.0]), MethodSpec("dart"), ROUTER, pad_multiple=16,
+                    valid=np.asarray([True, False]))
+    assert b["tokens"].shape == ok["tokens"].shape and b["loss_mask"][1].sum() == 0 and b["advantages"][1] == 0
+    np.testing.assert_array_equal(b["loss_mask"][0], ok["loss_mask"][0])
+    assert b["advantages"][0] == ok["advantages"][0]

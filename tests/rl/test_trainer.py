@@ -148,6 +148,28 @@ def test_sql_task_trains_on_real_spider_databases(tiny_smollm_dir, tmp_path):
     assert "adapters" not in out
 
 
+def test_a_failing_gold_query_drops_its_prompt_and_the_run_goes_on(tiny_smollm_dir, tmp_path):
+    """SQL training with one question whose gold query fails on its database: that prompt's rows leave
+    the update (loss mask 0, counted), the other prompt trains, the step finishes."""
+    c = _config(tiny_smollm_dir, tmp_path / "gold", steps=1)
+    c.task = "sql"
+    rows = [{"db_id": "concert_singer", "question": "How many singers are there?", "query": "SELECT count(*) FROM singer"},
+            {"db_id": "concert_singer", "question": "How many bands are there?", "query": "SELECT count(*) FROM band"}]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    c.data.train = [dict(reader="spider", path=str(path), db_root="data/spider/database", data_source="spider_x")]
+    c.eval.n = 0
+    c.reward.sql_shaping = "skyrl"
+    c.output.save_rollouts = True
+    tr = Trainer(c)
+    row = read_metrics(tr.run()["metrics"])[-1]
+    assert row["reward/dropped_prompts"] == 1.0 and row["reward/sql_gold_failed"] == 2.0
+    assert row["reward/sql_format"] == 2.0 and row["reward/mean"] == -1.0  # the random model's format fails
+    saved = [json.loads(line) for line in open(tmp_path / "gold" / "rollouts.jsonl")]
+    assert sorted((r["question"], r["in_update"]) for r in saved) == [("How many bands are there?", False)] * 2 + \
+        [("How many singers are there?", True)] * 2
+
+
 def test_launch_train_cli_with_overrides_and_resume(tiny_smollm_dir, tmp_path):
     """README's main command path: absl flags, ml_collections overrides, --resume, the summary."""
     import subprocess

@@ -1,0 +1,123 @@
+"""A run's output directory: what it holds, when a run may write into it, and why a resume failed.
+
+A run directory holds `checkpoints/`, the records (`metrics.jsonl`, `rollouts.jsonl`, `tb/`) and
+`run_config.json` (the configuration that wrote them). The rules keep a run's records from being
+destroyed by accident:
+- a fresh run refuses a directory that already holds checkpoints or records, unless `overwrite`
+  (then they are removed first);
+- `--resume` restores the newest checkpoint that verifies; when none does, it fails and says why:
+  a configuration that differs from the one that wrote the checkpoints (named field by field), or
+  corrupt / unfinished files (named checkpoint by checkpoint). Nothing is truncated then;
+- only a successful resume drops the records written after the restored step (they describe
+  parameters that are no longer on disk).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+RUN_CONFIG = "run_config.json"
+RECORDS = ("metrics.jsonl", "rollouts.jsonl")
+RECORD_DIRS = ("checkpoints", "tb")
+# a resumed run may change how long it runs and what it writes or prints: not reported as differences
+RESUMABLE = ("train.steps", "sft.epochs", "output.progress", "output.tensorboard", "output.checkpoint_every",
+             "output.keep", "eval.every")
+
+
+class RunDirError(RuntimeError):
+    pass
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_dict(config) -> dict:
+    """A config (ConfigDict or dict) as plain JSON-able nested dicts."""
+    return json.loads(config.to_json() if hasattr(config, "to_json") else json.dumps(config))
+
+
+def config_differences(saved: dict, current: dict, ignore=RESUMABLE) -> list[str]:
+    """'field: old → new' for every leaf that differs, except the fields a resume may change."""
+    a, b = _flat(saved), _flat(current)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key in ignore or a.get(key, "<absent>") == b.get(key, "<absent>"):
+            continue
+        out.append(f"{key}: {json.dumps(a.get(key, '<absent>'))} → {json.dumps(b.get(key, '<absent>'))}")
+    return out
+
+
+def holdings(out_dir: str, checkpoint_steps: list[int]) -> list[str]:
+    """What in `out_dir` a fresh run would overwrite, in words (empty: nothing)."""
+    held = []
+    if checkpoint_steps:
+        held.append(f"checkpoints at steps {checkpoint_steps}")
+    for name in RECORDS:
+        path = os.path.join(out_dir, name)
+        if os.path.isfile(path) and os.path.getsize(path):
+            with open(path) as f:
+                held.append(f"{name} ({sum(1 for line in f if line.strip())} records)")
+    return held
+
+
+def start_fresh(out_dir: str, config, checkpoint_steps: list[int], overwrite: bool) -> None:
+    """A new run into `out_dir`: refuse if it holds a run, unless `overwrite`; record the config."""
+    held = holdings(out_dir, checkpoint_steps)
+    if held and not overwrite:
+        raise RunDirError(f"output.dir {out_dir} already holds a run ({', '.join(held)}): pass --resume to "
+                          "continue it, --overwrite to replace it, or choose another --config.output.dir")
+    if held:
+        for name in RECORDS + (RUN_CONFIG,):
+            if os.path.isfile(os.path.join(out_dir, name)):
+                os.remove(os.path.join(out_dir, name))
+        for name in RECORD_DIRS:
+            shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
+    write_config(out_dir, config)
+
+
+def write_config(out_dir: str, config) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, RUN_CONFIG), "w") as f:
+        json.dump(config_dict(config), f, indent=1, sort_keys=True)
+
+
+def saved_config(out_dir: str) -> dict | None:
+    path = os.path.join(out_dir, RUN_CONFIG)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def resume_failure(out_dir: str, config, failures: dict[int, str]) -> RunDirError:
+    """Why no checkpoint of `out_dir` could be restored into this run's train state."""
+    ckdir = os.path.join(out_dir, "checkpoints")
+    if not failures:
+        return RunDirError(f"--resume: no checkpoint in {ckdir}: nothing to resume (run without --resume, "
+                           "adding --overwrite if the directory holds records of a run that never checkpointed)")
+    per_step = "; ".join(f"step {s}: {why}" for s, why in sorted(failures.items(), reverse=True))
+    saved = saved_config(out_dir)
+    diffs = config_differences(saved, config_dict(config)) if saved is not None else []
+    if diffs:
+        return RunDirError(f"--resume: the checkpoints in {ckdir} were written by a different configuration "
+                           f"({RUN_CONFIG}); this run changes: " + "; ".join(diffs) +
+                           ". Resume with the original values, or start a new run in another output.dir. "
+                           f"(restore errors: {per_step})")
+    what = "with the same configuration" if saved is not None else f"(no {RUN_CONFIG} to compare configurations)"
+    return RunDirError(f"--resume: every checkpoint in {ckdir} is corrupt or unfinished {what}: {per_step}. "
+                       "Nothing was changed; --overwrite starts the run again from step 0")
+
+
+def resumed_differences(out_dir: str, config) -> list[str]:
+    """Fields a successfully resumed run changes relative to the run that wrote the checkpoints."""
+    saved = saved_config(out_dir)
+    return [] if saved is None else config_differences(saved, config_dict(config))

@@ -1,0 +1,114 @@
+"""A run's records are never destroyed by accident: a fresh run refuses a directory that holds a run
+(unless --overwrite), --resume fails with the reason (a changed configuration named field by field,
+or corrupt checkpoints) and truncates nothing, and a checkpoint save killed with SIGKILL at any
+moment leaves the previous checkpoint restorable."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from dart_jax.rl import run_dir
+from dart_jax.rl.checkpoint import Checkpointer
+from dart_jax.rl.metrics import read_metrics
+from dart_jax.rl.run_dir import RunDirError
+from dart_jax.rl.trainer import Trainer
+
+from rl.test_trainer import _config
+
+
+def _snapshot(d):
+    return {name: open(os.path.join(d, name), "rb").read() for name in ("metrics.jsonl", "rollouts.jsonl")}
+
+
+def test_fresh_resume_and_overwrite_rules(tiny_smollm_dir, tmp_path):
+    out = tmp_path / "run"
+    c = _config(tiny_smollm_dir, out, steps=1)
+    c.eval.n = 0
+    Trainer(c).run()
+    before = _snapshot(out)
+    # 1. a fresh run into a directory holding a run is refused, and touches nothing
+    with pytest.raises(RunDirError, match=r"already holds a run \(checkpoints at steps \[1\], metrics.jsonl"):
+        Trainer(c).run()
+    assert _snapshot(out) == before
+    # 2. resume with a changed adapter rank and targets: the error names both fields, nothing is truncated
+    changed = _config(tiny_smollm_dir, out, steps=2)
+    changed.eval.n = 0
+    changed.method.rank = 4
+    changed.method.targets = ("q", "v")
+    with pytest.raises(RunDirError) as err:
+        Trainer(changed).run(resume=True)
+    msg = str(err.value)
+    assert "different configuration" in msg and "method.rank: 8 → 4" in msg
+    assert 'method.targets: ["q", "k", "v", "o", "gate", "up", "down"] → ["q", "v"]' in msg
+    assert "train.steps" not in msg  # a resume may extend the run
+    assert _snapshot(out) == before
+    # 3. the same configuration but a corrupt checkpoint: named as corrupt, nothing truncated
+    ck = out / "checkpoints" / "1"
+    victim = max((os.path.join(r, f) for r, _, fs in os.walk(ck) for f in fs), key=os.path.getsize)
+    with open(victim, "r+b") as f:
+        f.seek(os.path.getsize(victim) // 2)
+        f.write(b"\xff\x00\xff")
+    longer = _config(tiny_smollm_dir, out, steps=2)
+    longer.eval.n = 0
+    with pytest.raises(RunDirError, match=r"corrupt or unfinished with the same configuration: step 1: "
+                                          r"CorruptCheckpoint: checkpoint 1: files missing or altered"):
+        Trainer(longer).run(resume=True)
+    assert _snapshot(out) == before
+    # 4. --overwrite replaces the run
+    res = Trainer(longer).run(overwrite=True)
+    assert [r["step"] for r in read_metrics(res["metrics"])] == [1, 2]
+    assert run_dir.saved_config(str(out))["train"]["steps"] == 2
+
+
+
+
+def test_resume_with_nothing_to_resume_says_so(tiny_smollm_dir, tmp_path):
+    c = _config(tiny_smollm_dir, tmp_path / "empty", steps=1)
+    with pytest.raises(RunDirError, match="no checkpoint in .*nothing to resume"):
+        Trainer(c).run(resume=True)
+
+
+def test_config_differences_are_field_by_field():
+    saved = {"method": {"rank": 8, "targets": ["q"]}, "train": {"steps": 4}, "optim": {"lr": 1e-5}}
+    now = {"method": {"rank": 8, "targets": ["q", "v"]}, "train": {"steps": 9}, "optim": {"lr": 2e-5}, "new": 1}
+    assert run_dir.config_differences(saved, now) == ['method.targets: ["q"] → ["q", "v"]', 'new: "<absent>" → 1',
+                                                      "optim.lr: 1e-05 → 2e-05"]
+
+
+KILLER = r"""
+import sys, numpy as np
+from dart_jax.rl.checkpoint import Checkpointer
+from dart_jax.rl.metrics import read_metrics
+ck = Checkpointer(sys.argv[1], keep=10)
+for step in range(1, 1000):
+    print("saving", step, flush=True)
+    ck.save(step, {"w": np.full((2_000_000,), step, np.float32)}, {"step": step})
+    print("saved", step, flush=True)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.01, 0.05])
+def test_sigkill_during_a_checkpoint_save_falls_back(tmp_path, delay):
+    """SIGKILL at `delay` s after a save began (orbax writing, the rename, or the manifest): the
+    newest checkpoint that restores is a complete one and holds its own step's values."""
+    d = str(tmp_path / "ck")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.Popen([sys.executable, "-c", KILLER, d], cwd=root, stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu", XLA_FLAGS=""))
+    for line in proc.stdout:
+        if line.startswith("saving") and int(line.split()[1]) == 3:
+            time.sleep(delay)
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    got = Checkpointer(d, keep=10).restore_latest({"w": np.zeros((2_000_000,), np.float32)})
+    assert got is not None
+    step, tree, meta = got
+    assert step >= 2 and meta["step"] == step
+    np.testing.assert_array_equal(np.asarray(tree["w"]), np.full((2_000_000,), step, np.float32))
