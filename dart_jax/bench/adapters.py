@@ -1,6 +1,6 @@
 """Forward+backward cost of DART (two routed rank-8 adapters) vs one rank-16 LoRA vs full
 fine-tuning (no adapter, gradient w.r.t. the base), and PEFT's rank-16 LoRA in PyTorch, on the
-same tokens, same process."""
+same tokens, same process, sides interleaved (timing.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.adapters.method import MethodSpec, init_adapters
-from dart_jax.bench.timing import time_fn
+from dart_jax.bench.timing import interleaved, ratio
 from dart_jax.checkpoints.registry import load_model, resolve
 from dart_jax.models.transformer import forward
 
@@ -20,7 +20,7 @@ def _nll(logits, tokens):
 
 
 def bench_adapters(model: str = "smollm2-135m-instruct", batch: int = 4, length: int = 256,
-                   repeats: int = 3, with_torch: bool = True) -> dict:
+                   repeats: int = 5, with_torch: bool = True) -> dict:
     path = resolve(model)
     cfg, base = load_model(path)
     rng = np.random.default_rng(0)
@@ -29,7 +29,7 @@ def bench_adapters(model: str = "smollm2-135m-instruct", batch: int = 4, length:
     # a realistic mix: ~15% of positions inside tool spans
     routes = jnp.asarray((rng.random((batch, length)) < 0.15).astype(np.int32))
     key = jax.random.PRNGKey(0)
-    results = {}
+    sides = {}
 
     def adapter_step(spec, route_ids):
         ads = init_adapters(spec, cfg, key)
@@ -39,13 +39,13 @@ def bench_adapters(model: str = "smollm2-135m-instruct", batch: int = 4, length:
             return jax.value_and_grad(lambda a: _nll(forward(base, a, tokens, positions, route_ids, None, cfg=cfg)[0], tokens))(ads)
         return lambda: jax.block_until_ready(step(ads))
 
-    results["dart_2x_r8"] = time_fn(adapter_step(MethodSpec("dart", rank=8), routes), repeats=repeats)
-    results["lora_r16"] = time_fn(adapter_step(MethodSpec("lora", rank=16), jnp.zeros_like(routes)), repeats=repeats)
+    sides["dart_2x_r8"] = adapter_step(MethodSpec("dart", rank=8), routes)
+    sides["lora_r16"] = adapter_step(MethodSpec("lora", rank=16), jnp.zeros_like(routes))
 
     @jax.jit
     def full_step(b):
         return jax.value_and_grad(lambda p: _nll(forward(p, None, tokens, positions, None, None, cfg=cfg)[0], tokens))(b)
-    results["full_no_adapter"] = time_fn(lambda: jax.block_until_ready(full_step(base)), repeats=repeats)
+    sides["full_no_adapter"] = lambda: jax.block_until_ready(full_step(base))
 
     if with_torch:
         import peft
@@ -62,13 +62,13 @@ def bench_adapters(model: str = "smollm2-135m-instruct", batch: int = 4, length:
             lp = torch.log_softmax(pm(input_ids=tt).logits[:, :-1], -1)
             loss = -lp.gather(-1, tt[:, 1:, None]).mean()
             loss.backward()
-        results["torch_peft_lora_r16"] = time_fn(torch_step, repeats=repeats)
+        sides["torch_peft_lora_r16"] = torch_step
 
-    lora = results["lora_r16"]["median_s"]
+    results = interleaved(sides, repeats=repeats)
     return {"bench": "adapters", "model": model, "batch": batch, "length": length,
             "device": jax.devices()[0].platform,
             "median_s": {k: v["median_s"] for k, v in results.items()},
-            "dart_over_lora": results["dart_2x_r8"]["median_s"] / lora,
-            "full_over_lora": results["full_no_adapter"]["median_s"] / lora,
-            **({"torch_peft_over_ours_lora": results["torch_peft_lora_r16"]["median_s"] / lora} if with_torch else {}),
+            "dart_over_lora": ratio(results, "dart_2x_r8", "lora_r16"),
+            "full_over_lora": ratio(results, "full_no_adapter", "lora_r16"),
+            **({"torch_peft_over_ours_lora": ratio(results, "torch_peft_lora_r16", "lora_r16")} if with_torch else {}),
             "details": results}

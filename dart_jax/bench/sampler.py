@@ -1,5 +1,6 @@
 """Sampler benchmarks: decode throughput vs transformers `generate`, achieved FLOP/s vs a plain
-matmul on the same machine, and KV-cache resume vs re-prefilling the history every turn."""
+matmul on the same machine, and KV-cache resume vs re-prefilling the history every turn. Sides are
+interleaved round by round, ratios reported as median and range (timing.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dart_jax.bench.timing import time_fn
+from dart_jax.bench.timing import interleaved, matmul_probe, peak_per_round, ratio
 from dart_jax.checkpoints.registry import load_model, resolve
 from dart_jax.models.cache import init_cache
 from dart_jax.models.transformer import per_layer_params
@@ -17,13 +18,6 @@ from dart_jax.rollout.router import RouterSpec
 from dart_jax.rollout.sampler import (SamplerSpec, append, bucket, cache_used, decode_segment, ensure_capacity,
                                       prefill)
 from dart_jax.rollout.sampling import SamplingConfig
-
-
-def matmul_flops(n: int = 2048, repeats: int = 5) -> float:
-    a = jnp.ones((n, n), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    t = time_fn(lambda: f(a).block_until_ready(), repeats=repeats)
-    return 2 * n ** 3 / t["median_s"]
 
 
 def _spec(cfg, temperature: float = 0.0) -> SamplerSpec:
@@ -55,14 +49,14 @@ def _ours_generate(base, cfg, prompt: np.ndarray, new: int, temperature: float =
 
 
 def bench_sampler(model: str = "smollm2-135m-instruct", batches=(1, 8, 32), new_tokens: int = 128,
-                  prompt_len: int = 32, repeats: int = 2, with_torch: bool = True, dtype: str = "float32",
+                  prompt_len: int = 32, repeats: int = 5, with_torch: bool = True, dtype: str = "float32",
                   temperature: float = 0.0) -> dict:
     """Decode throughput, ours vs transformers `generate`, same dtype and sampling on both sides
     (greedy, or plain sampling at `temperature`); every row decodes exactly `new_tokens`."""
     path = resolve(model)
     cfg, base = load_model(path, param_dtype=dtype, compute_dtype=dtype)
     base = per_layer_params(base)  # the sampler's layout, made once per base (as in rollouts)
-    peak = matmul_flops()
+    mm, mm_flops = matmul_probe()
     rng = np.random.default_rng(0)
     rows = []
     ref = None
@@ -73,29 +67,36 @@ def bench_sampler(model: str = "smollm2-135m-instruct", batches=(1, 8, 32), new_
         ref = load_torch_model(path).to(getattr(torch, dtype))
         sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else \
             dict(do_sample=False)
+    peaks = []
     for b in batches:
         prompt = rng.integers(100, cfg.vocab_size, (b, prompt_len)).astype(np.int32)
-        ours = time_fn(_ours_generate(base, cfg, prompt, new_tokens, temperature), repeats=repeats)
-        row = {"batch": b, "ours_s": ours["median_s"], "ours_tok_s": b * new_tokens / ours["median_s"]}
-        flops = b * new_tokens * decode_flops_per_token(cfg, prompt_len + new_tokens // 2)
-        row["ours_flops_frac_of_matmul"] = flops / ours["median_s"] / peak
+        sides = {"dart_jax": _ours_generate(base, cfg, prompt, new_tokens, temperature), "matmul": mm}
         if ref is not None:
             tt = torch.tensor(prompt, dtype=torch.long)
 
-            def hf():
+            def hf(tt=tt):
                 with torch.no_grad():
                     ref.generate(tt, attention_mask=torch.ones_like(tt), max_new_tokens=new_tokens,
                                  min_new_tokens=new_tokens, pad_token_id=0, **sampling)
-            theirs = time_fn(hf, warmup=1, repeats=repeats)
-            row.update(hf_s=theirs["median_s"], hf_tok_s=b * new_tokens / theirs["median_s"],
-                       speedup=theirs["median_s"] / ours["median_s"])
+            sides["transformers"] = hf
+        res = interleaved(sides, repeats=repeats)
+        peak = peak_per_round(res, mm_flops)
+        peaks += peak
+        ours = res["dart_jax"]
+        row = {"batch": b, "ours_s": ours["median_s"], "ours_tok_s": b * new_tokens / ours["median_s"]}
+        flops = b * new_tokens * decode_flops_per_token(cfg, prompt_len + new_tokens // 2)
+        row["ours_flops_frac_of_matmul"] = float(np.median([flops / t / p for t, p in zip(ours["times_s"], peak)]))
+        if ref is not None:
+            row.update(hf_s=res["transformers"]["median_s"], hf_tok_s=b * new_tokens / res["transformers"]["median_s"],
+                       ratio=ratio(res, "transformers", "dart_jax"))
         rows.append(row)
+    peak = float(np.median(peaks))
     return {"bench": "sampler", "model": model, "new_tokens": new_tokens, "prompt_len": prompt_len,
             "dtype": dtype, "temperature": temperature, "matmul_flops": peak, "rows": rows}
 
 
 def bench_resume(model: str = "smollm2-135m-instruct", batch: int = 8, prompt_len: int = 256, turns: int = 4,
-                 gen_per_turn: int = 64, obs_len: int = 128, repeats: int = 2) -> dict:
+                 gen_per_turn: int = 64, obs_len: int = 128, repeats: int = 4) -> dict:
     """A rollout with `turns` tool calls: ours appends each observation to the cache; the
     re-prefill way (Search-R1 / SkyRL) prefills the whole history again before every turn."""
     cfg, base = load_model(resolve(model))
@@ -132,9 +133,8 @@ def bench_resume(model: str = "smollm2-135m-instruct", batch: int = 8, prompt_le
         return jax.block_until_ready(seg.tokens)
 
     t0 = time.perf_counter()
-    a = time_fn(resume, repeats=repeats)
-    b = time_fn(reprefill, repeats=repeats)
+    res = interleaved({"resume": resume, "reprefill": reprefill}, repeats=repeats)
     return {"bench": "resume", "model": model, "batch": batch, "turns": turns, "prompt_len": prompt_len,
-            "gen_per_turn": gen_per_turn, "obs_len": obs_len, "resume_s": a["median_s"],
-            "reprefill_s": b["median_s"], "speedup": b["median_s"] / a["median_s"],
+            "gen_per_turn": gen_per_turn, "obs_len": obs_len, "resume_s": res["resume"]["median_s"],
+            "reprefill_s": res["reprefill"]["median_s"], "ratio": ratio(res, "reprefill", "resume"),
             "wall_s": time.perf_counter() - t0}

@@ -3,6 +3,7 @@ markdown and JSON (shared by the model, adapters, loss and step checks)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -20,7 +21,27 @@ TOLERANCES = {
     "grad_max": ("rel", 2e-3, None),
     "params": ("rel", 5e-3, None),   # ‖θ_ours − θ_torch‖ / ‖θ_torch − θ_0‖ (see crosscheck_step); bf16:
     "params_lr": ("rel", 1e-2, None),  # the update inherits the gradient's bf16 error: reported, not held
+    "logits": ("abs", 1e-3, 1.5e-1),   # `model` / `adapters`: logits and log-probs vs transformers
+    "adapter_grad": ("abs", 1e-4, 5e-2),  # `adapters`: gradients of the token-mean NLL w.r.t. A, B
 }
+
+
+@contextlib.contextmanager
+def tolerances(overrides: dict[str, float], dtype: str = "float32"):
+    """Hold the checks to user tolerances (`launch.crosscheck --tol KEY=VALUE`): each key replaces the
+    `dtype` column of TOLERANCES[key] while the block runs. Unknown keys are refused, never ignored."""
+    unknown = sorted(set(overrides) - set(TOLERANCES))
+    if unknown:
+        raise ValueError(f"unknown tolerance {unknown}; expected some of {sorted(TOLERANCES)}")
+    saved = dict(TOLERANCES)
+    for key, value in overrides.items():
+        kind, t32, t16 = TOLERANCES[key]
+        TOLERANCES[key] = (kind, float(value), t16) if dtype == "float32" else (kind, t32, float(value))
+    try:
+        yield
+    finally:
+        TOLERANCES.clear()
+        TOLERANCES.update(saved)
 
 @dataclasses.dataclass
 class Quantity:

@@ -43,3 +43,34 @@ def install(model, adapters: list[dict], scales: list[float], routes: np.ndarray
                 return output
             handles.append(layer.get_submodule(name).register_forward_hook(hook))
     return handles
+
+
+def install_concatenated(model, tool: dict, reasoning: dict, scale: float, routes: np.ndarray) -> tuple[list, list]:
+    """The DART authors' module: per linear one rank-2r LoRA, A_cat = [A_tool; A_reas] [2r, in],
+    B_cat = [B_tool, B_reas] [out, 2r], with a per-token channel mask (channels 0…r−1 on tool tokens,
+    r…2r−1 on reasoning tokens, none on padding):
+
+        y = W x + b + s · B_cat ((A_cat x) ⊙ mask)
+
+    One pair of rank-2r matmuls per linear (the hook reference, `install`, runs both rank-r adapters
+    on every token). tool / reasoning: `torch_factors` dicts with the same keys and rank; routes: int
+    [B, T] (0 reasoning, 1 tool, −1 none). -> (hook handles, the trainable [A_cat, B_cat] leaves)."""
+    route_t = torch.tensor(np.asarray(routes))
+    r = next(iter(tool.values()))[0].shape[0]
+    mask = torch.zeros(*route_t.shape, 2 * r)
+    mask[..., :r] = (route_t == 1)[..., None].float()
+    mask[..., r:] = (route_t == 0)[..., None].float()
+    handles, params = [], []
+    for layer_idx, layer in enumerate(model.model.layers):
+        for target, name in HF_MODULES.items():
+            if (layer_idx, target) not in tool:
+                continue
+            (at, bt), (ar, br) = tool[(layer_idx, target)], reasoning[(layer_idx, target)]
+            a_cat = torch.cat([at.detach(), ar.detach()], 0).requires_grad_(True)
+            b_cat = torch.cat([bt.detach(), br.detach()], 1).requires_grad_(True)
+            params += [a_cat, b_cat]
+
+            def hook(mod, inputs, output, a_cat=a_cat, b_cat=b_cat):
+                return output + scale * ((inputs[0] @ a_cat.T) * mask.to(output.dtype)) @ b_cat.T
+            handles.append(layer.get_submodule(name).register_forward_hook(hook))
+    return handles, params

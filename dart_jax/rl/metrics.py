@@ -12,7 +12,8 @@ PLOT_KEYS = ("reward/mean", "eval/reward", "protocol/answer_rate", "actor/kl", "
 
 class MetricsWriter:
     """Appends to <dir>/metrics.jsonl and TensorBoard events in <dir>/tb. On resume, lines after the
-    restored step are dropped first, so the file always describes the parameters on disk."""
+    restored step are dropped first, so the file always describes the parameters on disk; otherwise
+    nothing is removed (a fresh run into a directory with records is refused before: `run_dir`)."""
 
     def __init__(self, directory: str, resume_step: int | None = None, tensorboard: bool = True):
         os.makedirs(directory, exist_ok=True)
@@ -21,8 +22,6 @@ class MetricsWriter:
             kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
             with open(self.path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
-        elif resume_step is None and os.path.isfile(self.path):
-            os.remove(self.path)
         self.tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -54,25 +53,44 @@ def read_metrics(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion k/n (held-out accuracy on n questions)."""
+    if n <= 0:
+        return float("nan"), float("nan")
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def plot_curves(metrics_path: str, out_path: str, keys: Iterable[str] = PLOT_KEYS) -> str:
-    """Reward (per data source too) and protocol / KL / entropy curves against the step."""
+    """Reward (per data source too) and protocol / KL / entropy curves against the step. The training
+    reward is drawn with its per-step spread (mean ± std band over the step's trajectories, min–max
+    whiskers) and a moving average; held-out results as correct counts out of n with 95% Wilson
+    intervals, so a reader sees what is noise (8 → 9 of 32 is not a trend)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = read_metrics(metrics_path)
     keys = [k for k in keys if any(k in r for r in rows)]
-    sources = sorted({k for r in rows for k in r if k.startswith("reward/") and k not in ("reward/mean", "reward/std")})
+    sources = sorted({k for r in rows for k in r if k.startswith("reward/") and k.split("/", 1)[1] not in
+                      ("mean", "std", "min", "max", "dropped_prompts") and not k.startswith(("reward/qa_", "reward/sql_"))})
     sources = sources if len(sources) > 1 else []  # one source: its curve is the mean's
     panels = [(k, [k] + sources if k == "reward/mean" else [k]) for k in keys]
     if not panels:
         raise ValueError(f"{metrics_path}: none of {list(keys)} recorded")
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
     for ax, (title, series) in zip(axes[0], panels):
+        if title == "eval/reward" and any("eval/correct" in r for r in rows):
+            _held_out_panel(ax, rows)
+            continue
         for k in series:
             pts = [(r["step"], r[k]) for r in rows if k in r and r[k] is not None]
             if pts:
                 ax.plot(*zip(*pts), marker="o", ms=3, label=k.split("/", 1)[-1])
+            if k == "reward/mean":
+                _spread(ax, rows)
             if k == "reward/mean" and len(pts) >= 8:  # per-step rewards are noisy: show the trend too
                 w = max(3, len(pts) // 6)
                 steps, vals = zip(*pts)
@@ -81,9 +99,40 @@ def plot_curves(metrics_path: str, out_path: str, keys: Iterable[str] = PLOT_KEY
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if len(series) > 1:
+        if title.endswith("_rate"):  # a share: the whole 0–1 axis, never a zoom that makes noise look steep
+            ax.set_ylim(-0.02, 1.02)
+        if len(series) > 1 or title == "reward/mean":
             ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)
     plt.close(fig)
     return out_path
+
+
+def _spread(ax, rows: list[dict]) -> None:
+    pts = [(r["step"], r["reward/mean"], r["reward/std"], r.get("reward/min"), r.get("reward/max")) for r in rows
+           if "reward/mean" in r and "reward/std" in r]
+    if not pts:
+        return
+    steps, mean, std, lo, hi = zip(*pts)
+    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2,
+                    color="C0", label="± std over the step's trajectories")
+    if all(v is not None for v in lo + hi):
+        ax.vlines(steps, lo, hi, color="C0", alpha=0.35, lw=0.8, label="min–max")
+
+
+def _held_out_panel(ax, rows: list[dict]) -> None:
+    pts = [(r["step"], int(r["eval/correct"]), int(r.get("eval/scored", r["eval/n"]))) for r in rows
+           if "eval/correct" in r]
+    steps = [p[0] for p in pts]
+    k = [p[1] for p in pts]
+    n = max(p[2] for p in pts)
+    lo, hi = zip(*(wilson_interval(c, m) for _, c, m in pts))
+    ax.errorbar(steps, k, yerr=[[c - a * m for c, a, (_, _, m) in zip(k, lo, pts)],
+                                [b * m - c for c, b, (_, _, m) in zip(k, hi, pts)]],
+                fmt="o-", ms=4, capsize=3, label="correct (95% Wilson interval)")
+    ax.set_ylim(0, n)
+    ax.set_title(f"held-out: correct of {n}")
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)

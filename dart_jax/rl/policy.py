@@ -77,6 +77,15 @@ def init_kind(path: str) -> str:
                             "(DART authors), adapter_config.json (PEFT) or config.json (HF model) in it")
 
 
+def merge_warm_start(warm: str, base, cfg):
+    """-> (base with the warm start's LoRA merged, W + s·A·B, and its tag rows; cfg; its tokenizer)."""
+    merged, _, base, cfg, tok = import_dart(warm, base, cfg)
+    for name in sorted(merged):
+        base = merge_adapter(base, merged[name])
+    log.info("warm start %s merged into the base (%s)", warm, ", ".join(sorted(merged)))
+    return base, cfg, tok
+
+
 def load_policy(config, method: MethodSpec, mesh, key: jax.Array):
     """-> (cfg, base, tokenizer, adapters or None) as `config` says (`warm_start`, `init_from`)."""
     overrides = model_overrides(config)
@@ -130,10 +139,7 @@ def load_policy(config, method: MethodSpec, mesh, key: jax.Array):
     cfg, base = load_model(config.model.path, mesh=mesh, **overrides)
     tok = None
     if warm:
-        merged, _, base, cfg, tok = import_dart(warm, base, cfg)
-        for name in sorted(merged):
-            base = merge_adapter(base, merged[name])
-        log.info("warm start %s merged into the base (%s)", warm, ", ".join(sorted(merged)))
+        base, cfg, tok = merge_warm_start(warm, base, cfg)
     if init_from:
         adapters, _, base, cfg, tok = import_dart(init_from, base, cfg)
     else:

@@ -17,7 +17,8 @@ from dart_jax.models.transformer import forward
 from dart_jax.parity import torch_lora
 from dart_jax.rollout.router import RouterSpec, route_roles
 
-TOL = 1e-5  # absolute, plus RTOL: logits here reach |z|≈6, where fp32 sums differ by ~1 ulp·depth
+TOL = 3e-5  # absolute, plus RTOL: logits reach |z|≈6 (weights std 0.2); two fp32 implementations differ by
+# ~1 ulp·depth there: measured up to 1.5e-5 (2.5e-6 of max |z|) on an AVX-512 host, 1e-5 elsewhere
 RTOL = 1e-5
 OPEN, CLOSE = 100, 101
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 import tiny_models
 from dart_jax.checkpoints.authors_io import AuthorsLayoutError, import_authors, is_authors_dir
 from dart_jax.models.transformer import forward
+from dart_jax.parity import torch_lora
 from dart_jax.rollout.router import route_roles
 
 R, ALPHA = tiny_models.AUTHORS_R, tiny_models.AUTHORS_ALPHA
@@ -46,14 +47,14 @@ def test_authors_checkpoint_imports_with_parity(tmp_path):
     assert tool.sum() == 13  # positions 6…11 and 21…27
 
     # their module: y = W x + b + s · B_cat (A_cat x ⊙ channel mask), channels 0…r−1 on tool tokens
-    mask = torch.zeros(len(ids), 2 * R)
-    mask[torch.tensor(tool), :R] = 1.0
-    mask[torch.tensor(~tool), R:] = 1.0
-    handles = []
+    # (dart_jax/parity/torch_lora.py `install_concatenated`, fed the halves of their tensors)
+    layers = {"self_attn.q_proj": "q", "self_attn.k_proj": "k", "self_attn.v_proj": "v", "self_attn.o_proj": "o",
+              "mlp.gate_proj": "gate", "mlp.up_proj": "up", "mlp.down_proj": "down"}
+    tool_f, reas_f = {}, {}
     for prefix, (A, B) in lora.items():
-        def hook(mod, inputs, output, A=A, B=B):
-            return output + (ALPHA / R) * ((inputs[0] @ A.T) * mask) @ B.T
-        handles.append(model.get_submodule(prefix).register_forward_hook(hook))
+        key = (int(prefix.split(".")[2]), layers[prefix.split(".", 3)[3]])
+        tool_f[key], reas_f[key] = (A[:R], B[:, :R]), (A[R:], B[:, R:])
+    handles, _ = torch_lora.install_concatenated(model, tool_f, reas_f, ALPHA / R, tool[None].astype(np.int64))
     with torch.no_grad():
         theirs = model(input_ids=torch.tensor(ids[None])).logits[0].numpy()
     for h in handles:

@@ -49,12 +49,43 @@ def test_loss_subcommand_with_the_search_r1_reference(tiny_smollm_dir, tmp_path)
 
 
 def test_step_subcommand(tiny_smollm_dir, tmp_path):
+    """Three RL steps of two mini-batch updates each, against torch's LambdaLR stepped once per RL step
+    (verl): both updates of RL step 1 have lr 0, both of step 2 lr/2, both of step 3 lr."""
     code, rep = _run(["step", "--model", tiny_smollm_dir], tmp_path / "s")
     assert code == 0 and rep["pass"], [q for q in rep["quantities"] if not q["passed"]]
     assert rep["settings"]["warmup_steps"] == 2 and rep["settings"]["clip_norm"] > 0
+    assert rep["settings"]["minibatches_per_rl_step"] == 2 and rep["settings"]["schedule_clock"] == "rl_step"
     names = [q["name"] for q in rep["quantities"]]
-    assert "update 1: parameters (lr 0, must not move)" in names  # verl's warmup: the first update has lr 0
-    assert any(n.startswith("update 3 (lr 1.0e-03)") for n in names)
+    for k in (1, 2):  # verl's warmup: every update of the first RL step has lr 0
+        assert f"update {k}: parameters (lr 0, must not move)" in names
+    assert any(n.startswith("update 3 (lr 5.0e-04)") for n in names)
+    assert any(n.startswith("update 4 (lr 5.0e-04)") for n in names)
+    assert any(n.startswith("update 6 (lr 1.0e-03)") for n in names)
+    lrs = [q for q in rep["quantities"] if "learning rate" in q["name"]]
+    assert len(lrs) == 6 and all(q["passed"] for q in lrs)
+
+
+def test_step_check_catches_a_per_update_clock(tiny_smollm_dir):
+    """An optimiser that advances its schedule per update (the old behaviour) fails the check."""
+    from dart_jax.parity.step_check import crosscheck_step
+    from dart_jax.rl.optim import OptimConfig
+    rep = crosscheck_step(tiny_smollm_dir, oc=OptimConfig(lr=1e-3, warmup_steps=2, total_steps=10, clip_norm=None,
+                                                          schedule_clock="update"))
+    failed = [q.name for q in rep.quantities if not q.passed]
+    assert "update 2: learning rate (verl: LambdaLR stepped once per RL step)" in failed
+
+
+def test_user_tolerances_are_honoured_or_refused(tiny_smollm_dir, tmp_path):
+    code, rep = _run(["model", "--model", tiny_smollm_dir, "--max-new-tokens", "4", "--tol", "logits=1e-12"],
+                     tmp_path / "t")
+    assert code == 1 and not rep["pass"]  # fp32 logits are not equal to 1e-12
+    assert {q["tol_fp32"] for q in rep["quantities"] if "logits" in q["name"] or "log-probs" in q["name"]} == {1e-12}
+    code, rep = _run(["--model", tiny_smollm_dir, "--max-new-tokens", "4", "--logit-tol", "1e-12"], tmp_path / "o")
+    assert code == 1 and not rep["pass"]  # the old flag form is honoured too, no longer dropped
+    with pytest.raises(SystemExit, match="expected KEY=VALUE"):
+        crosscheck.main(["model", "--model", tiny_smollm_dir, "--tol", "logit=1e-3"])
+    from dart_jax.parity.report import TOLERANCES
+    assert TOLERANCES["logits"][1] == 1e-3  # restored after the run
 
 
 def test_a_failing_quantity_fails_the_command(tmp_path, monkeypatch):
