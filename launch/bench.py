@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+
+# PyTorch's OpenMP workers busy-wait after each parallel region; with the sides interleaved they would
+# spin on the cores the next (JAX) side needs. Passive waiting must be set before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from dart_jax.bench.timing import fmt_ratio
 

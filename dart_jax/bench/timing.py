@@ -15,11 +15,16 @@ from typing import Callable
 
 def time_fn(fn: Callable[[], object], warmup: int = 1, repeats: int = 3) -> dict:
     """Median / min seconds of `fn()` after `warmup` calls (the first includes compilation)."""
-    return interleaved({"fn": fn}, warmup, repeats)["fn"]
+    return interleaved({"fn": fn}, warmup, repeats, settle_s=0.0, settle_calls=0)["fn"]
 
 
-def interleaved(sides: dict[str, Callable[[], object]], warmup: int = 1, repeats: int = 5) -> dict[str, dict]:
+def interleaved(sides: dict[str, Callable[[], object]], warmup: int = 1, repeats: int = 5,
+                settle_s: float = 0.5, settle_calls: int = 1) -> dict[str, dict]:
     """Time every side once per round, in turn, for `repeats` rounds after `warmup` calls of each.
+    Before its timed call a side sleeps `settle_s` (the previous side's worker threads stop
+    spinning) and runs `settle_calls` untimed calls: measured here, the first XLA:CPU update after a
+    PyTorch update took 17.4 s and the next 11.4 s (after a sleep or numpy work, 10 s both), so
+    without them every round would bill one framework for the other's leftovers.
     -> {side: {median_s, min_s, warmup_s, repeats, times_s}}."""
     out = {}
     for name, fn in sides.items():
@@ -29,6 +34,9 @@ def interleaved(sides: dict[str, Callable[[], object]], warmup: int = 1, repeats
         out[name] = {"warmup_s": time.perf_counter() - t0, "times_s": []}
     for _ in range(repeats):
         for name, fn in sides.items():
+            time.sleep(settle_s)
+            for _ in range(settle_calls):
+                fn()
             t = time.perf_counter()
             fn()
             out[name]["times_s"].append(time.perf_counter() - t)
