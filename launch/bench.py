@@ -1,64 +1,71 @@
-"""python -m launch.bench [--json FILE] {forward,adapters,sampler,resume,train} [options]
+"""dart_jax benchmarks, side by side with PyTorch in the same process.
 
-Every side-by-side benchmark interleaves its sides (A B A B …, `--repeats` rounds after a warm-up)
-and prints each ratio as the median of the per-round ratios with its range; FLOP-rate shares are
-against a 2048² fp32 matmul timed in the same rounds."""
+    python -m launch.bench train                      one GRPO update of DART vs the same update in PyTorch
+    python -m launch.bench forward --dtype=bfloat16   forward tokens/s vs transformers
+    python -m launch.bench adapters                   fwd+bwd: DART vs one LoRA vs full, and PEFT in torch
+    python -m launch.bench sampler --batches=1,8,32   decode tok/s vs transformers generate
+    python -m launch.bench resume --obs-len=400       KV-cache resume vs re-prefilling the history per turn
+
+Every side-by-side benchmark interleaves its sides (A B A B …, `--repeats` rounds after a warm-up,
+each side settled by an untimed call) and prints each ratio as the median of the per-round ratios
+with its range; FLOP-rate shares are against a 2048² fp32 matmul timed in the same rounds.
+Unset size flags take the benchmark's own default (DEFAULTS below).
+"""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
+import types
+
+from absl import flags
+
+from dart_jax.bench.timing import fmt_ratio
+from launch._cli import Command
 
 # PyTorch's OpenMP workers busy-wait after each parallel region; with the sides interleaved they would
 # spin on the cores the next (JAX) side needs. Passive waiting must be set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from dart_jax.bench.timing import fmt_ratio
+BENCHES = ("forward", "adapters", "sampler", "resume", "train")
+DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(batch=4, length=256, repeats=5),
+            "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4), "train": dict(batch=4, length=512,
+                                                                                          repeats=5)}
+CLI = Command("launch.bench", __doc__)
+F = CLI.flags
+MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
+BATCH = flags.DEFINE_integer("batch", None, "rows (forward 8, adapters 4, resume 8, train 4)", flag_values=F)
+LENGTH = flags.DEFINE_integer("length", None, "tokens per row (forward 512, adapters 256, train 512)", flag_values=F)
+REPEATS = flags.DEFINE_integer("repeats", None, "interleaved rounds (5; resume 4)", flag_values=F)
+DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "forward / sampler: weights and compute "
+                          "on both sides", flag_values=F)
+NO_TORCH = flags.DEFINE_bool("no-torch", False, "adapters / sampler / train: our side only", flag_values=F)
+BATCHES = flags.DEFINE_string("batches", "1,8,32", "sampler: batch sizes", flag_values=F)
+NEW_TOKENS = flags.DEFINE_integer("new-tokens", 128, "sampler: tokens decoded per row", flag_values=F)
+TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "sampler: 0 = greedy; > 0 samples (both sides, no top-k / "
+                                 "top-p)", flag_values=F)
+TURNS = flags.DEFINE_integer("turns", 4, "resume: tool calls", flag_values=F)
+OBS_LEN = flags.DEFINE_integer("obs-len", 400, "resume: observation tokens per call (3 passages ≈ 400)",
+                               flag_values=F)
+PROMPT_LEN = flags.DEFINE_integer("prompt-len", 256, "resume: prompt tokens", flag_values=F)
+REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch", "save_qkv_proj"],
+                          "train: remat policy", flag_values=F)
+JSON_OUT = flags.DEFINE_string("json", None, "also write the result to this file", flag_values=F)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="dart_jax benchmarks, side by side with PyTorch")
-    sub = ap.add_subparsers(dest="which", required=True)
-    f = sub.add_parser("forward", help="forward tokens/s vs transformers")
-    f.add_argument("--model", default="smollm2-135m-instruct")
-    f.add_argument("--batch", type=int, default=8)
-    f.add_argument("--length", type=int, default=512)
-    f.add_argument("--repeats", type=int, default=5)
-    f.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    a = sub.add_parser("adapters", help="fwd+bwd: DART vs one LoRA vs full, and PEFT in torch")
-    a.add_argument("--model", default="smollm2-135m-instruct")
-    a.add_argument("--batch", type=int, default=4)
-    a.add_argument("--length", type=int, default=256)
-    a.add_argument("--repeats", type=int, default=5)
-    a.add_argument("--no-torch", action="store_true")
-    sp = sub.add_parser("sampler", help="decode tok/s vs transformers generate; FLOP/s vs matmul")
-    sp.add_argument("--model", default="smollm2-135m-instruct")
-    sp.add_argument("--batches", default="1,8,32")
-    sp.add_argument("--new-tokens", type=int, default=128)
-    sp.add_argument("--repeats", type=int, default=5)
-    sp.add_argument("--no-torch", action="store_true")
-    sp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                    help="weights and compute on both sides")
-    sp.add_argument("--temperature", type=float, default=0.0,
-                    help="0 = greedy; > 0 samples (both sides, no top-k / top-p)")
-    rs = sub.add_parser("resume", help="cache resume vs re-prefilling the history every turn")
-    rs.add_argument("--model", default="smollm2-135m-instruct")
-    rs.add_argument("--batch", type=int, default=8)
-    rs.add_argument("--turns", type=int, default=4)
-    rs.add_argument("--obs-len", type=int, default=400, help="observation tokens per call (3 passages ≈ 400)")
-    rs.add_argument("--prompt-len", type=int, default=256)
-    rs.add_argument("--repeats", type=int, default=4)
-    tr = sub.add_parser("train", help="one GRPO update of DART vs the same update in PyTorch")
-    tr.add_argument("--model", default="smollm2-135m-instruct")
-    tr.add_argument("--batch", type=int, default=4)
-    tr.add_argument("--length", type=int, default=512)
-    tr.add_argument("--repeats", type=int, default=5)
-    tr.add_argument("--no-torch", action="store_true")
-    tr.add_argument("--remat", default="none", choices=["none", "full", "dots", "dots_no_batch", "save_qkv_proj"])
-    ap.add_argument("--json", default=None, help="also write the result to this file")
-    args = ap.parse_args(argv)
+def main(argv: list[str] | None = None) -> int:
+    rest = CLI.parse(argv)
+    if len(rest) != 1 or rest[0] not in BENCHES:
+        raise SystemExit(f"launch.bench: name one benchmark of {BENCHES} (got {rest}); --help for examples")
+    which = rest[0]
+    d = DEFAULTS[which]
+    args = types.SimpleNamespace(which=which, model=MODEL.value, batch=BATCH.value or d.get("batch"),
+                                 length=LENGTH.value or d.get("length"), repeats=REPEATS.value or d["repeats"],
+                                 dtype=DTYPE.value, no_torch=NO_TORCH.value, batches=BATCHES.value,
+                                 new_tokens=NEW_TOKENS.value, temperature=TEMPERATURE.value, turns=TURNS.value,
+                                 obs_len=OBS_LEN.value, prompt_len=PROMPT_LEN.value, remat=REMAT.value,
+                                 json=JSON_OUT.value)
     if args.which == "forward":
         from dart_jax.bench.forward import bench_forward
         res = bench_forward(args.model, args.batch, args.length, args.repeats, args.dtype)

@@ -1,87 +1,86 @@
-"""python -m launch.crosscheck {model,adapters,loss,step} --model <hf dir | gguf | smollm2-135m-instruct> [--json]
+"""Every quantity dart_jax shares with PyTorch, on identical inputs, with its fp32 and bf16 tolerance.
 
-Every quantity dart_jax shares with PyTorch, on identical inputs, with its fp32 and bf16 tolerance:
+    python -m launch.crosscheck model --model=smollm2-135m-instruct
+    python -m launch.crosscheck loss --model=smollm2-135m-instruct --reference=verl --json
+    python -m launch.crosscheck step --model=DIR --dtype=bfloat16 --tol=params=1e-2
 
     model     logits, log-probs, greedy continuation vs transformers
     adapters  routed logits and adapter gradients vs transformers + a hand-written routed-LoRA reference
               (--adapters DIR: a DART directory; default: fresh adapters with B ~ N(0, 0.02²))
     loss      one GRPO trajectory batch: advantages, log-probs, entropy, ratio, pg loss / KL / entropy in
               every aggregation mode, total loss and gradients vs a PyTorch implementation of REFERENCE §1–6
-    step      three full updates (clipping, AdamW, warmup) vs torch.optim.AdamW: parameters after each
+    step      three RL steps of two mini-batch updates (clipping, AdamW, warmup on verl's clock) vs
+              torch.optim.AdamW + LambdaLR stepped once per RL step: parameters and lr after each
 
 --reference verl|search_r1|dart_authors sets that system's conventions (both sides) and lists every
 difference from ours. --tol KEY=VALUE (repeatable) holds a quantity class to your tolerance instead of
 ours (keys: advantages, logp, entropy, ratio, loss, grad, grad_max, params, params_lr, logits,
-adapter_grad; for the run's --dtype); an unknown key is an error. The old --logit-tol / --grad-tol
-mean --tol logits= / --tol adapter_grad=. The report is printed (--json: as JSON) and saved as report.md / report.json
-under --out (default runs/crosscheck/<check>-<model>). Exit status 1 when a quantity fails.
-The old form `--model X [--adapters DIR]` (no subcommand) still runs `model` / `adapters`.
+adapter_grad; for the run's --dtype); an unknown key is an error. The old --logit-tol / --grad-tol mean
+--tol logits= / --tol adapter_grad=, and the old form `--model X [--adapters DIR]` (no check named)
+runs `model` / `adapters`. The report is printed (--json: as JSON) and saved as report.md /
+report.json under --out (default runs/crosscheck/<check>-<model>). Exit status 1 when a quantity fails.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import tempfile
 
+from absl import flags
+
+from launch._cli import Command
+
 CHECKS = ("model", "adapters", "loss", "step")
+CLI = Command("launch.crosscheck", __doc__)
+F = CLI.flags
+MODEL = flags.DEFINE_string("model", None, "HF directory, .gguf file or embedded model name", flag_values=F)
+JSON = flags.DEFINE_bool("json", False, "print the report as JSON", flag_values=F)
+OUT = flags.DEFINE_string("out", None, "directory for report.md / report.json", flag_values=F)
+TOL = flags.DEFINE_multi_string("tol", [], "KEY=VALUE: hold quantities of class KEY to VALUE "
+                                "(dart_jax/parity/check_report.py TOLERANCES)", flag_values=F)
+PROMPTS = flags.DEFINE_string("prompts", None, "model: jsonl with 'messages' or 'prompt' per line", flag_values=F)
+MAX_NEW = flags.DEFINE_integer("max-new-tokens", 32, "model: greedy continuation length", flag_values=F)
+ADAPTERS = flags.DEFINE_string("adapters", None, "adapters: a DART adapter directory (default: fresh, B ≠ 0)",
+                               flag_values=F)
+DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "loss / step: compute dtype", flag_values=F)
+REFERENCE = flags.DEFINE_enum("reference", "dart_jax", ["dart_jax", "verl", "search_r1", "dart_authors"],
+                              "loss / step: the system whose conventions both sides use", flag_values=F)
+TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "loss / step: rollout temperature", flag_values=F)
+MICRO = flags.DEFINE_integer("micro-batch", 2, "loss / step: rows per micro-batch (4 trajectories)", flag_values=F)
+SEED = flags.DEFINE_integer("seed", 0, "loss / step: seed of the old / reference log-prob noise", flag_values=F)
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="dart_jax vs PyTorch on the same inputs, quantity by quantity")
-    sub = ap.add_subparsers(dest="check", required=True)
-    for name in CHECKS:
-        p = sub.add_parser(name)
-        p.add_argument("--model", required=True, help="HF directory, .gguf file or embedded model name")
-        p.add_argument("--json", action="store_true", help="print the report as JSON")
-        p.add_argument("--out", default=None, help="directory for report.md / report.json")
-        p.add_argument("--tol", action="append", default=[], metavar="KEY=VALUE",
-                       help="hold quantities of class KEY to VALUE (see dart_jax/parity/report.py TOLERANCES)")
-        if name == "model":
-            p.add_argument("--prompts", default=None, help="jsonl with 'messages' or 'prompt' per line")
-            p.add_argument("--max-new-tokens", type=int, default=32)
-        if name == "adapters":
-            p.add_argument("--adapters", default=None, help="a DART adapter directory (default: fresh, B ≠ 0)")
-        if name in ("loss", "step"):
-            p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-            p.add_argument("--reference", choices=("dart_jax", "verl", "search_r1", "dart_authors"), default="dart_jax")
-            p.add_argument("--temperature", type=float, default=1.0)
-            p.add_argument("--micro-batch", type=int, default=2, help="rows per micro-batch (4 trajectories)")
-            p.add_argument("--seed", type=int, default=0)
-    return ap
-
-
-def run(args):
+def run(check: str):
     from dart_jax.parity import report_convert
-    if args.check == "model":
-        from dart_jax.parity.crosscheck import crosscheck_model
-        return report_convert.model_report(crosscheck_model(args.model, args.prompts, args.max_new_tokens))
-    if args.check == "adapters":
+    if check == "model":
+        from dart_jax.parity.model_check import crosscheck_model
+        return report_convert.model_report(crosscheck_model(MODEL.value, PROMPTS.value, MAX_NEW.value))
+    if check == "adapters":
         from dart_jax.parity.adapters_check import crosscheck_adapters
-        directory = args.adapters
+        directory = ADAPTERS.value
         if directory is None:
             from dart_jax.adapters.bootstrap import init_dart_directory
-            directory = init_dart_directory(args.model, tempfile.mkdtemp(prefix="dart_xcheck_"), b_std=0.02)
-        return report_convert.adapters_report(crosscheck_adapters(args.model, directory))
+            directory = init_dart_directory(MODEL.value, tempfile.mkdtemp(prefix="dart_xcheck_"), b_std=0.02)
+        return report_convert.adapters_report(crosscheck_adapters(MODEL.value, directory))
     import dataclasses
 
     from configs import base
-    from dart_jax.parity.grpo_check import crosscheck_loss
-    from dart_jax.parity.step_check import crosscheck_step
+    from dart_jax.parity.loss_check import crosscheck_loss
     from dart_jax.parity.references import apply_reference, loss_overrides
+    from dart_jax.parity.step_check import crosscheck_step
     from dart_jax.rl.step import LossConfig
     config = base.get()
-    differences = apply_reference(config, args.reference)
-    lc = dataclasses.replace(LossConfig(temperature=args.temperature), **loss_overrides(args.reference))
-    fn = crosscheck_loss if args.check == "loss" else crosscheck_step
-    return fn(args.model, args.dtype, lc=lc, micro_batch=args.micro_batch, reference=args.reference,
-              differences=differences, seed=args.seed, response_length=int(config.rollout.max_response_tokens))
+    differences = apply_reference(config, REFERENCE.value)
+    lc = dataclasses.replace(LossConfig(temperature=TEMPERATURE.value), **loss_overrides(REFERENCE.value))
+    fn = crosscheck_loss if check == "loss" else crosscheck_step
+    return fn(MODEL.value, DTYPE.value, lc=lc, micro_batch=MICRO.value, reference=REFERENCE.value,
+              differences=differences, seed=SEED.value, response_length=int(config.rollout.max_response_tokens))
 
 
 def _tolerances(pairs: list[str]) -> dict[str, float]:
-    from dart_jax.parity.report import TOLERANCES
+    from dart_jax.parity.check_report import TOLERANCES
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -105,30 +104,31 @@ def _old_tolerance_flags(argv: list[str]) -> list[str]:
                 if i + 1 >= len(argv):
                     raise SystemExit(f"crosscheck: {flag} needs a value")
                 i, value = i + 1, argv[i + 1]
-            out += ["--tol", f"{names[flag]}={value}"]
+            out.append(f"--tol={names[flag]}={value}")
         else:
             out.append(argv[i])
         i += 1
     return out
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):  # the old flag-only form
-        argv = ["adapters" if any(a.startswith("--adapters") for a in argv) else "model"] + argv
-    argv = _old_tolerance_flags(argv)
-    args = _parser().parse_args(argv)
-    from dart_jax.parity.report import tolerances
-    with tolerances(_tolerances(args.tol), getattr(args, "dtype", "float32")):
-        report = run(args)
-    out = args.out or os.path.join("runs", "crosscheck",
-                                   f"{args.check}-{os.path.basename(os.path.normpath(args.model))}")
+def main(argv: list[str] | None = None) -> int:
+    argv = _old_tolerance_flags(list(sys.argv[1:] if argv is None else argv))
+    args = CLI.parse(argv)
+    check = args[0] if args else ("adapters" if ADAPTERS.value else "model")  # no check named: the old form
+    if check not in CHECKS or len(args) > 1:
+        raise SystemExit(f"launch.crosscheck: expected one check of {CHECKS}, got {args}")
+    if not MODEL.value:
+        raise SystemExit("launch.crosscheck: --model is required (an HF directory, .gguf file or embedded name)")
+    from dart_jax.parity.check_report import tolerances
+    with tolerances(_tolerances(TOL.value), DTYPE.value):
+        report = run(check)
+    out = OUT.value or os.path.join("runs", "crosscheck", f"{check}-{os.path.basename(os.path.normpath(MODEL.value))}")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(report.markdown())
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report.to_dict(), f, indent=2)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.markdown())
+    print(json.dumps(report.to_dict(), indent=2) if JSON.value else report.markdown())
     print(f"report: {out}/report.md, {out}/report.json", file=sys.stderr)
     return 0 if report.passed else 1
 

@@ -1,57 +1,59 @@
-"""python -m launch.evaluate [--config=configs/X.py] [--checkpoint DIR | --peft DIR] [--model NAME] [--task qa|sql]
-                            [--dataset nq,hotpotqa ...] [--limit N] [--n-samples N --temperature 1]
-                            [--fixed-retrieval per_question.jsonl] [--db-root DIR] [--out DIR]
+"""Evaluate a trained run, a warm start, a base model or PEFT adapters on the paper's evaluation sets
+(EM per QA source with Gen-Avg / MH-Avg / Avg, EX per SQL benchmark) through the training sampler and
+tools; prints the tables and writes results.{md,csv,json} and per_question.jsonl to --out.
 
-Evaluates a trained run, a warm start, a base model or PEFT adapters on the paper's evaluation sets
-(EM per QA source with Gen-Avg / MH-Avg / Avg, EX per SQL benchmark) through the training sampler
-and tools; prints the tables and writes results.{md,csv,json} and per_question.jsonl to --out.
-
-    python -m launch.evaluate --config=configs/quickstart.py --checkpoint runs/quickstart --limit 50
-    python -m launch.evaluate --model smollm2-135m-instruct --task sql --dataset spider_dev --limit 50
+    python -m launch.evaluate --config=configs/quickstart.py --checkpoint=runs/quickstart --limit=50
+    python -m launch.evaluate --model=smollm2-135m-instruct --task=sql --dataset=spider_dev --limit=50
+    python -m launch.evaluate --config=configs/quickstart.py --checkpoint=runs/quickstart --n-samples=50
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
-from launch._log import setup_logging
+from launch._cli import Command
 
-CONFIG = config_flags.DEFINE_config_file("config", None, "a config file (default configs/evaluate.py:<task>)")
-MODEL = flags.DEFINE_string("model", None, "model name or path (overrides config.model.path)")
-TASK = flags.DEFINE_enum("task", None, ["qa", "sql"], "task (default: the config's)")
+CLI = Command("launch.evaluate", __doc__, config=True)
+F = CLI.flags
+MODEL = flags.DEFINE_string("model", None, "model name or path (overrides config.model.path)", flag_values=F)
+TASK = flags.DEFINE_enum("task", None, ["qa", "sql"], "task (default: the config's)", flag_values=F)
 CHECKPOINT = flags.DEFINE_string("checkpoint", None, "a run directory, its checkpoints/, or a DART / warm-start "
-                                                     "adapter directory")
-STEP = flags.DEFINE_integer("step", None, "with an orbax checkpoint directory: this step (default the newest usable)")
-PEFT = flags.DEFINE_string("peft", None, "a PEFT LoRA adapter directory applied to every generated token")
-REMOVE = flags.DEFINE_enum("remove-adapter", None, ["reasoning", "tool"],
-                           "zero one DART adapter at inference (tool: DART-Reas, reasoning: DART-Tool)")
+                                 "adapter directory", flag_values=F)
+STEP = flags.DEFINE_integer("step", None, "with an orbax checkpoint directory: this step (default the newest "
+                            "usable)", flag_values=F)
+PEFT = flags.DEFINE_string("peft", None, "a PEFT LoRA adapter directory applied to every generated token",
+                           flag_values=F)
+REMOVE = flags.DEFINE_enum("remove-adapter", None, ["reasoning", "tool"], "zero one DART adapter at inference "
+                           "(tool: DART-Reas, reasoning: DART-Tool)", flag_values=F)
 DATASET = flags.DEFINE_multi_string("dataset", [], "evaluation sets (comma-separated or repeated); default all of "
-                                                   "the task's that can run here")
-LIMIT = flags.DEFINE_integer("limit", None, "first N questions of each set (the paper uses 1,000)")
-N_SAMPLES = flags.DEFINE_integer("n-samples", 1, "samples per question (> 1: per-question accuracy, CEA's input)")
-TEMPERATURE = flags.DEFINE_float("temperature", None, "sampling temperature (default 0 = greedy; 1 with --n-samples)")
-TOP_P = flags.DEFINE_float("top-p", 1.0, "nucleus sampling (with a temperature)")
-TOP_K = flags.DEFINE_integer("top-k", 0, "top-k sampling (with a temperature; 0 = off)")
-BATCH = flags.DEFINE_integer("batch", 16, "trajectories per rollout batch")
-SEED = flags.DEFINE_integer("seed", 0, "sampling seed")
-DB_ROOT = flags.DEFINE_string("db-root", None, "SQL databases root (DIR/<db_id>/<db_id>.sqlite); BIRD needs it")
+                                    "the task's that can run here", flag_values=F)
+LIMIT = flags.DEFINE_integer("limit", None, "first N questions of each set (the paper uses 1,000)", flag_values=F)
+N_SAMPLES = flags.DEFINE_integer("n-samples", 1, "samples per question (> 1: per-question accuracy, CEA's input)",
+                                 flag_values=F)
+TEMPERATURE = flags.DEFINE_float("temperature", None, "sampling temperature (default 0 = greedy; 1 with "
+                                 "--n-samples)", flag_values=F)
+TOP_P = flags.DEFINE_float("top-p", 1.0, "nucleus sampling (with a temperature)", flag_values=F)
+TOP_K = flags.DEFINE_integer("top-k", 0, "top-k sampling (with a temperature; 0 = off)", flag_values=F)
+BATCH = flags.DEFINE_integer("batch", 16, "trajectories per rollout batch", flag_values=F)
+SEED = flags.DEFINE_integer("seed", 0, "sampling seed", flag_values=F)
+DB_ROOT = flags.DEFINE_string("db-root", None, "SQL databases root (DIR/<db_id>/<db_id>.sqlite); BIRD needs it",
+                              flag_values=F)
 FIXED = flags.DEFINE_string("fixed-retrieval", None, "replay the documents recorded in this trajectory file "
-                                                     "(per_question.jsonl of an evaluation, or a run's rollouts.jsonl)")
-OUT = flags.DEFINE_string("out", None, "output directory (default runs/eval/<model>-<task>-<time>)")
+                            "(per_question.jsonl of an evaluation, or a run's rollouts.jsonl)", flag_values=F)
+OUT = flags.DEFINE_string("out", None, "output directory (default runs/eval/<model>-<task>-<time>)", flag_values=F)
 COMPARE = flags.DEFINE_multi_string("compare", [], "paper rows to print next to ours, 'method,backbone' "
-                                                   "(default: the matching row, else all)")
-QUIET = flags.DEFINE_bool("quiet", False, "no progress bar")
+                                    "(default: the matching row, else all)", flag_values=F)
+QUIET = flags.DEFINE_bool("quiet", False, "no progress bar", flag_values=F)
 
 
-def main(argv) -> None:
-    del argv
-    setup_logging()
+def main(argv: list[str] | None = None) -> int:
+    CLI.parse(argv)
     from configs import evaluate as eval_config
-    config = CONFIG.value if CONFIG.value is not None else eval_config.get_config(TASK.value or "qa")
+    config = CLI.config.value if CLI.config.value is not None else eval_config.get_config(TASK.value or "qa")
     if TASK.value:
         config.task = TASK.value
     if MODEL.value:
@@ -74,7 +76,8 @@ def main(argv) -> None:
     print(markdown(results))
     for name, path in results["files"].items():
         print(f"{name}: {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    app.run(main)
+    sys.exit(main())

@@ -1,30 +1,37 @@
-"""python -m launch.init_adapters --model M --out DIR [--rank 8 --alpha 16 --seed 0 --b-std 0]
+"""Write a new DART adapter directory (two PEFT adapters + the tag tokens and their rows) for a model.
 
-Writes a DART adapter directory (two PEFT adapters + tag tokens) for model M."""
+    python -m launch.init_adapters --model=smollm2-135m-instruct --out=runs/dart0
+    python -m launch.init_adapters --model=DIR --out=OUT --task=sql --b-std=0.02   # B ≠ 0, for cross-checks
+"""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from dart_jax.adapters.bootstrap import init_dart_directory
-from dart_jax.adapters.method import MethodSpec
+from absl import flags
+
+from launch._cli import Command
+
+CLI = Command("launch.init_adapters", __doc__)
+F = CLI.flags
+MODEL = flags.DEFINE_string("model", None, "model name or path (required)", flag_values=F)
+OUT = flags.DEFINE_string("out", None, "adapter directory to write (required)", flag_values=F)
+RANK = flags.DEFINE_integer("rank", 8, "LoRA rank per adapter", flag_values=F)
+ALPHA = flags.DEFINE_float("alpha", 16.0, "LoRA alpha", flag_values=F)
+SEED = flags.DEFINE_integer("seed", 0, "init seed", flag_values=F)
+B_STD = flags.DEFINE_float("b-std", 0.0, "B ~ N(0, b_std²) instead of 0 (for cross-checks)", flag_values=F)
+TASK = flags.DEFINE_enum("task", "qa", ["qa", "sql"], "router tags: <search> or <sql>", flag_values=F)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--rank", type=int, default=8)
-    ap.add_argument("--alpha", type=float, default=16.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--b-std", type=float, default=0.0,
-                    help="B ~ N(0, b_std^2) instead of 0 (for cross-checks)")
-    ap.add_argument("--task", choices=["qa", "sql"], default="qa", help="router tags: <search> or <sql>")
-    args = ap.parse_args(argv)
-    tags = ("<search>", "</search>") if args.task == "qa" else ("<sql>", "</sql>")
-    out = init_dart_directory(args.model, args.out, MethodSpec("dart", rank=args.rank, alpha=args.alpha),
-                              args.seed, args.b_std, *tags)
+def main(argv: list[str] | None = None) -> int:
+    CLI.parse(argv)
+    if not MODEL.value or not OUT.value:
+        raise SystemExit("launch.init_adapters: --model and --out are required")
+    from dart_jax.adapters.bootstrap import init_dart_directory
+    from dart_jax.adapters.method import MethodSpec
+    tags = ("<search>", "</search>") if TASK.value == "qa" else ("<sql>", "</sql>")
+    out = init_dart_directory(MODEL.value, OUT.value, MethodSpec("dart", rank=RANK.value, alpha=ALPHA.value),
+                              SEED.value, B_STD.value, *tags)
     print(f"wrote DART adapters to {out}")
     return 0
 

@@ -1,24 +1,31 @@
-"""python -m launch.sft --config=configs/sft_quickstart.py [--config.sft.epochs=2] [--resume | --overwrite]
-
-Supervised warm start on protocol-following trajectories (demonstrations built from real data and
+"""Supervised warm start on protocol-following trajectories (demonstrations built from real data and
 tools, or a saved run's correct trajectories); writes a warm-start directory that a GRPO run merges
-into its base with `--config.warm_start=DIR`. See dart_jax/sft/trainer.py."""
+into its base with `--config.warm_start=DIR` (dart_jax/sft/trainer.py).
+
+    python -m launch.sft --config=configs/sft_quickstart.py
+    python -m launch.sft --config=configs/sft_quickstart.py --config.sft.epochs=2 --overwrite
+"""
 
 from __future__ import annotations
 
-from launch import _job
+import sys
+
+from launch._cli import Command, define_run_flags
+
+CLI = Command("launch.sft", __doc__, config=True, config_required=True)
+RESUME, OVERWRITE = define_run_flags(CLI)
 
 
-def main(argv) -> None:
-    del argv
-    config = _job.config_or_exit()
+def main(argv: list[str] | None = None) -> int:
+    CLI.parse(argv)
+    from dart_jax.run.run_dir import RunDirError
     from dart_jax.sft.trainer import SFTTrainer, sft_summary
-    from dart_jax.rl.run_dir import RunDirError
     try:
-        print(sft_summary(SFTTrainer(config).run(resume=_job.RESUME.value, overwrite=_job.OVERWRITE.value)))
+        print(sft_summary(SFTTrainer(CLI.config.value).run(resume=RESUME.value, overwrite=OVERWRITE.value)))
     except RunDirError as e:
         raise SystemExit(f"launch.sft: {e}") from None
+    return 0
 
 
 if __name__ == "__main__":
-    _job.run(main)
+    sys.exit(main())

@@ -1,22 +1,33 @@
-"""python -m launch.train --config=configs/quickstart.py [--config.train.steps=8] [--resume | --overwrite]
+"""GRPO training — DART, LoRA, full-parameter and the CEA variants — as the config says (configs/).
 
-GRPO training (DART, LoRA, full-parameter, CEA variants) as the config says; see configs/."""
+    python -m launch.train --config=configs/quickstart.py
+    python -m launch.train --config=configs/quickstart.py --resume --config.train.steps=32
+    python -m launch.train --config=configs/paper_qa.py:dart,qwen2.5-3b-base --config.model.path=DIR \\
+        --config.data.train[0].path=train.parquet --config.retriever.url=http://127.0.0.1:8000/retrieve
+
+A new run refuses an output.dir that holds a run (--resume continues it, --overwrite replaces it).
+"""
 
 from __future__ import annotations
 
-from launch import _job
+import sys
+
+from launch._cli import Command, define_run_flags
+
+CLI = Command("launch.train", __doc__, config=True, config_required=True)
+RESUME, OVERWRITE = define_run_flags(CLI)
 
 
-def main(argv) -> None:
-    del argv
-    config = _job.config_or_exit()
+def main(argv: list[str] | None = None) -> int:
+    CLI.parse(argv)
     from dart_jax.rl.trainer import Trainer, summary
-    from dart_jax.rl.run_dir import RunDirError
+    from dart_jax.run.run_dir import RunDirError
     try:
-        print(summary(Trainer(config).run(resume=_job.RESUME.value, overwrite=_job.OVERWRITE.value)))
+        print(summary(Trainer(CLI.config.value).run(resume=RESUME.value, overwrite=OVERWRITE.value)))
     except RunDirError as e:
         raise SystemExit(f"launch.train: {e}") from None
+    return 0
 
 
 if __name__ == "__main__":
-    _job.run(main)
+    sys.exit(main())

@@ -8,7 +8,7 @@ import jax
 
 from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.checkpoints.dart_io import export_dart
-from dart_jax.tokenization.tokenizer import load_tagged_model
+from dart_jax.checkpoints.registry import load_tagged_model
 
 
 def init_dart_directory(model: str, out_dir: str, spec: MethodSpec = MethodSpec("dart"), seed: int = 0,

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from dart_jax.models import lora as lora_lib
 from dart_jax.models.config import ModelConfig
-from dart_jax.rollout.router import PAD_ROLE, REASONING, TOOL
+from dart_jax.roles.router import PAD_ROLE, REASONING, TOOL
 
 VARIANTS = ("full", "lora", "dart")
 ROLE_MASKS = ("both", "reasoning", "tool")

@@ -10,7 +10,8 @@ import numpy as np
 
 from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.bench.timing import interleaved, ratio
-from dart_jax.checkpoints.registry import load_model, resolve
+from dart_jax.checkpoints.registry import load_model
+from dart_jax.models.names import resolve
 from dart_jax.models.transformer import forward
 
 
@@ -51,7 +52,7 @@ def bench_adapters(model: str = "smollm2-135m-instruct", batch: int = 4, length:
         import peft
         import torch
 
-        from dart_jax.parity.crosscheck import load_torch_model
+        from dart_jax.parity.model_check import load_torch_model
         ref = load_torch_model(path)
         pm = peft.get_peft_model(ref, peft.LoraConfig(r=16, lora_alpha=32, target_modules=[
             "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))

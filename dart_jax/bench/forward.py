@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.bench.timing import interleaved, matmul_probe, peak_per_round, ratio
-from dart_jax.checkpoints.registry import load_model, resolve
+from dart_jax.checkpoints.registry import load_model
+from dart_jax.models.names import resolve
 from dart_jax.models.transformer import forward
 
 
@@ -26,7 +27,7 @@ def bench_forward(model: str = "smollm2-135m-instruct", batch: int = 8, length: 
                   repeats: int = 5, compute_dtype: str = "float32", torch_threads: int | None = None) -> dict:
     import torch
 
-    from dart_jax.parity.crosscheck import load_torch_model
+    from dart_jax.parity.model_check import load_torch_model
 
     path = resolve(model)
     cfg, base = load_model(path, compute_dtype=compute_dtype, param_dtype=compute_dtype)

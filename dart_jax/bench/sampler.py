@@ -11,12 +11,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.bench.timing import interleaved, matmul_probe, peak_per_round, ratio
-from dart_jax.checkpoints.registry import load_model, resolve
+from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.cache import init_cache
+from dart_jax.models.names import resolve
 from dart_jax.models.transformer import per_layer_params
-from dart_jax.rollout.router import RouterSpec
-from dart_jax.rollout.sampler import (SamplerSpec, append, bucket, cache_used, decode_segment, ensure_capacity,
-                                      prefill)
+from dart_jax.roles.router import RouterSpec
+from dart_jax.rollout.sampler import (
+    SamplerSpec,
+    append,
+    bucket,
+    cache_used,
+    decode_segment,
+    ensure_capacity,
+    prefill,
+)
 from dart_jax.rollout.sampling import SamplingConfig
 
 
@@ -63,7 +71,7 @@ def bench_sampler(model: str = "smollm2-135m-instruct", batches=(1, 8, 32), new_
     if with_torch:
         import torch
 
-        from dart_jax.parity.crosscheck import load_torch_model
+        from dart_jax.parity.model_check import load_torch_model
         ref = load_torch_model(path).to(getattr(torch, dtype))
         sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else \
             dict(do_sample=False)

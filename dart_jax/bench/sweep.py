@@ -23,9 +23,15 @@ from dart_jax.bench.train import synthetic_batch
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.parallel.mesh import make_mesh
 from dart_jax.rl.optim import make_optimizer
-from dart_jax.rl.sections import loss_config, method_spec, model_overrides, optim_config
-from dart_jax.rl.placement import jit_step, microbatch_sharding, place_state, state_bytes_per_device
+from dart_jax.rl.placement import (
+    jit_step,
+    microbatch_sharding,
+    place_state,
+    state_bytes_per_device,
+)
+from dart_jax.rl.sections import loss_config, method_spec, optim_config
 from dart_jax.rl.step import BATCH_KEYS, make_train_step
+from dart_jax.run.policy import model_overrides
 
 
 def sweep_mesh(config, shapes: list[tuple[int, int, int]], length: int = 512, steps: int = 3) -> list[dict]:

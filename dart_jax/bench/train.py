@@ -28,7 +28,8 @@ import numpy as np
 
 from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.bench.timing import interleaved, matmul_probe, peak_per_round, ratio
-from dart_jax.checkpoints.registry import load_model, resolve
+from dart_jax.checkpoints.registry import load_model
+from dart_jax.models.names import resolve
 from dart_jax.rl.optim import OptimConfig, make_optimizer
 from dart_jax.rl.step import BATCH_KEYS, LossConfig, init_state, make_train_step
 
@@ -63,7 +64,7 @@ def _torch_update(side: str, path, adapters, batch, lc: LossConfig, oc: OptimCon
     """-> a closure running one PyTorch update of `side` (see the module docstring)."""
     import torch
 
-    from dart_jax.parity.crosscheck import load_torch_model
+    from dart_jax.parity.model_check import load_torch_model
     from dart_jax.parity.torch_lora import install, install_concatenated, torch_factors
 
     model = load_torch_model(path)

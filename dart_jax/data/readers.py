@@ -20,7 +20,7 @@ import re
 from typing import Any, Iterable, Sequence
 
 from dart_jax.data.corpus import read_jsonl
-
+from dart_jax.data.text import normalize_answer
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,6 @@ READERS = {"search_r1_parquet": read_search_r1_parquet, "flashrag": read_flashra
 def question_key(row: dict) -> tuple[str, str]:
     """What makes two rows the same question: the normalised text (SQuAD normalisation: case,
     punctuation, articles) and, for SQL, the database."""
-    from dart_jax.rewards.qa import normalize_answer
     return row.get("db_id", ""), normalize_answer(str(row.get("question", "")))
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from dart_jax.data.readers import load_rows, READERS
-from dart_jax.rollout.tasks import DATA
+from dart_jax.data.paths import DATA
+from dart_jax.data.readers import READERS, load_rows
 
 
 @dataclasses.dataclass(frozen=True)

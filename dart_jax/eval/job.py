@@ -8,17 +8,23 @@ import time
 
 import jax
 
+from dart_jax.data.paths import repo_path
 from dart_jax.eval import paper
 from dart_jax.eval.datasets import default_sets, resolve
 from dart_jax.eval.fixed import FixedRetrieval
 from dart_jax.eval.policy import load_eval_policy
 from dart_jax.eval.report import write_reports
-from dart_jax.eval.runner import EvalOptions, Evaluator, group_scores, write_per_question_accuracy
-from dart_jax.rl.policy import repo_path, run_mesh
+from dart_jax.eval.runner import (
+    EvalOptions,
+    Evaluator,
+    group_scores,
+    write_per_question_accuracy,
+)
 from dart_jax.rl.sections import section
-from dart_jax.rl.trainer import build_tool
 from dart_jax.rollout.agent import RolloutConfig
 from dart_jax.rollout.protocol import PROTOCOLS
+from dart_jax.run.policy import run_mesh
+from dart_jax.run.task import build_tool
 
 log = logging.getLogger(__name__)
 

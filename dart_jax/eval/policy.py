@@ -25,9 +25,9 @@ import jax.numpy as jnp
 
 from dart_jax.adapters.method import MethodSpec, model_trees
 from dart_jax.checkpoints.dart_io import MANIFEST
+from dart_jax.data.paths import repo_path
 from dart_jax.models.lora import LoraAdapter
-from dart_jax.rl.policy import load_policy, repo_path
-from dart_jax.rl.trainer import ROUTE_MODE
+from dart_jax.run.policy import ROUTE_MODE, load_policy
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def load_eval_policy(config, mesh, checkpoint: str | None = None, peft: str | No
 def _from_authors(config, mesh, path: str, remove: str | None, source: dict) -> Policy:
     """A checkpoint of the DART authors' code: base + both adapters from one directory, their router."""
     from dart_jax.checkpoints.authors_io import import_authors
-    from dart_jax.rl.sections import model_overrides
+    from dart_jax.run.policy import model_overrides
     cfg, base, adapters, spec, tok, meta = import_authors(path, mesh, **model_overrides(config))
     if tok is None:
         raise FileNotFoundError(f"{path}: evaluation needs the tokenizer saved with the checkpoint")
@@ -147,10 +147,10 @@ def _from_dart(config, mesh, key, path: str, remove: str | None, source: dict) -
 
 def _from_orbax(config, mesh, key, path: str, step: int | None, remove: str | None, source: dict) -> Policy:
     """Rebuild the run's train state from its config and restore the trained tree into it."""
-    from dart_jax.rl.checkpoint import Checkpointer
     from dart_jax.rl.optim import make_optimizer
     from dart_jax.rl.placement import place_state
     from dart_jax.rl.sections import method_spec, optim_config
+    from dart_jax.run.checkpoint import Checkpointer
 
     method = method_spec(config)
     cfg, base, tok, adapters = load_policy(config, method, mesh, key)

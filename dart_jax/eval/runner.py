@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 
 import numpy as np
@@ -26,7 +25,6 @@ from dart_jax.rollout.agent import Agent, RolloutConfig
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.tasks import qa_task, sql_task
 from dart_jax.tools.sqlite_exec import execute
-
 
 SQL_MEAN = "Avg (these sets)"
 
@@ -208,8 +206,3 @@ def write_per_question_accuracy(records_path: str, out_path: str) -> int:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     return len(rows)
-
-
-def ensure_dir(path: str) -> str:
-    os.makedirs(path, exist_ok=True)
-    return path

@@ -16,9 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from dart_jax.models import cache as cache_lib
-from dart_jax.models import lora as lora_lib
-from dart_jax.models import rope
+from dart_jax.models import cache as cache_lib, lora as lora_lib, rope
 from dart_jax.models.cache import KVCache
 from dart_jax.models.config import ModelConfig
 

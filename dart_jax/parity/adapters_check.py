@@ -12,10 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.checkpoints.dart_io import import_dart
-from dart_jax.checkpoints.registry import load_model, resolve
+from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.lora import adapter_names
+from dart_jax.models.names import resolve
 from dart_jax.models.transformer import forward
-from dart_jax.rollout.router import route_roles
+from dart_jax.roles.router import route_roles
 from dart_jax.tokenization.tokenizer import encode_chat
 
 DEFAULT_TRAJECTORY = [
@@ -52,7 +53,7 @@ def crosscheck_adapters(model: str, adapters_dir: str) -> AdapterReport:
     import torch
 
     from dart_jax.parity import torch_lora
-    from dart_jax.parity.crosscheck import load_torch_model
+    from dart_jax.parity.model_check import load_torch_model
 
     t0 = time.time()
     path = resolve(model)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dart_jax.parity.report import TOLERANCES, CheckReport, Quantity
+from dart_jax.parity.check_report import TOLERANCES, CheckReport, Quantity
 
 
 def _q(name: str, kind: str, diff: float, scale: float, key: str) -> Quantity:

@@ -1,5 +1,5 @@
 """`launch.crosscheck step`: full jitted GRPO updates (clipping, AdamW, warmup) vs torch.optim.AdamW
-+ clip_grad_norm_ + LambdaLR on the batch of `grpo_check`, parameters after every update.
++ clip_grad_norm_ + LambdaLR on the batch of `loss_check`, parameters after every update.
 
 The schedule runs on verl's clock: each RL step applies one update per mini-batch (≥ 2), then torch's
 LambdaLR steps once, as verl's actor calls lr_scheduler.step() after update_policy; ours reads the
@@ -15,12 +15,34 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dart_jax.parity.grpo_check import (MARGIN, RESPONSE_LENGTH, Setup, _old_ref, _stack, _torch_batch,
-                                        _torch_factors, _torch_forward, prepare)
-from dart_jax.parity.report import TOLERANCES, CheckReport, Quantity, quantity, within
+from dart_jax.parity.check_report import (
+    TOLERANCES,
+    CheckReport,
+    Quantity,
+    quantity,
+    within,
+)
+from dart_jax.parity.loss_check import (
+    MARGIN,
+    RESPONSE_LENGTH,
+    Setup,
+    _old_ref,
+    _stack,
+    _torch_batch,
+    _torch_factors,
+    _torch_forward,
+    prepare,
+)
 from dart_jax.rl.advantages import group_index, grpo_advantages
 from dart_jax.rl.optim import OptimConfig, make_optimizer
-from dart_jax.rl.step import BATCH_KEYS, LossConfig, init_state, make_accumulate, make_train_step, sequence_logprobs
+from dart_jax.rl.step import (
+    BATCH_KEYS,
+    LossConfig,
+    init_state,
+    make_accumulate,
+    make_train_step,
+    sequence_logprobs,
+)
 
 
 def crosscheck_step(model: str, dtype: str = "float32", lc: LossConfig | None = None,

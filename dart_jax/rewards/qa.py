@@ -4,20 +4,11 @@
 from __future__ import annotations
 
 import re
-import string
+
+from dart_jax.data.text import normalize_answer
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _INFO = re.compile(r"<information>(.*?)</information>", re.DOTALL)
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = set(string.punctuation)
-
-
-def normalize_answer(s: str) -> str:
-    """lowercase → drop punctuation → drop articles a/an/the → collapse whitespace."""
-    s = s.lower()
-    s = "".join(ch for ch in s if ch not in _PUNCT)
-    s = _ARTICLES.sub(" ", s)
-    return " ".join(s.split())
 
 
 def extract_answer(response: str) -> str | None:

@@ -20,7 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from dart_jax.rewards.qa import em_format_reward, em_reward
-from dart_jax.rewards.sql import SHAPINGS, shaped_reward, training_outcome, verify_format_and_extract
+from dart_jax.rewards.sql import (
+    SHAPINGS,
+    shaped_reward,
+    training_outcome,
+    verify_format_and_extract,
+)
 from dart_jax.tools.sqlite_exec import execute
 
 QA_REWARDS = ("em", "em_format")

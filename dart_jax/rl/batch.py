@@ -13,7 +13,7 @@ import numpy as np
 
 from dart_jax.adapters.method import MethodSpec, role_token_mask, routes_for
 from dart_jax.rl.advantages import group_index, grpo_advantages
-from dart_jax.rollout.router import RouterSpec, loss_roles, route_roles
+from dart_jax.roles.router import RouterSpec, loss_roles, route_roles
 from dart_jax.rollout.trajectory import TrajectoryBatch
 
 

@@ -35,7 +35,3 @@ def reward_config(config) -> RewardConfig:
 def optim_config(config) -> OptimConfig:
     return OptimConfig(**section(config, "optim"))
 
-
-def model_overrides(config) -> dict:
-    """ModelConfig fields set by `config.model` (everything but the path; empty values skipped)."""
-    return {k: v for k, v in section(config, "model").items() if k != "path" and v not in (None, "")}

@@ -38,7 +38,13 @@ from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import hidden_states, output_head
 from dart_jax.rl import losses
 from dart_jax.rl.logprobs import token_logprobs
-from dart_jax.rl.optim import OptimConfig, apply_update, clock, learning_rate, make_optimizer
+from dart_jax.rl.optim import (
+    OptimConfig,
+    apply_update,
+    clock,
+    learning_rate,
+    make_optimizer,
+)
 from dart_jax.tokenization.sentinels import with_token_rows
 
 BATCH_KEYS = ("tokens", "positions", "route_ids", "loss_roles", "loss_mask", "old_logp", "ref_logp", "advantages")

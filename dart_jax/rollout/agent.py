@@ -16,12 +16,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.models.cache import init_cache
-from dart_jax.models.transformer import per_layer_params
 from dart_jax.models.generate import left_pad
+from dart_jax.models.transformer import per_layer_params
+from dart_jax.roles.router import RouterSpec
 from dart_jax.rollout.protocol import Protocol, stop_sequences
-from dart_jax.rollout.router import RouterSpec
-from dart_jax.rollout.sampler import (STOPPED, SamplerSpec, append, bucket, cache_used, decode_segment,
-                                      ensure_capacity, prefill)
+from dart_jax.rollout.sampler import (
+    STOPPED,
+    SamplerSpec,
+    append,
+    bucket,
+    cache_used,
+    decode_segment,
+    ensure_capacity,
+    prefill,
+)
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.trajectory import TrajectoryBatch, assemble
 from dart_jax.tokenization.sentinels import sentinel_ids

@@ -25,7 +25,7 @@ from dart_jax.models import cache as cache_lib
 from dart_jax.models.cache import KVCache
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import hidden_states, output_head
-from dart_jax.rollout.router import RouterSpec, route_roles, route_step, state_after
+from dart_jax.roles.router import RouterSpec, route_roles, route_step, state_after
 from dart_jax.rollout.sampling import SamplingConfig, sample
 
 RUNNING, STOPPED, LENGTH = 0, 1, 2

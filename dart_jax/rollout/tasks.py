@@ -5,11 +5,11 @@ Each returns prompts (chat-templated ids), uids and per-row metadata (what the t
 from __future__ import annotations
 
 import os
+
 from dart_jax.data.corpus import read_jsonl
+from dart_jax.data.paths import DATA
 from dart_jax.data.prompts import qa_prompt, sql_prompt
 from dart_jax.tokenization.tokenizer import encode_chat
-
-DATA = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "data"))
 
 
 def qa_rows(path: str | None = None, n: int = 4, offset: int = 0) -> list[dict]:

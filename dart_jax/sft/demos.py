@@ -33,7 +33,7 @@ from typing import Iterable
 import numpy as np
 
 from dart_jax.data.prompts import qa_prompt, qa_question, sql_prompt
-from dart_jax.rewards.qa import normalize_answer
+from dart_jax.data.text import normalize_answer
 from dart_jax.rewards.sql import execution_match
 from dart_jax.rollout.agent import observation_ids
 from dart_jax.rollout.protocol import PROTOCOLS, QA, SQL, Protocol

@@ -28,23 +28,30 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dart_jax.checkpoints.dart_io import export_dart
+from dart_jax.data.paths import DATA, repo_path
 from dart_jax.data.readers import exclude_questions, load_rows
-from dart_jax.rl import batch as batch_lib
-from dart_jax.rl import run_dir
-from dart_jax.rl.checkpoint import Checkpointer, checkpoint_steps
-from dart_jax.rl.metrics import MetricsWriter, plot_curves
-from dart_jax.rl.optim import make_optimizer
-from dart_jax.rl.placement import init_on_mesh, jit_step, microbatch_sharding, place_state
-from dart_jax.rl.policy import load_policy, repo_path, run_mesh
-from dart_jax.rl.sections import loss_config, method_spec, optim_config, reward_config, section
-from dart_jax.rl.step import SFT_KEYS, make_scorer, make_train_step, policy_trees
-from dart_jax.rl.trainer import ROUTE_MODE, make_tool
 from dart_jax.rewards.training import make_reward
-from dart_jax.rl.evaluate import rollout_eval
+from dart_jax.rl import batch as batch_lib
+from dart_jax.rl.optim import make_optimizer
+from dart_jax.rl.placement import init_on_mesh, place_state
+from dart_jax.rl.sections import (
+    loss_config,
+    method_spec,
+    optim_config,
+    reward_config,
+    section,
+)
+from dart_jax.rl.stages import UpdatePlan, Updater
+from dart_jax.rl.step import make_scorer, policy_trees
+from dart_jax.roles.router import RouterSpec
 from dart_jax.rollout.agent import RolloutConfig, tool_for
 from dart_jax.rollout.protocol import PROTOCOLS
-from dart_jax.rollout.router import RouterSpec
-from dart_jax.rollout.tasks import DATA
+from dart_jax.run import run_dir
+from dart_jax.run.checkpoint import Checkpointer, checkpoint_steps
+from dart_jax.run.held_out import rollout_eval
+from dart_jax.run.metrics import MetricsWriter, plot_curves
+from dart_jax.run.policy import ROUTE_MODE, load_policy, run_mesh
+from dart_jax.run.task import make_tool
 from dart_jax.sft import demos as demo_lib
 from dart_jax.tokenization.sentinels import row_params, sentinel_ids
 
@@ -138,8 +145,9 @@ class SFTTrainer:
         ids = sentinel_ids(self.tok, (self.protocol.tool_open, self.protocol.tool_close))
         self.router = RouterSpec((ids[self.protocol.tool_open],), (ids[self.protocol.tool_close],),
                                  config.router.convention)
-        self._step = make_train_step(self.cfg, self.method, self.loss_cfg, self.optim_cfg, self.row_ids)
-        self._jits: dict = {}
+        self.updater = Updater(self.cfg, self.method, self.loss_cfg, self.optim_cfg,
+                               UpdatePlan(sc.batch_size, sc.micro_batch, shuffle_minibatches=False, seed=sc.seed),
+                               self.mesh, self.row_ids)
         score = make_scorer(self.cfg, 1.0, self.loss_cfg.logprob_chunk)
         method, row_ids = self.method, self.row_ids
 
@@ -161,23 +169,17 @@ class SFTTrainer:
         return batch_lib.token_arrays(ids, pos, mask, self.method, self.router, self.config.train.pad_multiple)
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
-        """Step `step`'s batch [M, micro, T]: epoch-wise seeded shuffles, so a resumed run sees the same."""
+        """Step `step`'s batch [batch_size, T]: epoch-wise seeded shuffles, so a resumed run sees the same."""
         sc = self.config.sft
         epoch, k = divmod(step, self.steps_per_epoch)
         order = np.random.default_rng([sc.seed, epoch]).permutation(len(self.encoded))
         rows = order[k * sc.batch_size:(k + 1) * sc.batch_size]
-        arrays = self._arrays([self.encoded[i] for i in rows])
-        m = sc.batch_size // sc.micro_batch
-        return {key: arrays[key].reshape((m, sc.micro_batch) + arrays[key].shape[1:]) for key in SFT_KEYS}
+        return self._arrays([self.encoded[i] for i in rows])
 
     def _update(self, batch: dict, step: int) -> dict:
-        shapes = tuple((k, batch[k].shape) for k in SFT_KEYS)
-        if shapes not in self._jits:
-            self._jits[shapes] = jit_step(self._step, self.state, self.base, dict(shapes), self.mesh)
-        batch = {k: jax.device_put(v, microbatch_sharding(v.shape, self.mesh)) for k, v in batch.items()}
-        self.state, m = self._jits[shapes](self.state, self.base, batch, jax.random.fold_in(self.key, step),
-                                           np.int32(step))  # one update per SFT step: both clocks agree
-        return jax.device_get(m)
+        """One SFT step = one update of the shared update stage (both schedule clocks agree)."""
+        self.state, (m,) = self.updater(self.state, self.base, batch, step, jax.random.fold_in(self.key, step))
+        return m
 
     def validation_nll(self) -> float:
         """Token-mean NLL of the written tokens of the held-out demonstrations."""
@@ -195,7 +197,7 @@ class SFTTrainer:
 
     def protocol_check(self, n: int, temperature: float = 0.0) -> dict:
         """Rollouts (greedy, or sampled at `temperature` as GRPO samples) of up to n held-out questions
-        with the real tool: does the policy follow the protocol? (`rl.evaluate.rollout_eval`)"""
+        with the real tool: does the policy follow the protocol? (`run.held_out.rollout_eval`)"""
         rc = RolloutConfig(**section(self.config, "rollout"), route_mode=ROUTE_MODE[self.method.variant])
         base, ads = policy_trees(self.method, self.state.compute_params(), self.base, self.row_ids)
         return rollout_eval(self.cfg, self.tok, self.protocol,

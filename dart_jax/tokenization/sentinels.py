@@ -18,6 +18,7 @@ from tokenizers import AddedToken
 
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import Params
+from dart_jax.roles.router import RouterSpec
 
 # tag -> reference word whose embedding seeds the new row
 SENTINEL_TAGS: dict[str, str] = {
@@ -118,3 +119,9 @@ def grow_embeddings(base: Params, cfg: ModelConfig, tokenizer, tags: Mapping[str
             seeded.append(table[ref].mean(axis=0) + noise_scale * std * noise)
         rows[name] = np.stack(seeded) if seeded else np.zeros((0, table.shape[1]), np.float32)
     return set_token_rows(base, cfg, [ids[t] for t in tags], rows, len(tokenizer))
+
+
+def router_for_tags(tokenizer, open_tag: str, close_tag: str, convention: str = "dart_jax") -> RouterSpec:
+    """The router ψ over one (open, close) tag pair, by their token ids in `tokenizer`."""
+    ids = sentinel_ids(tokenizer, (open_tag, close_tag))
+    return RouterSpec((ids[open_tag],), (ids[close_tag],), convention)

@@ -6,7 +6,7 @@ import os
 
 import transformers
 
-from dart_jax.checkpoints.registry import is_gguf, resolve
+from dart_jax.models.names import is_gguf, resolve
 
 
 def load_tokenizer(name_or_path: str):
@@ -39,27 +39,3 @@ def stop_ids(tokenizer, cfg_eos: tuple[int, ...] = ()) -> tuple[int, ...]:
         if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
             ids.add(tid)
     return tuple(sorted(ids))
-
-
-def load_tagged_model(name_or_path: str, key, mesh=None, **overrides):
-    """Model + tokenizer with the sentinel tags added and their embedding rows seeded: the
-    starting point of every DART run. -> (cfg, base, tokenizer). `overrides` set ModelConfig
-    fields (dtypes, remat, scan). A tag the checkpoint already has as one token with a row (a
-    verl / DART run exported with its tags, Qwen3's native <think>) keeps its row: only tags added
-    here, or without a row, are seeded."""
-    import logging
-
-    from dart_jax.checkpoints.registry import load_model
-    from dart_jax.tokenization.sentinels import SENTINEL_TAGS, add_sentinel_tokens, grow_embeddings, sentinel_ids
-    path = resolve(name_or_path)
-    cfg, base = load_model(path, mesh=mesh, **overrides)
-    tok = load_tokenizer(path)
-    added = set(add_sentinel_tokens(tok))
-    ids = sentinel_ids(tok)
-    seed = {t: w for t, w in SENTINEL_TAGS.items() if t in added or ids[t] >= cfg.vocab_size}
-    kept = [t for t in SENTINEL_TAGS if t not in seed]
-    if kept:
-        logging.getLogger(__name__).info("%s: tags already in the vocabulary keep their rows: %s", path, kept)
-    if seed or len(tok) > cfg.vocab_size:
-        base, cfg = grow_embeddings(base, cfg, tok, seed, key)
-    return cfg, base, tok

@@ -12,7 +12,7 @@ from dart_jax.adapters.method import MethodSpec, init_adapters, model_trees, rol
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.lora import init_lora
 from dart_jax.models.transformer import forward
-from dart_jax.rollout.router import PAD_ROLE, RouterSpec, loss_roles, route_roles
+from dart_jax.roles.router import PAD_ROLE, RouterSpec, loss_roles, route_roles
 
 OPEN, CLOSE = 100, 101
 

@@ -15,7 +15,7 @@ from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.lora import LoraAdapter, init_lora
 from dart_jax.models.transformer import forward
 from dart_jax.parity import torch_lora
-from dart_jax.rollout.router import RouterSpec, route_roles
+from dart_jax.roles.router import RouterSpec, route_roles
 
 TOL = 3e-5  # absolute, plus RTOL: logits reach |z|≈6 (weights std 0.2); two fp32 implementations differ by
 # ~1 ulp·depth there: measured up to 1.5e-5 (2.5e-6 of max |z|) on an AVX-512 host, 1e-5 elsewhere

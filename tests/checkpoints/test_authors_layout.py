@@ -16,7 +16,7 @@ import tiny_models
 from dart_jax.checkpoints.authors_io import AuthorsLayoutError, import_authors, is_authors_dir
 from dart_jax.models.transformer import forward
 from dart_jax.parity import torch_lora
-from dart_jax.rollout.router import route_roles
+from dart_jax.roles.router import route_roles
 
 R, ALPHA = tiny_models.AUTHORS_R, tiny_models.AUTHORS_ALPHA
 ENTER, EXIT = tiny_models.AUTHORS_ENTER, tiny_models.AUTHORS_EXIT

@@ -3,7 +3,7 @@
 import numpy as np
 
 from dart_jax.checkpoints.gguf_import import unpermute_qk
-from dart_jax.parity.crosscheck import crosscheck_model
+from dart_jax.parity.model_check import crosscheck_model
 
 
 def llama_cpp_permute(w, n_head):

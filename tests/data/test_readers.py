@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dart_jax.data import readers
-from dart_jax.rollout.tasks import DATA
+from dart_jax.data.paths import DATA
 
 
 def _search_r1_parquet(path, source, ids_col=True):

@@ -18,8 +18,9 @@ from dart_jax.eval.job import evaluate
 from dart_jax.eval.policy import load_eval_policy
 from dart_jax.eval.runner import EvalOptions
 from dart_jax.models.transformer import forward
-from dart_jax.rl.policy import run_mesh
-from dart_jax.rl.trainer import Trainer, build_tool
+from dart_jax.run.policy import run_mesh
+from dart_jax.rl.trainer import Trainer
+from dart_jax.run.task import build_tool
 from dart_jax.rollout.agent import Agent, RolloutConfig
 from dart_jax.rollout.protocol import QA
 from dart_jax.rollout.sampling import SamplingConfig

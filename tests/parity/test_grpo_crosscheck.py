@@ -84,12 +84,12 @@ def test_user_tolerances_are_honoured_or_refused(tiny_smollm_dir, tmp_path):
     assert code == 1 and not rep["pass"]  # the old flag form is honoured too, no longer dropped
     with pytest.raises(SystemExit, match="expected KEY=VALUE"):
         crosscheck.main(["model", "--model", tiny_smollm_dir, "--tol", "logit=1e-3"])
-    from dart_jax.parity.report import TOLERANCES
+    from dart_jax.parity.check_report import TOLERANCES
     assert TOLERANCES["logits"][1] == 1e-3  # restored after the run
 
 
 def test_a_failing_quantity_fails_the_command(tmp_path, monkeypatch):
-    from dart_jax.parity.report import CheckReport, quantity
+    from dart_jax.parity.check_report import CheckReport, quantity
     good = quantity("advantages", "advantages", [0.5], [0.5], "float32")
     bad = quantity("log-probs", "logp", [1.0], [0.0], "float32")
     assert good.passed and not bad.passed
@@ -113,7 +113,7 @@ def test_unknown_reference_is_refused():
 
 
 def test_loss_in_bf16_is_held_against_pytorchs_own_bf16_error(tiny_smollm_dir):
-    from dart_jax.parity.grpo_check import crosscheck_loss
+    from dart_jax.parity.loss_check import crosscheck_loss
     rep = crosscheck_loss(tiny_smollm_dir, dtype="bfloat16")
     assert rep.passed, [(q.name, q.value, q.tol_bf16) for q in rep.quantities if not q.passed]
     grads = [q for q in rep.quantities if q.name.startswith("grad (A, B")]

@@ -1,7 +1,7 @@
 """QA rewards on hand-worked cases."""
 
-from dart_jax.rewards.qa import (em, em_format_reward, em_reward, extract_answer, normalize_answer,
-                                 retrieval_correct, valid_sequence)
+from dart_jax.rewards.qa import em, em_format_reward, em_reward, extract_answer, retrieval_correct, valid_sequence
+from dart_jax.data.text import normalize_answer
 
 GOOD = ("<think>need author</think>\n<search> war and peace author </search>\n\n<information>Doc 1(Title: "
         "\"War and Peace\") War and Peace is a novel by Leo Tolstoy.</information>\n\n<think>Tolstoy."

@@ -6,7 +6,7 @@ import pytest
 
 from dart_jax.adapters.method import MethodSpec
 from dart_jax.rl.batch import build_batch, minibatches
-from dart_jax.rollout.router import RouterSpec
+from dart_jax.roles.router import RouterSpec
 from dart_jax.rollout.trajectory import assemble
 
 OPEN, CLOSE = 90, 91

@@ -8,7 +8,7 @@ import pytest
 from configs import quickstart
 from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.checkpoints.peft_io import export_peft
-from dart_jax.rl.policy import init_kind, load_policy
+from dart_jax.run.policy import init_kind, load_policy
 from dart_jax.rl.sections import method_spec
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dart_jax.rl.metrics import plot_curves, read_metrics, wilson_interval
+from dart_jax.run.metrics import plot_curves, read_metrics, wilson_interval
 from dart_jax.rl.trainer import held_out_line, summary
 
 

@@ -12,10 +12,10 @@ import time
 import numpy as np
 import pytest
 
-from dart_jax.rl import run_dir
-from dart_jax.rl.checkpoint import Checkpointer
-from dart_jax.rl.metrics import read_metrics
-from dart_jax.rl.run_dir import RunDirError
+from dart_jax.run import run_dir
+from dart_jax.run.checkpoint import Checkpointer
+from dart_jax.run.metrics import read_metrics
+from dart_jax.run.run_dir import RunDirError
 from dart_jax.rl.trainer import Trainer
 
 from rl.test_trainer import _config
@@ -82,8 +82,7 @@ def test_config_differences_are_field_by_field():
 
 KILLER = r"""
 import sys, numpy as np
-from dart_jax.rl.checkpoint import Checkpointer
-from dart_jax.rl.metrics import read_metrics
+from dart_jax.run.checkpoint import Checkpointer
 ck = Checkpointer(sys.argv[1], keep=10)
 for step in range(1, 1000):
     print("saving", step, flush=True)
@@ -112,3 +111,13 @@ def test_sigkill_during_a_checkpoint_save_falls_back(tmp_path, delay):
     step, tree, meta = got
     assert step >= 2 and meta["step"] == step
     np.testing.assert_array_equal(np.asarray(tree["w"]), np.full((2_000_000,), step, np.float32))
+
+
+def test_resume_failure_names_a_layout_mismatch_apart_from_corruption(tmp_path):
+    """A checkpoint of an older train-state layout (no run_config.json, a structure error) is named as
+    such, not as corruption."""
+    err = run_dir.resume_failure(str(tmp_path), {"train": {"steps": 2}},
+                                 {3: "ValueError: checkpoint does not match the train state: missing ['a']"})
+    assert "layout differs" in str(err) and "step 3: ValueError" in str(err) and "corrupt or unfinished" not in str(err)
+    err = run_dir.resume_failure(str(tmp_path), {"train": {"steps": 2}}, {3: "CorruptCheckpoint: files altered"})
+    assert "corrupt or unfinished (no run_config.json" in str(err)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from configs import quickstart
-from dart_jax.rl.checkpoint import Checkpointer
-from dart_jax.rl.metrics import read_metrics
+from dart_jax.run.checkpoint import Checkpointer
+from dart_jax.run.metrics import read_metrics
 from dart_jax.rl.trainer import DataStream, Trainer
 
 
@@ -93,7 +93,7 @@ def test_resume_matches_uninterrupted_run(tiny_smollm_dir, tmp_path):
 
 
 def _flat_names(tree):
-    from dart_jax.rl.checkpoint import flatten_state
+    from dart_jax.run.checkpoint import flatten_state
     return list(flatten_state(tree))
 
 
@@ -204,7 +204,7 @@ def test_launch_train_cli_with_overrides_and_resume(tiny_smollm_dir, tmp_path):
 
 
 def test_task_accuracy_scores_the_last_answer():
-    from dart_jax.rl.trainer import task_accuracy
+    from dart_jax.run.held_out import task_accuracy
     texts = ["<search> q </search>\n\n<information>Doc 1 Paris</information>\n\n<answer> Paris </answer>",
              "<answer> Lyon </answer> then <answer> the Paris </answer>", "no answer at all: Paris", ""]
     metas = [{"golden_answers": ["Paris"]}] * 4

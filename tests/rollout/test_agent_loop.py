@@ -17,7 +17,7 @@ from dart_jax.data.corpus import read_jsonl
 from dart_jax.models.transformer import forward
 from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
 from dart_jax.rollout.protocol import QA
-from dart_jax.rollout.router import route_roles
+from dart_jax.roles.router import route_roles
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.tokenization.sentinels import SENTINEL_TAGS, add_sentinel_tokens, grow_embeddings
 from dart_jax.tokenization.tokenizer import encode_chat

@@ -2,7 +2,7 @@
 the shipped QA warm start (the raw model never writes the tags), says so, and prints the search and
 the retrieved passage; no SQL warm start is shipped and it says that too."""
 
-from dart_jax.rollout.demo import default_warm_start
+from dart_jax.run.demo import default_warm_start
 from launch import rollout
 
 

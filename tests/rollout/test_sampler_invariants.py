@@ -13,7 +13,7 @@ from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.cache import init_cache
 from dart_jax.models.generate import left_pad
 from dart_jax.models.transformer import forward, per_layer_params
-from dart_jax.rollout.router import RouterSpec, route_roles
+from dart_jax.roles.router import RouterSpec, route_roles
 from dart_jax.rollout.sampler import LENGTH, STOPPED, SamplerSpec, append, decode_segment, prefill
 from dart_jax.rollout.sampling import SamplingConfig
 

@@ -20,12 +20,12 @@ from dart_jax.checkpoints.dart_io import export_dart, import_dart
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.transformer import forward
 from dart_jax.rl import batch as batch_lib
-from dart_jax.rl.policy import load_policy
+from dart_jax.run.policy import load_policy
 from dart_jax.rl.step import SFT_KEYS, LossConfig, init_state, make_scorer, make_train_step
-from dart_jax.rollout.router import RouterSpec
+from dart_jax.roles.router import RouterSpec
 from dart_jax.sft import demos as D
 from dart_jax.tokenization.sentinels import row_params, sentinel_ids
-from dart_jax.tokenization.tokenizer import load_tagged_model
+from dart_jax.checkpoints.registry import load_tagged_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -196,7 +196,7 @@ def test_sft_variants_export_what_later_runs_load(tiny_smollm_dir, tmp_path, var
 
 
 def test_rollout_eval_skips_rows_without_a_reference():
-    from dart_jax.rl.evaluate import rollout_eval
+    from dart_jax.run.held_out import rollout_eval
     from dart_jax.rollout.protocol import QA, SQL
     assert rollout_eval(None, None, QA, None, None, "dart_jax", None, None, [{"question": "q"}]) == {}
     assert rollout_eval(None, None, SQL, None, None, "dart_jax", None, None, [{"question": "q", "db_path": "x"}]) == {}

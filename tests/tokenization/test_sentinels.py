@@ -98,7 +98,7 @@ def test_tags_a_checkpoint_already_has_keep_their_rows(tmp_path):
     """An HF directory exported with its tags (a verl / DART run) must not get its trained tag rows
     re-seeded when it is loaded again; tags it lacks are still added and seeded."""
     import tiny_models
-    from dart_jax.tokenization.tokenizer import load_tagged_model
+    from dart_jax.checkpoints.registry import load_tagged_model
     t = load_tokenizer("smollm2-135m-instruct")
     t.add_tokens(["<search>", "</search>"])  # two tags already trained in this "checkpoint"
     tiny_models.build("llama", str(tmp_path), vocab_size=len(t), hidden_size=32, intermediate_size=48,

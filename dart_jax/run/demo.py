@@ -9,17 +9,16 @@ from __future__ import annotations
 import jax
 
 from dart_jax.checkpoints.dart_io import import_dart
-from dart_jax.checkpoints.registry import load_model
+from dart_jax.checkpoints.registry import load_model, load_tagged_model
+from dart_jax.data.paths import repo_path
 from dart_jax.rewards.training import make_reward
-from dart_jax.rl.policy import merge_warm_start, repo_path
 from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
 from dart_jax.rollout.protocol import PROTOCOLS
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.tasks import qa_rows, qa_task, spider_rows, sql_task
-from dart_jax.tokenization.tokenizer import load_tagged_model
-from dart_jax.tools.retrieval import Retriever, RetrievalTool, ensure_index
+from dart_jax.run.policy import merge_warm_start
+from dart_jax.tools.retrieval import RetrievalTool, Retriever, ensure_index
 from dart_jax.tools.sqlite_exec import SQLiteTool
-
 
 SHIPPED_WARM_STARTS = {("smollm2-135m-instruct", "qa"): "data/warm_start/smollm2-135m-nq"}
 

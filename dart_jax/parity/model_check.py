@@ -15,8 +15,9 @@ import time
 import jax
 import numpy as np
 
-from dart_jax.checkpoints.registry import is_gguf, load_model, resolve
+from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.generate import greedy_generate, left_pad
+from dart_jax.models.names import is_gguf, resolve
 from dart_jax.models.transformer import forward
 from dart_jax.tokenization.tokenizer import encode_chat, load_tokenizer
 

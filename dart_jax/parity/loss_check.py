@@ -25,12 +25,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.adapters.method import MethodSpec, init_adapters
-from dart_jax.parity.report import TOLERANCES, CheckReport, Quantity, metric, quantity
+from dart_jax.parity.check_report import (
+    TOLERANCES,
+    CheckReport,
+    Quantity,
+    metric,
+    quantity,
+)
 from dart_jax.rl.advantages import group_index, grpo_advantages
 from dart_jax.rl.batch import token_arrays
 from dart_jax.rl.losses import AGG_MODES, aggregate, clipped_policy_loss, kl_penalty
 from dart_jax.rl.step import BATCH_KEYS, LossConfig, make_accumulate, sequence_logprobs
-from dart_jax.rollout.router import router_for_tags
+from dart_jax.tokenization.sentinels import router_for_tags
 from dart_jax.tokenization.tokenizer import encode_chat
 
 # distance kept between a token's ratio and a clip boundary (relative), per dtype
@@ -99,7 +105,7 @@ def _trajectories(tok, router, method) -> dict:
 def _torch_model(path: str, cfg, base, dtype: str):
     import torch
 
-    from dart_jax.parity.crosscheck import load_torch_model
+    from dart_jax.parity.model_check import load_torch_model
     model = load_torch_model(path)
     model.resize_token_embeddings(cfg.vocab_size, mean_resizing=False)
     with torch.no_grad():
@@ -114,8 +120,8 @@ def _torch_model(path: str, cfg, base, dtype: str):
 
 
 def prepare(model: str, dtype: str = "float32", rank: int = 8, b_std: float = 0.02, seed: int = 0) -> Setup:
-    from dart_jax.checkpoints.registry import resolve
-    from dart_jax.tokenization.tokenizer import load_tagged_model
+    from dart_jax.checkpoints.registry import load_tagged_model
+    from dart_jax.models.names import resolve
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype {dtype!r}; expected float32 or bfloat16")
     path = resolve(model)
@@ -304,7 +310,7 @@ def crosscheck_loss(model: str, dtype: str = "float32", lc: LossConfig | None = 
     if dtype == "float32":
         ref_torch = setup.torch_model
     else:  # the fp32 reference: PyTorch in fp32 on the same weights
-        from dart_jax.checkpoints.registry import resolve
+        from dart_jax.models.names import resolve
         ref_torch = _torch_model(resolve(model), setup.cfg, jax.tree.map(lambda x: np.asarray(x, np.float32),
                                                                           setup.base), "float32")
     # old / reference log-probs from the fp32 reference policy, so neither side is favoured

@@ -113,8 +113,12 @@ def resume_failure(out_dir: str, config, failures: dict[int, str]) -> RunDirErro
                            ". Resume with the original values, or start a new run in another output.dir. "
                            f"(restore errors: {per_step})")
     what = "with the same configuration" if saved is not None else f"(no {RUN_CONFIG} to compare configurations)"
-    return RunDirError(f"--resume: every checkpoint in {ckdir} is corrupt or unfinished {what}: {per_step}. "
-                       "Nothing was changed; --overwrite starts the run again from step 0")
+    if all(why.startswith("CorruptCheckpoint") for why in failures.values()):
+        return RunDirError(f"--resume: every checkpoint in {ckdir} is corrupt or unfinished {what}: {per_step}. "
+                           "Nothing was changed; --overwrite starts the run again from step 0")
+    return RunDirError(f"--resume: no checkpoint in {ckdir} reads into this run's train state {what}: its layout "
+                       f"differs (written by another dart_jax version or configuration) or its files are damaged: "
+                       f"{per_step}. Nothing was changed; --overwrite starts the run again from step 0")
 
 
 def resumed_differences(out_dir: str, config) -> list[str]:

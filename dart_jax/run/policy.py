@@ -24,12 +24,20 @@ import jax
 from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.checkpoints.dart_io import MANIFEST, import_dart
 from dart_jax.checkpoints.peft_io import merge_adapter
-from dart_jax.checkpoints.registry import load_model
+from dart_jax.checkpoints.registry import load_model, load_tagged_model
+from dart_jax.data.paths import repo_path
 from dart_jax.parallel.mesh import make_mesh
-from dart_jax.rl.sections import model_overrides
-from dart_jax.tokenization.tokenizer import load_tagged_model
 
 log = logging.getLogger(__name__)
+
+# how tokens route to adapters, per method variant (the sampler's and the trainer's route mode)
+ROUTE_MODE = {"dart": "role", "lora": "shared", "full": "none"}
+
+
+def model_overrides(config) -> dict:
+    """ModelConfig fields set by `config.model` (everything but the path; empty values skipped)."""
+    fields = {k: v for k, v in dict(config.get("model", {})).items() if k != "path" and v not in (None, "")}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
 
 
 def _manifest(path: str) -> dict:
@@ -39,17 +47,6 @@ def _manifest(path: str) -> dict:
                                 "launch.train / launch.sft")
     with open(mpath) as f:
         return json.load(f)
-
-
-REPO = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
-
-
-def repo_path(path: str) -> str:
-    """A path as given when it exists (or is absolute), else relative to the repository root: shipped
-    files (data/...) resolve from any working directory."""
-    if not path or os.path.isabs(path) or os.path.exists(path):
-        return path
-    return os.path.join(REPO, path)
 
 
 def run_mesh(config):

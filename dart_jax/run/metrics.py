@@ -115,9 +115,11 @@ def _spread(ax, rows: list[dict]) -> None:
     if not pts:
         return
     steps, mean, std, lo, hi = zip(*pts)
-    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2,
-                    color="C0", label="± std over the step's trajectories")
-    if all(v is not None for v in lo + hi):
+    ranged = all(v is not None for v in lo + hi)
+    below = [max(m - s, a) if ranged else m - s for m, s, a in zip(mean, std, lo)]  # within the observed range
+    above = [min(m + s, b) if ranged else m + s for m, s, b in zip(mean, std, hi)]
+    ax.fill_between(steps, below, above, alpha=0.2, color="C0", label="± std over the step's trajectories")
+    if ranged:
         ax.vlines(steps, lo, hi, color="C0", alpha=0.35, lw=0.8, label="min–max")
 
 

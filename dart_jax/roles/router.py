@@ -23,7 +23,6 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 REASONING = 0
 TOOL = 1
@@ -44,12 +43,6 @@ class RouterSpec:
             raise ValueError("router needs at least one opening and one closing tag id")
         if set(self.open_ids) & set(self.close_ids):
             raise ValueError(f"tag ids used both to open and to close: {set(self.open_ids) & set(self.close_ids)}")
-
-
-def router_for_tags(tokenizer, open_tag: str, close_tag: str, convention: str = "dart_jax") -> RouterSpec:
-    from dart_jax.tokenization.sentinels import sentinel_ids
-    ids = sentinel_ids(tokenizer, (open_tag, close_tag))
-    return RouterSpec((ids[open_tag],), (ids[close_tag],), convention)
 
 
 def _isin(tokens, ids: Sequence[int]):
@@ -109,14 +102,3 @@ def loss_roles(roles: jnp.ndarray) -> jnp.ndarray:
     """Role of token t = route of position t−1 (the position whose logits predict it); token 0
     has no predicting position and gets PAD_ROLE."""
     return jnp.concatenate([jnp.full_like(roles[..., :1], PAD_ROLE), roles[..., :-1]], axis=-1)
-
-
-def explain(tokens: Sequence[int], spec: RouterSpec, names: dict[int, str] | None = None) -> str:
-    """A token-by-token table (for docs and debugging)."""
-    roles = np.asarray(route_roles(jnp.asarray([list(tokens)]), spec))[0]
-    lroles = np.asarray(loss_roles(jnp.asarray(roles[None])))[0]
-    label = {REASONING: "reas", TOOL: "tool", PAD_ROLE: "-"}
-    rows = ["| i | token | route of position i | loss role of token i |", "|---|---|---|---|"]
-    for i, (tok, r, lr) in enumerate(zip(tokens, roles, lroles)):
-        rows.append(f"| {i} | {names.get(tok, tok) if names else tok} | {label[int(r)]} | {label[int(lr)]} |")
-    return "\n".join(rows)

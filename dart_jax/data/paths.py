@@ -1,0 +1,17 @@
+"""Where the repository and its shipped data live: paths in configs resolve from any working
+directory (`data/...` is the repository's data folder, not the caller's)."""
+
+from __future__ import annotations
+
+import os
+
+REPO = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+DATA = os.path.join(REPO, "data")
+
+
+def repo_path(path: str) -> str:
+    """A path as given when it exists (or is absolute), else relative to the repository root: shipped
+    files (data/...) resolve from any working directory."""
+    if not path or os.path.isabs(path) or os.path.exists(path):
+        return path
+    return os.path.join(REPO, path)

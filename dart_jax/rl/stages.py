@@ -1,0 +1,211 @@
+"""One GRPO step as three stages with data in and data out; the trainer (`rl/trainer.py`) only
+sequences them and owns the files.
+
+    rollout   task rows × G  ──(agent: sampler + tool, current policy)──► Rollouts
+    scoring   Rollouts ──(task reward, accuracy, GRPO advantages)──► Scored (+ the train-step arrays)
+    update    Scored.batch ──(old / reference log-probs, ppo_epochs × mini-batches of the jitted,
+              sharded step)──► new TrainState + one metrics dict per update
+
+Each stage is a plain function or a small object over arrays and config dataclasses, testable alone;
+SFT, the analyses and the baselines compose the same stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dart_jax.adapters.method import MethodSpec, model_trees
+from dart_jax.models.config import ModelConfig
+from dart_jax.rewards.training import QAReward, SQLReward
+from dart_jax.rl import batch as batch_lib
+from dart_jax.rl.optim import OptimConfig
+from dart_jax.rl.placement import jit_step, microbatch_sharding
+from dart_jax.rl.step import (
+    LossConfig,
+    TrainState,
+    batch_keys,
+    make_scorer,
+    make_train_step,
+)
+from dart_jax.roles.router import REASONING, TOOL, RouterSpec
+from dart_jax.rollout.agent import Agent
+from dart_jax.rollout.tasks import qa_task, sql_task
+from dart_jax.rollout.trajectory import TrajectoryBatch
+from dart_jax.run.held_out import task_accuracy
+
+OLD_LOGP = ("recompute", "sampler")
+
+
+# -- rollout ------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Rollouts:
+    tb: TrajectoryBatch
+    rows: list[dict]    # the task row of each trajectory (G consecutive copies per prompt)
+    metas: list[dict]   # what the reward reads, plus data_source
+
+
+def rollout(agent: Agent, trees: tuple[Any, Any], rows: list[dict], group_size: int, seed: int) -> Rollouts:
+    """G samples of each row's prompt with the policy `trees` = (base, adapters)."""
+    task_fn = qa_task if agent.protocol.name == "qa" else sql_task
+    prompts, uids, metas = task_fn(agent.tok, rows)
+    g = group_size
+    prompts, uids = [p for p in prompts for _ in range(g)], [u for u in uids for _ in range(g)]
+    metas = [dict(m, data_source=r.get("data_source", "data")) for m, r in zip(metas, rows) for _ in range(g)]
+    tb = agent.rollout(trees[0], trees[1], prompts, uids, metas, seed=seed)
+    return Rollouts(tb, [r for r in rows for _ in range(g)], metas)
+
+
+# -- scoring ------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Scored:
+    scores: np.ndarray     # f32[N] task reward
+    valid: np.ndarray      # bool[N] rows whose reference works (a failing gold query drops its prompt)
+    accuracy: np.ndarray   # f32[N] EM / execution match, whatever the reward shaping
+    counts: dict           # reward outcome counts
+    batch: dict            # the train-step arrays (rl/batch.build_batch), advantages included
+
+
+def score(ro: Rollouts, reward: QAReward | SQLReward, method: MethodSpec, router: RouterSpec,
+          pad_multiple: int, norm_adv_by_std: bool = True) -> Scored:
+    s = reward.score(ro.tb.response_text, ro.metas)
+    acc = task_accuracy("qa" if isinstance(reward, QAReward) else "sql", ro.tb.response_text, ro.metas, s.scores)
+    batch = batch_lib.build_batch(ro.tb, s.scores, method, router, pad_multiple, norm_adv_by_std, s.valid)
+    return Scored(s.scores, s.valid, acc, s.counts, batch)
+
+
+# -- update -------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class UpdatePlan:
+    """How one RL step's batch is split and walked (config.train)."""
+    mini_batch: int
+    micro_batch: int
+    ppo_epochs: int = 1
+    shuffle_minibatches: bool = True
+    seed: int = 0
+    old_logp: str = "recompute"   # recompute (verl) | sampler (the sampler's recorded log-probs)
+
+    def __post_init__(self):
+        if self.old_logp not in OLD_LOGP:
+            raise ValueError(f"train.old_logp={self.old_logp!r}; expected one of {OLD_LOGP}")
+
+
+class Updater:
+    """The update stage on a mesh: old / reference log-probs, then ppo_epochs × mini-batches of the
+    jitted, sharded train step (one compiled program per padded shape, bounded by pad_multiple).
+    The same stage runs SFT (`lc.objective="sft"`: its batch has no log-prob or advantage arrays)."""
+
+    def __init__(self, cfg: ModelConfig, method: MethodSpec, lc: LossConfig, oc: OptimConfig, plan: UpdatePlan,
+                 mesh, row_ids: tuple[int, ...] = ()):
+        self.cfg, self.method, self.lc, self.plan, self.mesh = cfg, method, lc, plan, mesh
+        self.keys = batch_keys(lc)
+        self._step = make_train_step(cfg, method, lc, oc, row_ids)
+        self._jits: dict = {}
+        scorer = make_scorer(cfg, lc.temperature, lc.logprob_chunk)
+
+        def old_logp(params, base, tokens, positions, routes):
+            b, a = model_trees(method, params, base, None)
+            return scorer(b, a, tokens, positions, routes)
+
+        self._old = jax.jit(old_logp)
+        self._ref = jax.jit(lambda base, tokens, positions: scorer(base, None, tokens, positions, None))
+
+    def logprobs(self, state: TrainState, base, batch: dict) -> tuple[np.ndarray, np.ndarray]:
+        """(old, reference) log-probs f32[N, T]. old: recomputed teacher-forced (verl) or, with
+        old_logp="sampler", the log-probs the sampler recorded while drawing the tokens — the same
+        quantity (log softmax(logits / T) of the unfiltered distribution, tested to ~1e-5) without a
+        second forward pass. reference: adapters off / frozen base, only when kl_coef ≠ 0 (else old)."""
+        mb, n = self.plan.micro_batch, batch["tokens"].shape[0]
+        recompute = self.plan.old_logp == "recompute"
+        olds, refs = [], []
+        params = state.compute_params()
+        for s in range(0, n, mb):
+            t, p, r = (jnp.asarray(batch[k][s:s + mb]) for k in ("tokens", "positions", "route_ids"))
+            if recompute:
+                olds.append(np.asarray(self._old(params, base, t, p, r)))
+            if self.lc.kl_coef != 0:
+                refs.append(np.asarray(self._ref(base, t, p)))
+        old = np.concatenate(olds) if recompute else batch["sampler_logp"]
+        return old, (np.concatenate(refs) if refs else old)
+
+    def _jit_for(self, state: TrainState, base, mb: dict):
+        shapes = tuple((k, mb[k].shape) for k in self.keys)
+        if shapes not in self._jits:
+            self._jits[shapes] = jit_step(self._step, state, base, dict(shapes), self.mesh)
+        return self._jits[shapes]
+
+    def __call__(self, state: TrainState, base, batch: dict, rl_step: int, key: jax.Array
+                 ) -> tuple[TrainState, list[dict]]:
+        """`batch` with old_logp / ref_logp filled -> (state after every mini-batch update, metrics of
+        each update). Mini-batch order: a permutation seeded by (seed, rl_step, epoch)."""
+        p = self.plan
+        n = batch["tokens"].shape[0]
+        upd = []
+        for epoch in range(p.ppo_epochs):
+            order = np.arange(n)
+            if p.shuffle_minibatches:
+                order = np.random.default_rng([p.seed, rl_step, epoch]).permutation(n)
+            for k, mb in enumerate(batch_lib.minibatches(batch, order, p.mini_batch, p.micro_batch, self.keys)):
+                mb = {name: jax.device_put(v, microbatch_sharding(v.shape, self.mesh)) for name, v in mb.items()}
+                state, m = self._jit_for(state, base, mb)(state, base, mb, jax.random.fold_in(key, epoch * 1000 + k),
+                                                          np.int32(rl_step))
+                upd.append(jax.device_get(m))
+        return state, upd
+
+
+# -- the step's metrics -------------------------------------------------------------------------------
+UPDATE_KEYS = ("loss", "pg_loss", "kl", "entropy", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "grad_norm")
+
+
+def step_metrics(ro: Rollouts, sc: Scored, upd: list[dict], task: str, with_kl: bool, gap: bool,
+                 times: dict[str, float]) -> dict:
+    """One metrics row: rewards (over rows that count), accuracy per source, protocol-following,
+    tool use, token counts per role, update statistics (mean over updates), timings."""
+    tb, batch, ok, scores = ro.tb, sc.batch, sc.valid, sc.scores
+    mean: Callable[[np.ndarray], float] = lambda x: float(x.mean()) if x.size else float("nan")  # noqa: E731
+    m: dict[str, Any] = {"reward/mean": mean(scores[ok]),
+                         "reward/std": float(scores[ok].std()) if ok.any() else float("nan"),
+                         "reward/min": float(scores[ok].min()) if ok.any() else float("nan"),
+                         "reward/max": float(scores[ok].max()) if ok.any() else float("nan"),
+                         "accuracy/mean": mean(sc.accuracy[ok]),
+                         "reward/dropped_prompts": float(len({tb.uids[i] for i in np.flatnonzero(~ok)}))}
+    for k, v in sc.counts.items():
+        m[f"reward/{task}_{k}"] = float(v)
+    for src in sorted({x["data_source"] for x in ro.metas}):
+        idx = np.asarray([i for i, x in enumerate(ro.metas) if x["data_source"] == src and ok[i]], int)
+        m[f"reward/{src}"] = mean(scores[idx])
+        m[f"accuracy/{src}"] = mean(sc.accuracy[idx])
+    finish = np.asarray(tb.finish_reason)
+    m["protocol/answer_rate"] = float(np.mean(finish == "answer"))
+    for reason in ("invalid", "length", "budget"):
+        m[f"protocol/finish_{reason}"] = float(np.mean(finish == reason))
+    m["rollout/tool_calls"] = float(tb.tool_calls().mean())
+    m["rollout/turns"] = float(np.mean([len(t) for t in tb.turns]))
+    m["rollout/response_tokens"] = float(np.mean(tb.length - tb.prompt_len))
+    m["rollout/sampled_tokens"] = float(tb.loss_mask.sum(-1).mean())
+    mask = batch["loss_mask"]
+    m["tokens/reasoning"] = float(np.sum(mask * (batch["loss_roles"] == REASONING)))
+    m["tokens/tool"] = float(np.sum(mask * (batch["loss_roles"] == TOOL)))
+    if gap:  # old log-probs recomputed: how far the sampler's are from them
+        sampled = np.pad(tb.loss_mask, ((0, 0), (0, mask.shape[1] - tb.loss_mask.shape[1]))) > 0
+        diff = np.abs(batch["sampler_logp"] - batch["old_logp"])[sampled]
+        m["rollout/logprob_gap_mean"] = float(diff.mean()) if diff.size else 0.0
+        m["rollout/logprob_gap_max"] = float(diff.max()) if diff.size else 0.0
+    m["advantage/abs_mean"] = float(np.abs(batch["advantages"]).mean())
+    for k in UPDATE_KEYS if with_kl else tuple(k for k in UPDATE_KEYS if k != "kl"):  # no reference, no KL
+        vals = [float(u[k]) for u in upd if math.isfinite(float(u[k]))]
+        m[f"actor/{k}"] = float(np.mean(vals)) if vals else float("nan")
+    m["actor/skipped_updates"] = float(sum(float(u["skipped"]) for u in upd))
+    m["actor/lr"] = float(upd[-1]["lr"]) if upd else float("nan")  # every update of one RL step shares it
+    total = sum(times.values())
+    for name, t in times.items():
+        m[f"time/{name}_s"] = t
+    m["time/step_s"] = total
+    m["throughput/tokens_per_s"] = float(np.sum(batch["positions"] >= 0)) / max(total, 1e-9)
+    m["rollout/generated_tokens_per_s"] = float(tb.loss_mask.sum()) / max(times.get("rollout", 0.0), 1e-9)
+    return m
