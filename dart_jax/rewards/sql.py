@@ -12,7 +12,7 @@ import itertools
 import re
 from collections import Counter
 
-from dart_jax.tools.sqlite_exec import execute
+from dart_jax.tools.sqlite_exec import MAX_RESULT_BYTES, execute
 
 _ORDER_BY = re.compile(r"\border\s+by\b", re.IGNORECASE)
 
@@ -61,7 +61,7 @@ def execution_match(db_path: str, pred_sql: str, gold_sql: str, semantics: str =
     if not pred.ok:
         return False, {"error": pred.error}
     if pred.truncated or gold.truncated:
-        return False, {"error": f"result exceeds {max_rows} rows"}
+        return False, {"error": f"result exceeds {max_rows} rows or {MAX_RESULT_BYTES} bytes"}
     if semantics == "spider":
         ok = spider_result_eq(pred.rows, gold.rows, bool(_ORDER_BY.search(gold_sql)))
     elif semantics == "bird":

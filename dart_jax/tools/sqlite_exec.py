@@ -6,15 +6,33 @@ Defence in depth, each layer enough on its own for writes:
   and the load_extension() function (extension loading is also disabled on the connection);
 - exactly one statement per call (sqlite3 refuses a second one);
 - a progress handler aborts the statement at its deadline (endless recursive CTEs, huge joins);
-- at most `max_rows` rows are fetched and the rendered text is capped at `max_chars`.
+- per-connection limits (`LIMITS`: 1 MB per string / blob, 100 kB of SQL, expression depth, …) so a
+  value such as `randomblob(1e9)` or `s || s` growth fails at once instead of allocating gigabytes;
+- at most `max_rows` rows and `max_result_bytes` bytes are fetched, and rendering never
+  materialises more of a value than the cell it fills;
+- every statement runs in a worker process (`SQLitePool`) under an address-space limit, killed at
+  deadline + `KILL_GRACE_S`: one SQLite function call (printf padding, a pathological LIKE) cannot
+  be interrupted by the progress handler, a process can. A killed worker is replaced.
 Errors come back as results (`error` set), never as exceptions: they become observations.
+
+This file imports only the standard library: the worker runs it as a script (`--worker`).
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import io
 import os
+import pickle
+import queue
+import resource
+import select
 import sqlite3
+import struct
+import subprocess
+import sys
+import threading
 import time
 from typing import Any
 
@@ -24,6 +42,21 @@ _ALLOWED = {
 _READ_PRAGMAS = {"table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
                  "foreign_key_list", "collation_list"}
 _DENIED_FUNCTIONS = {"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"}
+
+# sqlite3_limit caps per connection. LENGTH bounds every string / blob / record a query can build
+# (randomblob, zeroblob, replace, printf, group_concat, ||), so memory per value is bounded.
+LIMITS = {
+    sqlite3.SQLITE_LIMIT_LENGTH: 1_000_000,
+    sqlite3.SQLITE_LIMIT_SQL_LENGTH: 100_000,
+    sqlite3.SQLITE_LIMIT_COLUMN: 1000,
+    sqlite3.SQLITE_LIMIT_EXPR_DEPTH: 200,
+    sqlite3.SQLITE_LIMIT_COMPOUND_SELECT: 100,
+    sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH: 1000,
+    sqlite3.SQLITE_LIMIT_ATTACHED: 0,
+}
+MAX_RESULT_BYTES = 16 << 20  # what one call may fetch (values + per-row overhead estimate)
+WORKER_MEMORY_MB = 200       # address-space limit of a worker process (its own baseline is ~20 MB)
+KILL_GRACE_S = 0.3           # a worker still busy this long after the deadline is killed
 
 
 @dataclasses.dataclass
@@ -57,12 +90,21 @@ def connect_readonly(path: str) -> sqlite3.Connection:
     conn.execute("PRAGMA query_only = ON")
     if hasattr(conn, "enable_load_extension"):  # absent when Python was built without it
         conn.enable_load_extension(False)
+    if hasattr(conn, "setlimit"):  # Python >= 3.11
+        for limit, value in LIMITS.items():
+            conn.setlimit(limit, value)
     conn.set_authorizer(_authorizer)
     return conn
 
 
-def execute(path: str, sql: str, timeout_s: float = 5.0, max_rows: int = 1000) -> QueryResult:
-    """Run one read-only statement with a deadline. Never raises for bad SQL."""
+def _size(v: Any) -> int:
+    return len(v) if isinstance(v, (str, bytes)) else 8
+
+
+def execute_local(path: str, sql: str, timeout_s: float = 5.0, max_rows: int = 1000,
+                  max_result_bytes: int = MAX_RESULT_BYTES, clip_values: int | None = None) -> QueryResult:
+    """Run one read-only statement in this process with a deadline. Never raises for bad SQL.
+    A single long SQLite function call can overrun the deadline here; `execute` cannot."""
     t0 = time.monotonic()
     sql = (sql or "").strip()
     if not sql:
@@ -76,9 +118,16 @@ def execute(path: str, sql: str, timeout_s: float = 5.0, max_rows: int = 1000) -
     try:
         cur = conn.execute(sql)
         columns = [d[0] for d in cur.description or []]
-        rows = cur.fetchmany(max_rows + 1)
-        truncated = len(rows) > max_rows
-        return QueryResult(columns, [tuple(r) for r in rows[:max_rows]], truncated, None, time.monotonic() - t0)
+        rows, nbytes, truncated = [], 0, False
+        for row in cur:
+            nbytes += 64 + sum(_size(v) + 16 for v in row)
+            if len(rows) >= max_rows or nbytes > max_result_bytes:
+                truncated = True
+                break
+            if clip_values is not None:  # display only: keep what a rendered cell can show
+                row = [v[:clip_values] if isinstance(v, (str, bytes)) else v for v in row]
+            rows.append(tuple(row))
+        return QueryResult(columns, rows, truncated, None, time.monotonic() - t0)
     except sqlite3.OperationalError as e:
         msg = "query timed out" if "interrupted" in str(e) else str(e)
         return QueryResult([], [], error=msg, seconds=time.monotonic() - t0)
@@ -91,10 +140,184 @@ def execute(path: str, sql: str, timeout_s: float = 5.0, max_rows: int = 1000) -
             conn.close()
 
 
-def _cell(v: Any, width: int = 64) -> str:
-    s = "NULL" if v is None else (v.hex() if isinstance(v, bytes) else str(v))
+# --- worker processes ---------------------------------------------------------------------------
+
+_HEADER = struct.Struct("<Q")
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Results hold only None / int / float / str / bytes in lists and tuples: no class may load."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"SQL worker reply names {module}.{name}; only plain values are allowed")
+
+
+def _worker_main() -> None:
+    limit = WORKER_MEMORY_MB << 20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while True:
+        header = stdin.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return  # the parent went away
+        request = pickle.loads(stdin.read(_HEADER.unpack(header)[0]))
+        try:
+            res = execute_local(**request)
+            reply = (res.columns, res.rows, res.truncated, res.error, res.seconds)
+            payload = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        except MemoryError:
+            payload = pickle.dumps(([], [], False, "out of memory", 0.0))
+        stdout.write(_HEADER.pack(len(payload)) + payload)
+        stdout.flush()
+
+
+class _Worker:
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), "--worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     close_fds=True)
+
+    def ask(self, request: dict, deadline: float) -> tuple | None:
+        """Send one request; the reply, or None if none came by `deadline` (the caller kills)."""
+        payload = pickle.dumps(request)
+        try:
+            self.proc.stdin.write(_HEADER.pack(len(payload)) + payload)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return None
+        fd, buf, need = self.proc.stdout.fileno(), bytearray(), None
+        while need is None or len(buf) < need:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return None  # the worker died (e.g. killed by the OS)
+            buf += chunk
+            if need is None and len(buf) >= _HEADER.size:
+                need = _HEADER.size + _HEADER.unpack_from(buf)[0]
+        return _PlainUnpickler(io.BytesIO(bytes(buf[_HEADER.size:need]))).load()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class SQLitePool:
+    """Worker processes that run `execute_local`, at most `max_workers` at once. A call waits for a
+    free worker inside its own deadline; a worker that overruns is killed and replaced on demand."""
+
+    def __init__(self, max_workers: int = 8):
+        self.max_workers = max_workers
+        self._idle: queue.LifoQueue[_Worker] = queue.LifoQueue()
+        self._slots = threading.Semaphore(max_workers)
+        self._lock = threading.Lock()
+        self._all: set[_Worker] = set()
+        self.killed = 0
+
+    def _spawn(self) -> _Worker:
+        w = _Worker()
+        with self._lock:
+            self._all.add(w)
+        return w
+
+    def warm(self, n: int | None = None) -> None:
+        for _ in range(min(n or self.max_workers, self.max_workers) - self._idle.qsize()):
+            self._idle.put(self._spawn())
+
+    def _discard(self, w: _Worker) -> None:
+        w.kill()
+        with self._lock:
+            self._all.discard(w)
+
+    def execute(self, path: str, sql: str, timeout_s: float = 5.0, max_rows: int = 1000,
+                max_result_bytes: int = MAX_RESULT_BYTES, clip_values: int | None = None) -> QueryResult:
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        if not (sql or "").strip():
+            return QueryResult([], [], error="empty query")
+        if not self._slots.acquire(timeout=timeout_s):
+            return QueryResult([], [], error="query timed out (every SQL worker was busy)", seconds=timeout_s)
+        try:
+            try:
+                w = self._idle.get_nowait()
+            except queue.Empty:
+                w = self._spawn()
+            if w.proc.poll() is not None:
+                self._discard(w)
+                w = self._spawn()
+            request = dict(path=path, sql=sql, timeout_s=max(0.0, deadline - time.monotonic()), max_rows=max_rows,
+                           max_result_bytes=max_result_bytes, clip_values=clip_values)
+            try:
+                reply = w.ask(request, deadline + KILL_GRACE_S)
+            except pickle.UnpicklingError as e:
+                reply = ([], [], False, f"unreadable worker reply: {e}", 0.0)
+            if reply is None:
+                self._discard(w)
+                self.killed += 1
+                return QueryResult([], [], error="query timed out", seconds=time.monotonic() - t0)
+            self._idle.put(w)
+            columns, rows, truncated, error, _ = reply
+            return QueryResult(columns, rows, truncated, error, time.monotonic() - t0)
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        with self._lock:
+            workers, self._all = list(self._all), set()
+        for w in workers:
+            w.kill()
+        while not self._idle.empty():
+            self._idle.get_nowait()
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [w.proc.pid for w in self._all]
+
+
+_POOL: SQLitePool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def default_pool() -> SQLitePool:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = SQLitePool()
+            atexit.register(_POOL.close)
+        return _POOL
+
+
+def execute(path: str, sql: str, timeout_s: float = 5.0, max_rows: int = 1000,
+            max_result_bytes: int = MAX_RESULT_BYTES, clip_values: int | None = None) -> QueryResult:
+    """Run one read-only statement in a worker process; returns within timeout_s + KILL_GRACE_S
+    (plus the reply's transfer) whatever the statement does. Never raises for bad SQL.
+    `clip_values` cuts strings / blobs to that many characters / bytes (for display only)."""
+    if not os.path.isfile(path):
+        return QueryResult([], [], error=f"cannot open database: SQLite database {path} not found")
+    return default_pool().execute(path, sql, timeout_s, max_rows, max_result_bytes, clip_values)
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+CELL_WIDTH = 64
+
+
+def _cell(v: Any, width: int = CELL_WIDTH) -> str:
+    if v is None:
+        s = "NULL"
+    elif isinstance(v, bytes):
+        s = v[: width // 2 + 1].hex()  # never hex more than the cell shows
+    else:
+        s = v[: width + 1] if isinstance(v, str) else str(v)
     s = s.replace("\n", " ").replace("|", "/")
-    return s if len(s) <= width else s[: width - 1] + "…"
+    long = len(s) > width or (isinstance(v, bytes) and 2 * len(v) > width)
+    return s[: width - 1] + "…" if long else s
 
 
 def render_table(res: QueryResult, max_rows: int = 50, max_chars: int = 4000) -> str:
@@ -103,9 +326,13 @@ def render_table(res: QueryResult, max_rows: int = 50, max_chars: int = 4000) ->
         return f"Error: {res.error}"
     if not res.columns:
         return "Query executed; it returned no columns."
-    lines = ["| " + " | ".join(_cell(c) for c in res.columns) + " |"]
-    for row in res.rows[:max_rows]:
-        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+    lines, size = [], 0
+    for cells in [res.columns, *res.rows[:max_rows]]:
+        line = "| " + " | ".join(_cell(c) for c in cells) + " |"
+        lines.append(line)
+        size += len(line) + 1
+        if size > max_chars:
+            break
     if len(res.rows) > max_rows or res.truncated:
         lines.append(f"... (showing the first {min(max_rows, len(res.rows))} rows)")
     if not res.rows:
@@ -123,5 +350,10 @@ class SQLiteTool:
         self.timeout_s, self.max_rows, self.max_chars = timeout_s, max_rows, max_chars
 
     def batch(self, queries: list[str], db_paths: list[str]) -> list[str]:
-        return [render_table(execute(db, q, self.timeout_s, self.max_rows + 1), self.max_rows, self.max_chars)
+        return [render_table(execute(db, q, self.timeout_s, self.max_rows + 1, clip_values=CELL_WIDTH + 1),
+                             self.max_rows, self.max_chars)
                 for q, db in zip(queries, db_paths)]
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
+    _worker_main()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dart_jax.tools.sqlite_exec import SQLiteTool, execute, render_table
+from dart_jax.tools.sqlite_exec import MAX_RESULT_BYTES, SQLiteTool, execute, render_table
 
 DB = os.path.join(os.path.dirname(__file__), "..", "..", "data", "spider", "database", "concert_singer", "concert_singer.sqlite")
 TIMEOUT = 1.0
@@ -90,3 +90,114 @@ def test_tool_batch_and_missing_database(db, tmp_path):
                                               [db, db])
     assert out[0] == "| count(*) |\n| 6 |" and out[1].startswith("Error: ")
     assert execute(str(tmp_path / "nope.sqlite"), "SELECT 1").error.startswith("cannot open database")
+
+
+# Memory bombs: each built a gigabyte-sized value or spun inside one uninterruptible SQLite call
+# (randomblob(1e9) took 11 s and 2.9 GB before connection limits and worker processes).
+MEMORY_BOMBS = [
+    "SELECT randomblob(1000000000)",
+    "SELECT zeroblob(1000000000)",
+    "SELECT printf('%.*c', 1000000000, 'x')",
+    "SELECT format('%.*c', 1000000000, 'x')",
+    "SELECT replace(hex(zeroblob(400000)), '0', 'aaaa')",
+    "WITH RECURSIVE r(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM r) SELECT length(s) FROM r",
+    ("WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r LIMIT 10000000) "
+     "SELECT group_concat(hex(randomblob(100))) FROM r"),
+    "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT i, randomblob(900000) FROM r",
+    ("WITH RECURSIVE r(i, b) AS (SELECT 1, randomblob(900000) UNION ALL SELECT i + 1, randomblob(900000) FROM r) "
+     "SELECT * FROM r ORDER BY b"),
+    "SELECT " + ", ".join(["randomblob(999999)"] * 900),
+    "SELECT " + "(" * 5000 + "1" + ")" * 5000,
+    "SELECT " + " + ".join(["(1"] * 300) + ")" * 300,
+    "SELECT hex(zeroblob(499999)) GLOB '*" + "0*" * 2000 + "1'",
+]
+
+
+def result_bytes(res):
+    return sum(len(v) if isinstance(v, (str, bytes)) else 8 for row in res.rows for v in row)
+
+
+@pytest.mark.parametrize("sql", MEMORY_BOMBS, ids=range(len(MEMORY_BOMBS)))
+def test_memory_bomb_is_bounded_in_time_and_size_and_never_writes(db, sql):
+    before = digest(db)
+    t = time.monotonic()
+    res = execute(db, sql, timeout_s=TIMEOUT)
+    text = SQLiteTool(timeout_s=TIMEOUT).batch([sql], [db])[0]
+    assert time.monotonic() - t < 2 * (TIMEOUT + 0.5)  # two calls
+    assert res.seconds < TIMEOUT + 0.5
+    assert result_bytes(res) <= MAX_RESULT_BYTES
+    assert len(text) <= 4000
+    assert digest(db) == before
+
+
+_CONCURRENT = r"""
+import json, resource, sys, threading, time
+from dart_jax.tools.sqlite_exec import default_pool, execute, WORKER_MEMORY_MB
+db, timeout, queries = sys.argv[1], float(sys.argv[2]), json.loads(sys.stdin.read())
+pool = default_pool()
+pool.warm(8)
+execute(db, "SELECT 1", timeout_s=10.0)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+times, errors = [None] * len(queries), [None] * len(queries)
+def call(i):
+    t = time.monotonic()
+    errors[i] = execute(db, queries[i], timeout_s=timeout).error
+    times[i] = time.monotonic() - t
+threads = [threading.Thread(target=call, args=(i,)) for i in range(len(queries))]
+for t in threads: t.start()
+for t in threads: t.join()
+limits = [open(f"/proc/{p}/limits").read() for p in pool.pids()]
+as_limits = [int(l.split("Max address space")[1].split()[0]) for l in limits]
+extra = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+after = execute(db, "SELECT count(*) FROM singer", timeout_s=timeout)
+print(json.dumps(dict(times=times, errors=errors, parent_extra_mb=extra, worker_as_limits=as_limits,
+                      after=after.rows, killed=pool.killed)))
+"""
+
+
+def test_eight_concurrent_bombs_return_in_time_in_bounded_memory(db):
+    """8 callers at once, each with a memory bomb: every call returns within timeout + 0.5 s, the
+    calling process grows by less than 200 MB, each worker runs under a 200 MB address-space limit,
+    and the pool serves a normal query afterwards. A fresh process so its peak RSS is this test's."""
+    import json
+    import subprocess
+    import sys
+
+    bombs = [MEMORY_BOMBS[i] for i in (0, 2, 3, 6, 7, 8, 9, 12)]
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    out = subprocess.run([sys.executable, "-c", _CONCURRENT, db, str(TIMEOUT)], input=json.dumps(bombs),
+                         capture_output=True, text=True, timeout=120, cwd=root, check=True)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert max(report["times"]) < TIMEOUT + 0.5, report
+    assert report["parent_extra_mb"] < 200, report
+    assert report["worker_as_limits"] and max(report["worker_as_limits"]) <= 200 << 20, report
+    assert report["after"] == [[6]] or report["after"] == [(6,)], report
+    assert report["killed"] >= 1, report  # printf padding cannot be interrupted inside SQLite
+
+
+def test_killed_worker_is_replaced_and_replies_are_plain_values(db):
+    import pickle
+
+    from dart_jax.tools.sqlite_exec import SQLitePool, _PlainUnpickler
+
+    pool = SQLitePool(max_workers=1)
+    try:
+        assert pool.execute(db, "SELECT printf('%.*c', 1000000000, 'x')", timeout_s=0.5).error == "query timed out"
+        assert pool.killed == 1
+        res = pool.execute(db, "SELECT Name FROM singer ORDER BY Name LIMIT 1", timeout_s=TIMEOUT)
+        assert res.ok and res.rows == [("Joe Sharp",)]
+    finally:
+        pool.close()
+    import io
+    with pytest.raises(pickle.UnpicklingError, match="only plain values"):
+        _PlainUnpickler(io.BytesIO(pickle.dumps(([], [(os.getcwd,)], False, None, 0.0)))).load()
+
+
+def test_rendering_never_hexes_a_whole_blob():
+    from dart_jax.tools.sqlite_exec import QueryResult
+
+    big = QueryResult(["b", "s"], [(b"\xab" * 10_000_000, "y" * 10_000_000)])
+    t = time.monotonic()
+    text = render_table(big)
+    assert time.monotonic() - t < 0.05
+    assert text.splitlines()[1] == "| " + "ab" * 31 + "a…" + " | " + "y" * 63 + "… |"
