@@ -5,6 +5,7 @@
     python -m launch.bench adapters                   fwd+bwd: DART vs one LoRA vs full, and PEFT in torch
     python -m launch.bench sampler --batches=1,8,32   decode tok/s vs transformers generate
     python -m launch.bench resume --obs-len=400       KV-cache resume vs re-prefilling the history per turn
+    python -m launch.bench retrieval --clients=64     load on the retrieval service (or --url=another server)
 
 Every side-by-side benchmark interleaves its sides (A B A B …, `--repeats` rounds after a warm-up,
 each side settled by an untimed call) and prints each ratio as the median of the per-round ratios
@@ -28,10 +29,11 @@ from launch._cli import Command
 # spin on the cores the next (JAX) side needs. Passive waiting must be set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-BENCHES = ("forward", "adapters", "sampler", "resume", "train")
+BENCHES = ("forward", "adapters", "sampler", "resume", "train", "retrieval")
 DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(batch=4, length=256, repeats=5),
             "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4), "train": dict(batch=4, length=512,
-                                                                                          repeats=5)}
+                                                                                          repeats=5),
+            "retrieval": dict(repeats=1)}
 CLI = Command("launch.bench", __doc__)
 F = CLI.flags
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
@@ -51,6 +53,11 @@ OBS_LEN = flags.DEFINE_integer("obs-len", 400, "resume: observation tokens per c
 PROMPT_LEN = flags.DEFINE_integer("prompt-len", 256, "resume: prompt tokens", flag_values=F)
 REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch", "save_qkv_proj"],
                           "train: remat policy", flag_values=F)
+CLIENTS = flags.DEFINE_integer("clients", 64, "retrieval: concurrent clients", flag_values=F)
+REQUESTS = flags.DEFINE_integer("requests", 20, "retrieval: requests per client", flag_values=F)
+HOSTILE = flags.DEFINE_bool("hostile", True, "retrieval: slow-body, 1 MB and bad-length clients alongside",
+                            flag_values=F)
+URL = flags.DEFINE_string("url", None, "retrieval: load this server instead of starting ours", flag_values=F)
 JSON_OUT = flags.DEFINE_string("json", None, "also write the result to this file", flag_values=F)
 
 
@@ -114,10 +121,35 @@ def main(argv: list[str] | None = None) -> int:
                   "hooks": "hook reference, both adapters on every token (≈2× LoRA work)"}
         for side, r in res["ratios"].items():
             print(f"  torch {labels[side]}: {ms['torch_' + side]:.2f} s; torch / dart_jax {fmt_ratio(r)}")
+    if args.which == "retrieval":
+        res = _bench_retrieval()
+        print(f"retrieval {res['url']}: {res['clients']} clients x {res['requests_per_client']} requests, "
+              f"{res['errors']} errors {res['errors_by_kind'] or ''}; latency p50 {res['p50_ms']:.0f} ms, "
+              f"p95 {res['p95_ms']:.0f} ms, max {res['max_ms']:.0f} ms; {res['requests_per_s']:.0f} requests/s"
+              + (f"; hostile clients: {res['hostile']}" if res["hostile"] else ""))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(res, fh, indent=2)
     return 0
+
+
+def _bench_retrieval() -> dict:
+    from dart_jax.bench.retrieval_load import run_load
+    from dart_jax.data.corpus import read_jsonl
+    from dart_jax.data.paths import repo_path
+    questions = [r["question"] for r in read_jsonl(repo_path("data/qa/nq_test_sample1000.jsonl"))]
+    server = None
+    if not URL.value:
+        from dart_jax.tools.retrieval import Retriever, ensure_index
+        from dart_jax.tools.retrieval_server import RetrievalServer
+        server = RetrievalServer(Retriever(ensure_index()), "127.0.0.1", 0).start()
+    url = URL.value or server.url
+    try:
+        res = run_load(url, questions, clients=CLIENTS.value, requests=REQUESTS.value, hostile=HOSTILE.value)
+    finally:
+        if server is not None:
+            server.stop()
+    return dict(res, url=url)
 
 
 if __name__ == "__main__":

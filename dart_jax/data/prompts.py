@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from typing import Callable
+
+Mark = Callable[[str], str]  # wraps an untrusted value (tokenization.tokenizer.Untrusted)
+
+
+def _same(value: str) -> str:
+    return value
 
 SEARCH_R1_TEMPLATE = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you "
@@ -41,8 +48,9 @@ def qa_question(question: str) -> str:
     return q if q.endswith("?") else q + "?"
 
 
-def qa_prompt(question: str) -> str:
-    return SEARCH_R1_TEMPLATE.format(question=qa_question(question))
+def qa_prompt(question: str, mark: Mark = _same) -> str:
+    """Search-R1's prompt; `mark` wraps the question (dataset text, never trusted to hold tags)."""
+    return SEARCH_R1_TEMPLATE.format(question=mark(qa_question(question)))
 
 
 def schema_ddl(db_path: str) -> str:
@@ -58,5 +66,7 @@ def schema_ddl(db_path: str) -> str:
     return "\n\n".join(r[0].strip() + ";" for r in rows)
 
 
-def sql_prompt(question: str, db_path: str, evidence: str = "") -> str:
-    return SQL_TEMPLATE.format(schema=schema_ddl(db_path), evidence=evidence or "", question=question.strip())
+def sql_prompt(question: str, db_path: str, evidence: str = "", mark: Mark = _same) -> str:
+    """SkyRL-SQL's prompt; `mark` wraps the schema, evidence and question (dataset text)."""
+    return SQL_TEMPLATE.format(schema=mark(schema_ddl(db_path)), evidence=mark(evidence or ""),
+                               question=mark(question.strip()))

@@ -115,7 +115,7 @@ class Evaluator:
         recs = []
         for start in range(0, len(items), b):
             chunk = items[start:start + b]
-            prompts, uids, metas = task_fn(self.tok, [r for r, _ in chunk])
+            prompts, uids, metas = task_fn(self.tok, [r for r, _ in chunk], self.agent.rc.prompt_tags)
             metas = [dict(m, uid=r["id"], sample=k, question=r["question"], db_id=r.get("db_id", ""))
                      for m, (r, k) in zip(metas, chunk)]
             if hasattr(self.tool_fn, "reset"):

@@ -39,6 +39,7 @@ class AdapterReport:
     max_abs_grad_diff: float
     max_abs_grad: float
     seconds: float
+    max_abs_logit: float = 0.0  # the scale of the compared logits (max |torch logit|)
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -88,6 +89,7 @@ def crosscheck_adapters(model: str, adapters_dir: str) -> AdapterReport:
     for h in handles:
         h.remove()
     dlogit = float(np.abs(np.asarray(ours) - out.detach().numpy()).max())
+    scale_logit = float(np.abs(out.detach().numpy()).max())
     dgrad, gmax = 0.0, 0.0
     for i, name in enumerate(names):
         for (layer, target), (A, B) in factors[i].items():
@@ -99,4 +101,4 @@ def crosscheck_adapters(model: str, adapters_dir: str) -> AdapterReport:
     counts = {("none" if k < 0 else names[k]): int((route_np == k).sum()) for k in np.unique(route_np)}
     return AdapterReport(model=model, adapters=list(names), num_tokens=len(ids), tokens_per_route=counts,
                          max_abs_logit_diff=dlogit, max_abs_grad_diff=dgrad, max_abs_grad=gmax,
-                         seconds=round(time.time() - t0, 2))
+                         seconds=round(time.time() - t0, 2), max_abs_logit=scale_logit)

@@ -35,6 +35,8 @@ class ModelReport:
     greedy_agree: int
     first_disagreement: list
     seconds: float
+    max_abs_logit: float = 0.0      # the scale of the compared values (max |transformers logit|)
+    max_abs_logprob: float = 0.0    # max |transformers log-prob| over the compared positions
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -102,6 +104,7 @@ def crosscheck_model(model: str, prompts_path: str | None = None, max_new_tokens
                      position_ids=torch.tensor(np.maximum(np.asarray(positions), 0))).logits.float().numpy()
     dlogit = float(np.abs(ours - theirs)[valid].max())
     dlogp = float(np.abs(_log_softmax(ours) - _log_softmax(theirs))[valid].max())
+    scale_logit, scale_logp = float(np.abs(theirs)[valid].max()), float(np.abs(_log_softmax(theirs))[valid].max())
 
     gen = np.asarray(greedy_generate(base, None, tokens, positions, cfg=cfg, max_new_tokens=max_new_tokens))
     agree, total, first = 0, 0, []
@@ -120,4 +123,4 @@ def crosscheck_model(model: str, prompts_path: str | None = None, max_new_tokens
     return ModelReport(model=model, num_prompts=len(prompts), num_positions=int(valid.sum()),
                        max_abs_logit_diff=dlogit, max_abs_logprob_diff=dlogp,
                        greedy_tokens=total, greedy_agree=agree, first_disagreement=first,
-                       seconds=round(time.time() - t0, 2))
+                       seconds=round(time.time() - t0, 2), max_abs_logit=scale_logit, max_abs_logprob=scale_logp)

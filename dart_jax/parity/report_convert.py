@@ -16,15 +16,16 @@ def _q(name: str, kind: str, diff: float, scale: float, key: str) -> Quantity:
 def model_report(rep) -> CheckReport:
     greedy = Quantity("greedy continuation: tokens that differ", "abs", float(rep.greedy_tokens - rep.greedy_agree),
                       float(rep.greedy_tokens), 0, 0, rep.greedy_agree == rep.greedy_tokens)
-    qs = [_q("logits (every non-pad position)", "abs", rep.max_abs_logit_diff, 0.0, "logits"),
-          _q("log-probs (every non-pad position)", "abs", rep.max_abs_logprob_diff, 0.0, "logits"), greedy]
+    qs = [_q("logits (every non-pad position)", "abs", rep.max_abs_logit_diff, rep.max_abs_logit, "logits"),
+          _q("log-probs (every non-pad position)", "abs", rep.max_abs_logprob_diff, rep.max_abs_logprob, "logits"),
+          greedy]
     settings = {"prompts": rep.num_prompts, "positions": rep.num_positions, "greedy_tokens": rep.greedy_tokens,
                 "first_disagreement": rep.first_disagreement}
     return CheckReport("model", rep.model, "float32", "transformers", settings, [], qs, rep.seconds)
 
 
 def adapters_report(rep) -> CheckReport:
-    qs = [_q("routed logits", "abs", rep.max_abs_logit_diff, 0.0, "logits"),
+    qs = [_q("routed logits", "abs", rep.max_abs_logit_diff, rep.max_abs_logit, "logits"),
           _q("grad of the token-mean NLL w.r.t. every A, B", "abs", rep.max_abs_grad_diff, rep.max_abs_grad,
              "adapter_grad")]
     settings = {"adapters": rep.adapters, "tokens": rep.num_tokens, "tokens_per_route": rep.tokens_per_route}

@@ -95,9 +95,10 @@ def aggregation_weights(mask: jnp.ndarray, mode: str = "token-mean", norm_length
 
 def aggregate(values: jnp.ndarray, mask: jnp.ndarray, mode: str = "token-mean",
               norm_length: int | None = None) -> jnp.ndarray:
-    """agg(ℓ) over one batch; 0 when no token carries loss."""
+    """agg(ℓ) over one batch; 0 when no token carries loss. Values outside the mask are zeroed first,
+    so a NaN / inf there (padding, observations) cannot poison the sum."""
     w, d = aggregation_weights(mask, mode, norm_length)
-    return jnp.sum(w * values) / jnp.maximum(d, 1e-8) * (d > 0)
+    return jnp.sum(w * jnp.where(mask > 0, values, 0.0)) / jnp.maximum(d, 1e-8) * (d > 0)
 
 
 def micro_scales(denominators: jnp.ndarray, micro_mode: str = "global") -> jnp.ndarray:

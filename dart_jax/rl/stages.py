@@ -53,7 +53,7 @@ class Rollouts:
 def rollout(agent: Agent, trees: tuple[Any, Any], rows: list[dict], group_size: int, seed: int) -> Rollouts:
     """G samples of each row's prompt with the policy `trees` = (base, adapters)."""
     task_fn = qa_task if agent.protocol.name == "qa" else sql_task
-    prompts, uids, metas = task_fn(agent.tok, rows)
+    prompts, uids, metas = task_fn(agent.tok, rows, agent.rc.prompt_tags)
     g = group_size
     prompts, uids = [p for p in prompts for _ in range(g)], [u for u in uids for _ in range(g)]
     metas = [dict(m, data_source=r.get("data_source", "data")) for m, r in zip(metas, rows) for _ in range(g)]

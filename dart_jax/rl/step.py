@@ -125,22 +125,33 @@ def metric_keys(lc: LossConfig) -> tuple[str, ...]:
 
 
 def per_token_terms(base, adapters, mb: dict, *, cfg: ModelConfig, lc: LossConfig) -> tuple[jnp.ndarray, dict]:
-    """ℓ f32[b, T] and per-token metric values for one micro-batch."""
+    """ℓ f32[b, T] and per-token metric values for one micro-batch, 0 outside the loss mask.
+
+    Inputs are masked *before* they are used (as verl zeroes values outside the mask): an old /
+    reference log-prob or an advantage that is NaN or ±inf where the mask is 0 (padding,
+    observations, a dropped prompt's rows) must not poison the sum — 0·NaN is NaN — nor its
+    gradient, which would reach the masked position through exp / clip even with a zero cotangent."""
     logp, ent = sequence_logprobs(base, adapters, mb["tokens"], mb["positions"], mb["route_ids"], cfg=cfg,
                                   temperature=lc.temperature, chunk=lc.logprob_chunk)
+    keep = mb["loss_mask"] > 0
+    masked = lambda v: jnp.where(keep, v, 0.0)  # noqa: E731
     if lc.objective == "sft":
         # supervised warm start: ℓ_t = −log p(token_t); observation tokens carry loss_mask 0 exactly as in RL
-        return -logp, {"nll": -logp, "entropy": ent}
-    adv = mb["advantages"][:, None]
-    pg, ind = losses.clipped_policy_loss(logp, mb["old_logp"], adv, lc.clip_low, lc.clip_high, lc.dual_clip)
-    kl = losses.kl_penalty(logp, mb["ref_logp"], lc.kl_type, lc.kl_clamp)
+        return masked(-logp), {"nll": masked(-logp), "entropy": masked(ent)}
+    safe = jax.lax.stop_gradient(logp)  # a finite stand-in at masked positions
+    old = jnp.where(keep, mb["old_logp"], safe)
+    ref = jnp.where(keep, mb["ref_logp"], safe)
+    adv = jnp.where(keep, mb["advantages"][:, None], 0.0)
+    pg, ind = losses.clipped_policy_loss(logp, old, adv, lc.clip_low, lc.clip_high, lc.dual_clip)
+    kl = losses.kl_penalty(logp, ref, lc.kl_type, lc.kl_clamp)
     loss = pg
     if lc.kl_coef:
         loss = loss + lc.kl_coef * kl
     if lc.entropy_coef:  # a zero coefficient must not pull a backward pass through the entropy
         loss = loss - lc.entropy_coef * ent
-    return loss, {"pg_loss": pg, "kl": kl, "entropy": ent, "pg_clipfrac": ind["clipped"],
-                  "pg_clipfrac_lower": ind["clipped_lower"], "ppo_kl": ind["ppo_kl"]}
+    return masked(loss), {"pg_loss": masked(pg), "kl": masked(kl), "entropy": masked(ent),
+                          "pg_clipfrac": masked(ind["clipped"]), "pg_clipfrac_lower": masked(ind["clipped_lower"]),
+                          "ppo_kl": masked(ind["ppo_kl"])}
 
 
 def policy_trees(method: MethodSpec, params, base, row_ids: tuple[int, ...] = ()):

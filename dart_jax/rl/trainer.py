@@ -170,7 +170,7 @@ class Trainer:
         ckpt = Checkpointer(ckdir, keep=oc.keep)
         start = 0
         if resume:
-            got = ckpt.restore_latest(self._train_tree())
+            got = ckpt.restore_latest(self._train_tree(), move_unusable=True)
             if got is None:
                 ckpt.close()
                 raise run_dir.resume_failure(oc.dir, self.config, ckpt.failures)

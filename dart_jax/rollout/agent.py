@@ -19,7 +19,7 @@ from dart_jax.models.cache import init_cache
 from dart_jax.models.generate import left_pad
 from dart_jax.models.transformer import per_layer_params
 from dart_jax.roles.router import RouterSpec
-from dart_jax.rollout.protocol import Protocol, stop_sequences
+from dart_jax.rollout.protocol import PROMPT_TAGS, Protocol, stop_sequences
 from dart_jax.rollout.sampler import (
     STOPPED,
     SamplerSpec,
@@ -33,8 +33,10 @@ from dart_jax.rollout.sampler import (
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.trajectory import TrajectoryBatch, assemble
 from dart_jax.tokenization.sentinels import sentinel_ids
+from dart_jax.tokenization.tokenizer import encode_text
 
 INVALID_POLICIES = ("search_r1", "none")
+MIN_OBS_TOKENS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +48,19 @@ class RolloutConfig:
     invalid_action: str = "search_r1"  # corrective message (Search-R1) or "none" (DART: end the row)
     final_answer_segment: bool = True  # after the budget, one segment with the tool stop disabled
     route_mode: str = "role"
+    prompt_tags: str = "atomic"        # the prompt's instruction tags: sentinel ids or text (rollout.tasks)
 
     def __post_init__(self):
         if self.invalid_action not in INVALID_POLICIES:
             raise ValueError(f"invalid_action={self.invalid_action!r}; expected one of {INVALID_POLICIES}")
+        if self.prompt_tags not in PROMPT_TAGS:
+            raise ValueError(f"rollout.prompt_tags={self.prompt_tags!r}; expected one of {PROMPT_TAGS}")
+        if self.max_obs_tokens < MIN_OBS_TOKENS:
+            raise ValueError(f"rollout.max_obs_tokens={self.max_obs_tokens}: an observation needs at least "
+                             f"{MIN_OBS_TOKENS} tokens (its closing tag and newlines alone take several)")
+        for name in ("max_turns", "max_tokens_per_turn", "max_response_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name}={getattr(self, name)} must be ≥ 1")
 
 
 ToolFn = Callable[[list[str], list[dict]], list[str]]
@@ -195,11 +206,19 @@ class Agent:
 
 def observation_ids(tokenizer, protocol: Protocol, text: str, cap: int) -> list[int]:
     """An observation tokenised alone (never merged with the text around it), cut to `cap` tokens
-    with its closing tag kept: what the agent appends and what a demonstration must contain."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    with its closing tag kept: what the agent appends and what a demonstration must contain.
+    Only the protocol's framing (the first opening and the last closing observation tag) becomes
+    tag ids; the body between is ordinary text, so a passage or a SQL cell holding "</information>"
+    or "<search>" cannot move the router. Text without that framing is the protocol's own (the
+    invalid-action message) and keeps its tags."""
+    start, end = text.find(protocol.obs_open), text.rfind(protocol.obs_close)
+    framed = 0 <= start and start + len(protocol.obs_open) <= end
+    ids = encode_text(tokenizer, text, [(start + len(protocol.obs_open), end)] if framed else [])
     if len(ids) <= cap:
         return ids
     tail = tokenizer.encode(protocol.obs_close + "\n\n", add_special_tokens=False)
+    if cap <= len(tail):
+        raise ValueError(f"observation cap {cap} leaves no room beside its {len(tail)}-token closing tail")
     return ids[:cap - len(tail)] + tail
 
 

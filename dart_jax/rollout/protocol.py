@@ -7,6 +7,12 @@ import dataclasses
 
 from dart_jax.tokenization.tokenizer import stop_ids
 
+# How the tags written in a prompt's instructions are encoded. "atomic" (the authors' code): the
+# template's own "<search> query </search>" is the sentinel ids, as the model will write them;
+# "text": the whole prompt is ordinary text, so a prompt never moves the router. Dataset text
+# (questions, schemas, evidence) is ordinary text either way (rollout.tasks.encode_prompt).
+PROMPT_TAGS = ("atomic", "text")
+
 SEARCH_R1_INVALID = ("\nMy previous action is invalid. If I want to search, I should put the query between "
                      "<search> and </search>. If I want to give the final answer, I should put the answer "
                      "between <answer> and </answer>. Let me try again.\n")

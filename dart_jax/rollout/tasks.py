@@ -9,7 +9,17 @@ import os
 from dart_jax.data.corpus import read_jsonl
 from dart_jax.data.paths import DATA
 from dart_jax.data.prompts import qa_prompt, sql_prompt
-from dart_jax.tokenization.tokenizer import encode_chat
+from dart_jax.rollout.protocol import PROMPT_TAGS
+from dart_jax.tokenization.tokenizer import Untrusted, encode_chat
+
+
+def encode_prompt(tokenizer, build, prompt_tags: str = "atomic") -> list[int]:
+    """The chat-encoded user prompt `build(mark)`, with the values it marks as untrusted text."""
+    if prompt_tags not in PROMPT_TAGS:
+        raise ValueError(f"prompt_tags={prompt_tags!r}; expected one of {PROMPT_TAGS}")
+    untrusted = Untrusted()
+    content = build(untrusted) if prompt_tags == "atomic" else untrusted(build(lambda v: v))
+    return encode_chat(tokenizer, [{"role": "user", "content": content}], untrusted=untrusted)
 
 
 def qa_rows(path: str | None = None, n: int = 4, offset: int = 0) -> list[dict]:
@@ -42,15 +52,15 @@ def spider_rows(n: int = 4, offset: int = 0, spider_dir: str | None = None) -> l
     return out[offset:offset + n]
 
 
-def qa_task(tokenizer, rows: list[dict]) -> tuple[list[list[int]], list, list[dict]]:
-    prompts = [encode_chat(tokenizer, [{"role": "user", "content": qa_prompt(r["question"])}]) for r in rows]
+def qa_task(tokenizer, rows: list[dict], prompt_tags: str = "atomic") -> tuple[list[list[int]], list, list[dict]]:
+    prompts = [encode_prompt(tokenizer, lambda mark, r=r: qa_prompt(r["question"], mark), prompt_tags) for r in rows]
     metas = [{"golden_answers": r["golden_answers"]} for r in rows]
     return prompts, [r["id"] for r in rows], metas
 
 
-def sql_task(tokenizer, rows: list[dict]) -> tuple[list[list[int]], list, list[dict]]:
-    prompts = [encode_chat(tokenizer, [{"role": "user", "content": sql_prompt(r["question"], r["db_path"],
-                                                                              r.get("evidence", ""))}])
+def sql_task(tokenizer, rows: list[dict], prompt_tags: str = "atomic") -> tuple[list[list[int]], list, list[dict]]:
+    prompts = [encode_prompt(tokenizer, lambda mark, r=r: sql_prompt(r["question"], r["db_path"],
+                                                                     r.get("evidence", ""), mark), prompt_tags)
                for r in rows]
     metas = [{"db_path": r["db_path"], "gold_sql": r["query"]} for r in rows]
     return prompts, [r["id"] for r in rows], metas

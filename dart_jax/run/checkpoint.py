@@ -1,9 +1,13 @@
 """Orbax train-state checkpoints: trainable params, optimiser state, step, RNG and data position.
 
 The frozen base is never written (it is reloaded from its own file). Each save is followed by a
-SHA-256 manifest of the step's files (`<dir>/integrity/<step>.json`); restoring verifies it, and a
-checkpoint whose files are missing, truncated or altered — or that orbax cannot read — is reported
-and skipped for the previous one. keep-last-k through orbax's `max_to_keep`.
+SHA-256 manifest of the step's files (`<dir>/integrity/<step>.json`), written only for a save this
+process made (orbax skips a step that already exists: that is an error here, never a new manifest
+over someone else's files). Restoring verifies the manifest; a checkpoint whose files are missing,
+truncated or altered — or that orbax cannot read — is reported and skipped for the previous one, and
+once an older one restores, the unusable newer ones are moved aside to `<dir>/unusable/` (kept for
+inspection, never loaded again, never overwritten by a later save of the same step).
+keep-last-k through orbax's `max_to_keep`.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import time
 from typing import Any
 
 import jax
@@ -85,9 +91,13 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, meta: dict) -> None:
         arrays = flatten_state(state)
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
-                                                        meta=ocp.args.JsonSave(meta)))
+        saved = self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
+                                                                meta=ocp.args.JsonSave(meta)))
         self.manager.wait_until_finished()
+        if not saved or not os.path.isdir(os.path.join(self.directory, str(step))):
+            raise RuntimeError(f"checkpoint {step} was not written to {self.directory}: a checkpoint of that step "
+                               "already exists (move it aside or resume from it); no manifest is written for "
+                               "files this process did not write")
         with open(os.path.join(self.directory, "integrity", f"{step}.json"), "w") as f:
             json.dump(_digest(os.path.join(self.directory, str(step))), f)
         kept = {str(s) for s in self.steps()}
@@ -114,19 +124,39 @@ class Checkpointer:
                                                                  meta=ocp.args.JsonRestore()))
         return unflatten_state(dict(out["state"]), like), dict(out["meta"])
 
-    def restore_latest(self, like: Any) -> tuple[int, Any, dict] | None:
+    def restore_latest(self, like: Any, move_unusable: bool = False) -> tuple[int, Any, dict] | None:
         """Newest checkpoint that verifies and loads; unusable ones are logged, skipped and their
-        reasons kept in `failures` (None when none is usable)."""
+        reasons kept in `failures` (None when none is usable). With `move_unusable` (a run resuming),
+        the unusable checkpoints newer than the one restored are moved aside (`quarantine`); when none
+        restores nothing is moved (a changed configuration fails every step of a healthy run)."""
         self.failures = {}
         for step in reversed(self.steps()):
             try:
                 state, meta = self.restore(step, like)
-                return step, state, meta
             except Exception as e:  # orbax raises many types for unreadable files
                 self.failures[step] = f"{type(e).__name__}: {str(e)[:300]}"
                 log.warning("checkpoint %d in %s is unusable (%s: %s); trying the previous one",
                             step, self.directory, type(e).__name__, e)
+                continue
+            if move_unusable:
+                for bad, why in self.failures.items():
+                    self.quarantine(bad, why)
+            return step, state, meta
         return None
+
+    def quarantine(self, step: int, reason: str) -> str:
+        """Move checkpoint `step` (and its manifest) to <dir>/unusable/<step>-<time>/ with the reason."""
+        dest = os.path.join(self.directory, "unusable", f"{step}-{time.strftime('%Y%m%dT%H%M%S')}")
+        os.makedirs(dest, exist_ok=True)
+        shutil.move(os.path.join(self.directory, str(step)), os.path.join(dest, str(step)))
+        manifest = os.path.join(self.directory, "integrity", f"{step}.json")
+        if os.path.isfile(manifest):
+            shutil.move(manifest, os.path.join(dest, "integrity.json"))
+        with open(os.path.join(dest, "reason.txt"), "w") as f:
+            f.write(reason + "\n")
+        self.manager.reload()
+        log.warning("checkpoint %d moved aside to %s: %s", step, dest, reason)
+        return dest
 
     def close(self) -> None:
         self.manager.close()

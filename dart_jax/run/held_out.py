@@ -27,7 +27,7 @@ def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, rout
     if not rows:
         return {}
     task_fn = sql_task if protocol.name == "sql" else qa_task
-    prompts, uids, metas = task_fn(tokenizer, rows)
+    prompts, uids, metas = task_fn(tokenizer, rows, rollout.prompt_tags)
     reward = reward or make_reward(protocol.name)
     agent = Agent(cfg, tokenizer, protocol, tool_fn, SamplingConfig(temperature=temperature), rollout,
                   router_convention)

@@ -37,7 +37,7 @@ from dart_jax.data.text import normalize_answer
 from dart_jax.rewards.sql import execution_match
 from dart_jax.rollout.agent import observation_ids
 from dart_jax.rollout.protocol import PROTOCOLS, QA, SQL, Protocol
-from dart_jax.tokenization.tokenizer import encode_chat
+from dart_jax.rollout.tasks import encode_prompt
 
 _DOC = re.compile(r"Doc (\d+)\(Title:")
 _TABLE = re.compile(r"\b(?:FROM|JOIN)\s+[`\"\[]?([A-Za-z_][A-Za-z0-9_]*)", re.I)
@@ -206,16 +206,17 @@ def distill_demos(path: str, min_score: float = 1.0, per_question: int = 1) -> t
 
 
 # -- encoding ----------------------------------------------------------------------------------------
-def task_prompt(demo: dict) -> str:
+def task_prompt(demo: dict, mark=lambda v: v) -> str:
     if demo["task"] == "sql":
-        return sql_prompt(demo["question"], demo["db_path"], demo.get("evidence", ""))
-    return qa_prompt(demo["question"])
+        return sql_prompt(demo["question"], demo["db_path"], demo.get("evidence", ""), mark)
+    return qa_prompt(demo["question"], mark)
 
 
-def encode_demo(tokenizer, demo: dict, max_obs_tokens: int) -> tuple[list[int], list[int], list[float]]:
+def encode_demo(tokenizer, demo: dict, max_obs_tokens: int,
+                prompt_tags: str = "atomic") -> tuple[list[int], list[int], list[float]]:
     """-> (prompt ids, response ids, response loss mask): the id stream of the agent loop."""
     protocol = PROTOCOLS[demo["task"]]
-    prompt = encode_chat(tokenizer, [{"role": "user", "content": task_prompt(demo)}])
+    prompt = encode_prompt(tokenizer, lambda mark: task_prompt(demo, mark), prompt_tags)
     ids: list[int] = []
     mask: list[float] = []
     for piece in demo["pieces"]:

@@ -119,11 +119,12 @@ class SFTTrainer:
         n_val = min(int(sc.val_size), len(demos) // 5)
         self.val = [demos[i] for i in order[:n_val]]
         self.train = [demos[i] for i in order[n_val:]]
-        enc = [demo_lib.encode_demo(self.tok, d, int(config.rollout.max_obs_tokens)) for d in self.train]
+        tags = str(config.rollout.get("prompt_tags", "atomic"))
+        enc = [demo_lib.encode_demo(self.tok, d, int(config.rollout.max_obs_tokens), tags) for d in self.train]
         keep = [i for i, (p, r, _) in enumerate(enc) if len(p) + len(r) <= sc.max_length]
         self.data_stats["too_long"] = len(enc) - len(keep)
         self.train, self.encoded = [self.train[i] for i in keep], [enc[i] for i in keep]
-        self.val_encoded = [e for e in (demo_lib.encode_demo(self.tok, d, int(config.rollout.max_obs_tokens))
+        self.val_encoded = [e for e in (demo_lib.encode_demo(self.tok, d, int(config.rollout.max_obs_tokens), tags)
                                         for d in self.val) if len(e[0]) + len(e[1]) <= sc.max_length]
         self.steps_per_epoch = len(self.encoded) // sc.batch_size
         if self.steps_per_epoch == 0:
@@ -219,7 +220,7 @@ class SFTTrainer:
         ckpt = Checkpointer(ckdir, keep=oc.keep)
         start = 0
         if resume:
-            got = ckpt.restore_latest({"train": self.state, "rng": self.key})
+            got = ckpt.restore_latest({"train": self.state, "rng": self.key}, move_unusable=True)
             if got is None:
                 ckpt.close()
                 raise run_dir.resume_failure(oc.dir, self.config, ckpt.failures)

@@ -1,8 +1,20 @@
-"""Tokenizer loading (HF directory or GGUF file, via transformers) and chat prompts."""
+"""Tokenizer loading (HF directory or GGUF file, via transformers) and chat prompts.
+
+Untrusted text. The sentinel tags and chat markers are added tokens, so any text containing
+"<search>" or "<|im_end|>" would become that id and move the router or end a turn. Only the model's
+sampled ids and the protocol's own framing may produce them: questions, schemas, evidence,
+retrieved passages and SQL results are encoded as ordinary text (`plain_ids`), while the template
+around them keeps its tags atomic. `Untrusted` marks such values inside a prompt; `encode_chat`
+and `encode_text` honour the marks. Text without any added token inside a mark encodes exactly as
+`tokenizer.encode` does.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+from collections.abc import Sequence
 
 import transformers
 
@@ -19,14 +31,87 @@ def load_tokenizer(name_or_path: str):
     return transformers.AutoTokenizer.from_pretrained(path)
 
 
-def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of `messages` rendered by the tokenizer's own chat template."""
+_MARK = re.compile("\ue000(\\d+)\ue001")
+
+
+class Untrusted:
+    """Collects untrusted values while a prompt is built: `mark(value)` returns a placeholder
+    (private-use characters) to format into the prompt; `resolve(text)` puts the values back and
+    returns their character spans."""
+
+    def __init__(self):
+        self.values: list[str] = []
+
+    def __call__(self, value: str) -> str:
+        self.values.append(str(value))
+        return f"\ue000{len(self.values) - 1}\ue001"
+
+    def resolve(self, text: str) -> tuple[str, list[tuple[int, int]]]:
+        out, spans, pos = [], [], 0
+        for m in _MARK.finditer(text):
+            out.append(text[pos:m.start()])
+            start = sum(map(len, out))
+            value = self.values[int(m.group(1))]
+            out.append(value)
+            spans.append((start, start + len(value)))
+            pos = m.end()
+        out.append(text[pos:])
+        return "".join(out), spans
+
+
+def plain_ids(tokenizer, text: str) -> list[int]:
+    """`text` as ordinary text: the tokenizer's normalizer, pre-tokenizer and model, with no added
+    token (sentinel tag, chat marker) matched. Equals `tokenizer.encode(text)` for text holding none."""
+    bt = tokenizer.backend_tokenizer
+    if bt.normalizer is not None:
+        text = bt.normalizer.normalize_str(text)
+    pieces = bt.pre_tokenizer.pre_tokenize_str(text) if bt.pre_tokenizer is not None else [(text, None)]
+    return [t.id for piece, _ in pieces for t in bt.model.tokenize(piece)]
+
+
+@functools.lru_cache(maxsize=16)
+def _added_pattern(tokenizer) -> tuple[re.Pattern, dict[str, int]]:
+    vocab = {t: int(i) for t, i in tokenizer.get_added_vocab().items()}
+    # leftmost-longest, as the tokenizer matches added tokens
+    return re.compile("|".join(re.escape(t) for t in sorted(vocab, key=len, reverse=True))), vocab
+
+
+def split_encode(tokenizer, text: str, spans: Sequence[tuple[int, int]] = ()) -> list[int]:
+    """Ids of `text`: added tokens outside `spans` stay atomic, text between them (and every added
+    token inside a span) is `plain_ids`. With no spans this is the tokenizer's own encoding."""
+    pattern, vocab = _added_pattern(tokenizer)
+    out, pos = [], 0
+    for m in pattern.finditer(text) if vocab else ():
+        if any(a < m.end() and m.start() < b for a, b in spans):
+            continue
+        out += plain_ids(tokenizer, text[pos:m.start()])
+        out.append(vocab[m.group()])
+        pos = m.end()
+    return out + plain_ids(tokenizer, text[pos:])
+
+
+def encode_text(tokenizer, text: str, spans: Sequence[tuple[int, int]] = ()) -> list[int]:
+    """`tokenizer.encode(text)` unless an added token occurs inside one of the untrusted `spans`;
+    then those occurrences are encoded as ordinary text (`split_encode`)."""
+    pattern, vocab = _added_pattern(tokenizer)
+    if not vocab or not any(pattern.search(text, a, b) for a, b in spans):
+        return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
+    return split_encode(tokenizer, text, spans)
+
+
+def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this tokenizer has no chat template")
-    out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
-    if isinstance(out, dict) or hasattr(out, "keys"):
-        out = out["input_ids"]
-    return [int(i) for i in out]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def encode_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                untrusted: Untrusted | None = None) -> list[int]:
+    """Token ids of `messages` rendered by the tokenizer's own chat template; values marked with
+    `untrusted` (placeholders in the message contents) are encoded as ordinary text."""
+    text = render_chat(tokenizer, messages, add_generation_prompt)
+    text, spans = untrusted.resolve(text) if untrusted is not None else (text, [])
+    return encode_text(tokenizer, text, spans)
 
 
 def stop_ids(tokenizer, cfg_eos: tuple[int, ...] = ()) -> tuple[int, ...]:

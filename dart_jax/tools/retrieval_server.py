@@ -3,92 +3,320 @@
     POST /retrieve {"queries": [str], "topk": int, "return_scores": bool}
       -> {"result": [[{"document": {"id", "contents"}, "score": float}, …], …]}
          (bare document dicts when return_scores is false)
+    GET /health -> {"status": "ok", "pending": …, "batches": …, "queries": …}
 
-The server binds to loopback by default; malformed JSON or fields get 400, oversized batches 413,
-unknown paths 404. `RemoteRetriever` speaks the same contract, so training can point at this
-server or at an existing Search-R1 retrieval server.
+`RetrievalServer` is a shared service for every rollout process (aiohttp): concurrent requests
+wait in a bounded queue and are served by one encoder + index call per batch (at most
+`batch_queries` queries, waiting at most `max_wait_ms` for company), so no request holds a lock
+while others queue behind it. Bodies are read with a deadline (a slow client gets 408 and stalls
+no one), oversized bodies / batches / queries get 413 after the body is drained (the client reads
+the reply instead of a broken pipe), malformed JSON or fields 400, a full queue 503, a request not
+served in `request_timeout_s` 504, unknown paths 404. It binds to loopback by default with a listen
+backlog of 1024.
+
+`RemoteRetriever` speaks the same contract (to this server or an existing Search-R1 one) and
+retries connection errors and 502/503/504 with exponential backoff until its deadline.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import http.client
 import json
+import logging
+import random
 import threading
+import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
+
+from aiohttp import web
 
 from dart_jax.tools.retrieval import Searcher
 
+log = logging.getLogger(__name__)
 
-def make_server(searcher: Searcher, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 512,
-                max_topk: int = 100, max_body: int = 8 << 20) -> ThreadingHTTPServer:
-    lock = threading.Lock()  # the encoder and faiss index are shared; one search at a time
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
+@dataclasses.dataclass(frozen=True)
+class ServerLimits:
+    max_batch: int = 512            # queries in one request
+    max_topk: int = 100
+    max_query_chars: int = 4096     # characters in one query (the encoder reads 256 tokens anyway)
+    max_body: int = 4 << 20         # bytes in one request body
+    drain_limit: int = 64 << 20     # an oversized body is read and discarded up to this, then the connection closes
+    batch_queries: int = 256        # queries per encoder call
+    max_wait_ms: float = 5.0        # how long a batch waits for more requests
+    queue_size: int = 4096          # requests waiting for the encoder; 503 beyond
+    request_timeout_s: float = 60.0  # a request not served by then gets 504
+    body_timeout_s: float = 10.0    # a body that has not arrived by then gets 408
+    backlog: int = 1024             # listen backlog (the kernel caps it at net.core.somaxconn)
+    warm_batch: int = 64            # warm-up compiles batches of up to this many queries before serving
 
-        def _send(self, code: int, payload: dict):
-            body = json.dumps(payload).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) <= 0:
+                raise ValueError(f"ServerLimits.{f.name}={getattr(self, f.name)} must be > 0")
 
-        def do_GET(self):
-            if self.path == "/health":
-                return self._send(200, {"status": "ok"})
-            self._send(404, {"error": f"unknown path {self.path}; use POST /retrieve"})
 
-        def do_POST(self):
-            if self.path != "/retrieve":
-                return self._send(404, {"error": f"unknown path {self.path}; use POST /retrieve"})
+class _TooLarge(Exception):
+    pass
+
+
+@dataclasses.dataclass
+class _Pending:
+    queries: list[str]
+    topk: int
+    future: asyncio.Future
+
+
+def _error(code: int, message: str, **headers) -> web.Response:
+    return web.json_response({"error": message}, status=code, headers=headers or None)
+
+
+class RetrievalServer:
+    """`start()` serves from a background thread (tests, benchmarks, one process that also trains);
+    `serve_forever()` blocks (launch.serve_retriever)."""
+
+    def __init__(self, searcher: Searcher, host: str = "127.0.0.1", port: int = 8000,
+                 limits: ServerLimits = ServerLimits()):
+        self.searcher, self.host, self.port, self.limits = searcher, host, port, limits
+        self.stats = {"batches": 0, "queries": 0, "requests": 0, "rejected": 0}
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="retrieval-search")  # the encoder is not re-entrant
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped: asyncio.Event | None = None
+
+    # -- HTTP ---------------------------------------------------------------------------------------
+    async def _body(self, request: web.BaseRequest) -> bytes:
+        """The body, or _TooLarge after draining it (up to drain_limit)."""
+        lim = self.limits
+        declared = request.content_length
+        if declared is not None and declared > lim.drain_limit:
+            raise _TooLarge(f"body of {declared} bytes exceeds {lim.max_body}")
+        chunks, size = [], 0
+        while True:
+            chunk = await request.content.read(1 << 16)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size <= lim.max_body:
+                chunks.append(chunk)
+            elif size > lim.drain_limit:
+                break
+        if size > lim.max_body:
+            raise _TooLarge(f"body of {declared if declared is not None else size} bytes exceeds {lim.max_body}")
+        return b"".join(chunks)
+
+    async def retrieve(self, request: web.Request) -> web.Response:
+        lim = self.limits
+        self.stats["requests"] += 1
+        try:
+            async with asyncio.timeout(lim.body_timeout_s):
+                raw = await self._body(request)
+        except TimeoutError:
+            self.stats["rejected"] += 1
+            return _error(408, f"the request body did not arrive within {lim.body_timeout_s} s", Connection="close")
+        except _TooLarge as e:
+            self.stats["rejected"] += 1
+            drained = request.content.at_eof()
+            return _error(413, str(e), **({} if drained else {"Connection": "close"}))
+        try:
+            req = json.loads(raw or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return _error(400, f"invalid JSON: {e}")
+        if not isinstance(req, dict) or not isinstance(req.get("queries"), list) \
+                or not all(isinstance(q, str) for q in req["queries"]):
+            return _error(400, "field 'queries' must be a list of strings")
+        topk = req.get("topk", 3)
+        if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= lim.max_topk:
+            return _error(400, f"field 'topk' must be an integer in [1, {lim.max_topk}]")
+        queries = req["queries"]
+        if len(queries) > lim.max_batch:
+            return _error(413, f"{len(queries)} queries exceed the batch limit {lim.max_batch}")
+        longest = max((len(q) for q in queries), default=0)
+        if longest > lim.max_query_chars:
+            return _error(413, f"a query of {longest} characters exceeds the limit {lim.max_query_chars}")
+        if not queries:
+            return web.json_response({"result": []})
+        pending = _Pending(queries, topk, asyncio.get_running_loop().create_future())
+        try:
+            self._queue.put_nowait(pending)
+        except asyncio.QueueFull:
+            self.stats["rejected"] += 1
+            return _error(503, f"{lim.queue_size} requests are already waiting; retry later", **{"Retry-After": "1"})
+        try:
+            hits = await asyncio.wait_for(asyncio.shield(pending.future), lim.request_timeout_s)
+        except TimeoutError:
+            pending.future.cancel()
+            return _error(504, f"not served within {lim.request_timeout_s} s")
+        except Exception as e:  # noqa: BLE001 — the searcher's failure, reported to this request
+            return _error(500, f"search failed: {type(e).__name__}: {e}")
+        if req.get("return_scores", False):
+            result = [[{"document": d, "score": s} for d, s in row] for row in hits]
+        else:
+            result = [[d for d, _ in row] for row in hits]
+        return web.json_response({"result": result})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "pending": self._queue.qsize(), **self.stats})
+
+    async def not_found(self, request: web.Request) -> web.Response:
+        return _error(404, f"unknown path {request.method} {request.path}; use POST /retrieve")
+
+    # -- batching -----------------------------------------------------------------------------------
+    async def _batcher(self) -> None:
+        lim, loop = self.limits, asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            n = len(batch[0].queries)
+            until = loop.time() + lim.max_wait_ms / 1000
+            while n < lim.batch_queries:
+                try:
+                    nxt = self._queue.get_nowait() if loop.time() >= until else \
+                        await asyncio.wait_for(self._queue.get(), until - loop.time())
+                except (TimeoutError, asyncio.QueueEmpty):
+                    break
+                batch.append(nxt)
+                n += len(nxt.queries)
+            batch = [p for p in batch if not p.future.done()]  # timed out while waiting
+            if not batch:
+                continue
+            queries = [q for p in batch for q in p.queries]
+            topk = max(p.topk for p in batch)
             try:
-                length = int(self.headers.get("Content-Length", "0"))
-            except ValueError:
-                return self._send(400, {"error": "bad Content-Length"})
-            if length > max_body:
-                return self._send(413, {"error": f"body of {length} bytes exceeds {max_body}"})
-            try:
-                req = json.loads(self.rfile.read(length) or b"null")
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                return self._send(400, {"error": f"invalid JSON: {e}"})
-            if not isinstance(req, dict) or not isinstance(req.get("queries"), list) \
-                    or not all(isinstance(q, str) for q in req["queries"]):
-                return self._send(400, {"error": "field 'queries' must be a list of strings"})
-            topk = req.get("topk", 3)
-            if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= max_topk:
-                return self._send(400, {"error": f"field 'topk' must be an integer in [1, {max_topk}]"})
-            if len(req["queries"]) > max_batch:
-                return self._send(413, {"error": f"{len(req['queries'])} queries exceed the batch limit {max_batch}"})
-            with lock:
-                hits = searcher.search(req["queries"], topk)
-            if req.get("return_scores", False):
-                result = [[{"document": d, "score": s} for d, s in row] for row in hits]
-            else:
-                result = [[d for d, _ in row] for row in hits]
-            self._send(200, {"result": result})
+                hits = await loop.run_in_executor(self._executor, self.searcher.search, queries, topk)
+            except Exception as e:  # noqa: BLE001 — every request of the batch gets the error
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(e)
+                continue
+            self.stats["batches"] += 1
+            self.stats["queries"] += len(queries)
+            start = 0
+            for p in batch:
+                rows = [row[:p.topk] for row in hits[start:start + len(p.queries)]]
+                start += len(p.queries)
+                if not p.future.done():
+                    p.future.set_result(rows)
 
-    return ThreadingHTTPServer((host, port), Handler)
+    # -- life cycle ---------------------------------------------------------------------------------
+    def _warm_up(self) -> None:
+        """Searches of 1 and `warm_batch` questions of short and medium length: the shapes the
+        encoder's buckets give most batches (rows 8 or 64, tokens 16 or 32), compiled before serving."""
+        for n in sorted({1, self.limits.warm_batch}):
+            for words in (4, 20):
+                self.searcher.search(["warm up " * (words // 2)] * n, 1)
+
+    async def _serve(self, ready: threading.Event | None = None) -> None:
+        self._queue: asyncio.Queue[_Pending] = asyncio.Queue(self.limits.queue_size)
+        try:  # compile the encoder's common query shapes now, not on a client's clock
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._warm_up)
+        except Exception as e:  # noqa: BLE001 — a broken searcher still serves its errors as 500s
+            log.warning("retrieval warm-up search failed: %s: %s", type(e).__name__, e)
+        self._stopped = asyncio.Event()
+        app = web.Application(client_max_size=self.limits.max_body)
+        app.router.add_post("/retrieve", self.retrieve)
+        app.router.add_get("/health", self.health)
+        app.router.add_route("*", "/{tail:.*}", self.not_found)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, backlog=self.limits.backlog, reuse_address=True)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        batcher = asyncio.create_task(self._batcher())
+        if ready is not None:
+            ready.set()
+        try:
+            await self._stopped.wait()
+        finally:
+            batcher.cancel()
+            await runner.cleanup()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/retrieve"
+
+    def start(self) -> RetrievalServer:
+        ready = threading.Event()
+
+        def run():
+            self._loop = asyncio.new_event_loop()
+            self._loop.run_until_complete(self._serve(ready))
+            self._loop.close()
+
+        self._thread = threading.Thread(target=run, name="retrieval-server", daemon=True)
+        self._thread.start()
+        if not ready.wait(30):
+            raise RuntimeError(f"retrieval server on {self.host}:{self.port} did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stopped is not None:
+            self._loop.call_soon_threadsafe(self._stopped.set)
+        if self._thread is not None:
+            self._thread.join(30)
+        self._executor.shutdown(wait=False)
+
+    def serve_forever(self, on_ready=None) -> None:
+        async def main():
+            ready = threading.Event()
+            task = asyncio.create_task(self._serve(ready))
+            while not ready.is_set() and not task.done():
+                await asyncio.sleep(0.01)
+            if on_ready is not None and ready.is_set():
+                on_ready(self)
+            await task
+        asyncio.run(main())
 
 
 class RemoteRetriever:
-    """Client of a Search-R1 retrieval server; same `search` interface as `Retriever`."""
+    """Client of a Search-R1 retrieval server; same `search` interface as `Retriever`.
 
-    def __init__(self, url: str, timeout_s: float = 60.0):
+    Connection errors (refused, reset, timed out) and 502 / 503 / 504 are retried with exponential
+    backoff (50 ms doubling to 2 s, with jitter) until `deadline_s` after the call began; any other
+    HTTP error fails at once with the server's message."""
+
+    RETRY_STATUS = (502, 503, 504)
+
+    def __init__(self, url: str, timeout_s: float = 60.0, deadline_s: float = 300.0):
         self.url = url.rstrip("/") + ("" if url.rstrip("/").endswith("/retrieve") else "/retrieve")
-        self.timeout_s = timeout_s
+        self.timeout_s, self.deadline_s = timeout_s, deadline_s
+        self.retries = 0
+
+    def _post(self, body: bytes, timeout: float) -> dict:
+        req = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
 
     def search(self, queries: list[str], topk: int = 3) -> list[list[tuple[dict, float]]]:
+        if not queries:
+            return []
         body = json.dumps({"queries": list(queries), "topk": topk, "return_scores": True}).encode()
-        req = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                payload = json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            raise RuntimeError(f"retriever {self.url} answered {e.code}: {e.read().decode(errors='replace')}") from None
-        out = []
-        for row in payload["result"]:
-            out.append([(r["document"], float(r.get("score", 0.0))) if "document" in r else (r, 0.0) for r in row])
-        return out
+        deadline = time.monotonic() + self.deadline_s
+        delay = 0.05
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                payload = self._post(body, max(0.1, min(self.timeout_s, left)))
+                break
+            except urllib.error.HTTPError as e:
+                detail = e.read().decode(errors="replace")
+                if e.code not in self.RETRY_STATUS:
+                    raise RuntimeError(f"retriever {self.url} answered {e.code}: {detail}") from None
+                failure = f"HTTP {e.code}: {detail}"
+            except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException, OSError) as e:
+                failure = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+            pause = delay * (0.5 + random.random())
+            if time.monotonic() + pause >= deadline:
+                raise RuntimeError(f"retriever {self.url} failed for {self.deadline_s:.0f} s "
+                                   f"({self.retries} retries); last error {failure}")
+            self.retries += 1
+            time.sleep(pause)
+            delay = min(2 * delay, 2.0)
+        result = payload.get("result") if isinstance(payload, dict) else None
+        if not isinstance(result, list) or len(result) != len(queries):
+            raise RuntimeError(f"retriever {self.url} returned {type(result).__name__} for {len(queries)} queries")
+        return [[(r["document"], float(r.get("score", 0.0))) if "document" in r else (r, 0.0) for r in row]
+                for row in result]

@@ -23,8 +23,11 @@ def _run(argv, out):
 def test_model_and_adapters_subcommands(tiny_smollm_dir, tmp_path):
     code, rep = _run(["model", "--model", tiny_smollm_dir, "--max-new-tokens", "8"], tmp_path / "m")
     assert code == 0 and rep["pass"] and rep["check"] == "model"
+    # absolute quantities report the scale they were measured on (max |transformers value|), not 0
+    assert all(q["scale"] > 0 for q in rep["quantities"]), rep["quantities"]
     code, rep = _run(["adapters", "--model", tiny_smollm_dir], tmp_path / "a")
     assert code == 0 and rep["pass"], rep
+    assert all(q["scale"] > 0 for q in rep["quantities"])
     grad = next(q for q in rep["quantities"] if q["name"].startswith("grad"))
     assert grad["scale"] > 0  # fresh adapters with B ≠ 0: the gradients are not trivially zero
 

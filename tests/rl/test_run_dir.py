@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -121,3 +122,45 @@ def test_resume_failure_names_a_layout_mismatch_apart_from_corruption(tmp_path):
     assert "layout differs" in str(err) and "step 3: ValueError" in str(err) and "corrupt or unfinished" not in str(err)
     err = run_dir.resume_failure(str(tmp_path), {"train": {"steps": 2}}, {3: "CorruptCheckpoint: files altered"})
     assert "corrupt or unfinished (no run_config.json" in str(err)
+
+
+def _flip(path):
+    victim = max((os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs), key=os.path.getsize)
+    with open(victim, "r+b") as f:
+        f.seek(os.path.getsize(victim) // 2)
+        f.write(b"\xff\x00\xff\x00")
+
+
+def test_a_corrupt_checkpoint_never_becomes_verified(tiny_smollm_dir, tmp_path):
+    """Corrupt step 3, resume (falls back to 2), train through step 3 again, resume again: the final
+    state equals an uninterrupted run's. Before, the second save of step 3 was skipped by orbax and
+    a fresh manifest written over the corrupt files, so the next resume loaded them."""
+    def cfg(out, steps):
+        c = _config(tiny_smollm_dir, out, steps=steps)
+        c.eval.n = 0
+        return c
+
+    ref = Trainer(cfg(tmp_path / "ref", 4))
+    ref.run()
+    out = tmp_path / "run"
+    Trainer(cfg(out, 3)).run()
+    _flip(out / "checkpoints" / "3")
+    Trainer(cfg(out, 3)).run(resume=True)  # falls back to 2, moves 3 aside, trains step 3 again
+    moved = os.listdir(out / "checkpoints" / "unusable")
+    assert len(moved) == 1 and moved[0].startswith("3-")
+    assert "files missing or altered" in open(out / "checkpoints" / "unusable" / moved[0] / "reason.txt").read()
+    last = Trainer(cfg(out, 4))
+    last.run(resume=True)
+    assert Checkpointer(str(out / "checkpoints"), keep=10).failures == {}
+    for a, b in zip(jax.tree.leaves(ref.state.params), jax.tree.leaves(last.state.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert [r["step"] for r in read_metrics(str(out / "metrics.jsonl"))] == [1, 2, 3, 4]
+
+
+def test_saving_over_an_existing_step_is_an_error(tmp_path):
+    ck = Checkpointer(str(tmp_path / "ck"), keep=3)
+    ck.save(1, {"w": np.ones(3, np.float32)}, {})
+    with pytest.raises(RuntimeError, match="checkpoint 1 was not written"):
+        ck.save(1, {"w": np.zeros(3, np.float32)}, {})
+    step, tree, _ = ck.restore_latest({"w": np.zeros(3, np.float32)})
+    np.testing.assert_array_equal(np.asarray(tree["w"]), np.ones(3))

@@ -223,3 +223,32 @@ def test_train_step_lr_follows_the_rl_step(setup):
 def test_micro_scales_rejects_unknown_mode():
     with pytest.raises(ValueError, match="micro-batch mode"):
         losses.micro_scales(jnp.ones(2), "per_token")
+
+
+def test_non_finite_values_outside_the_mask_change_nothing(setup):
+    """NaN / ±inf old and reference log-probs where the loss mask is 0 (prompt, padding, an
+    observation block) and a NaN advantage on a row with no loss token (a dropped prompt): the loss,
+    every metric and the update equal those of the same batch with finite values there (verl zeroes
+    values outside the mask first); before, 0·NaN made the loss NaN and the update was skipped."""
+    base, method, adapters = setup
+    lc = LossConfig(kl_coef=0.05, entropy_coef=0.01)
+    clean = _with_logps(_batch(), base, adapters, lc)
+    clean["loss_mask"] = clean["loss_mask"].copy()
+    clean["loss_mask"][3] = 0.0
+    dirty = {k: v.copy() for k, v in clean.items()}
+    off = dirty["loss_mask"] == 0
+    rng = np.random.default_rng(7)
+    for k in ("old_logp", "ref_logp"):
+        dirty[k][off] = rng.choice([np.nan, np.inf, -np.inf], size=int(off.sum()))
+    dirty["advantages"][3] = np.nan
+    s_clean, m_clean, _ = _run(setup, lc, 2, clean)
+    s_dirty, m_dirty, _ = _run(setup, lc, 2, dirty)
+    assert float(m_dirty["skipped"]) == 0.0 and np.isfinite(float(m_dirty["loss"]))
+    for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "pg_clipfrac", "ppo_kl"):
+        assert float(m_dirty[k]) == float(m_clean[k]), k
+    for x, y in zip(jax.tree.leaves(s_dirty.params), jax.tree.leaves(s_clean.params)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    # the aggregate of REFERENCE §5 the cross-checks use, likewise
+    v = np.asarray([[1.0, np.nan, 2.0], [np.inf, 3.0, 0.0]])
+    m = np.asarray([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    assert float(losses.aggregate(jnp.asarray(v), jnp.asarray(m))) == pytest.approx(2.0)

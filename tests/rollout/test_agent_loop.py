@@ -79,6 +79,12 @@ def test_observation_truncation_keeps_closing_tag(setup):
     assert len(ids) <= 40 and tok.decode(ids).endswith("</information>\n\n")
     assert agent._query(tok.encode("x <search> capital of france </search>", add_special_tokens=False)) == "capital of france"
     assert agent._query(tok.encode("no opening </search>", add_special_tokens=False)) is None
+    # a cap the closing tail cannot fit in is refused, never silently exceeded
+    from dart_jax.rollout.agent import observation_ids
+    with pytest.raises(ValueError, match="observation cap 2 leaves no room"):
+        observation_ids(tok, QA, QA.render_observation("word " * 30), 2)
+    with pytest.raises(ValueError, match="max_obs_tokens=1"):
+        RolloutConfig(max_obs_tokens=1)
 
 
 def test_answer_tag_stops_after_a_space_as_bpe_writes_it(setup):

@@ -1,20 +1,16 @@
 """Retrieval: shipped embeddings are the encoder's, faiss index kinds, the in-process retriever on
-real NQ questions, and the Search-R1 HTTP contract on loopback."""
+real NQ questions (the HTTP service: test_retrieval_server.py)."""
 
 import json
 import os
-import threading
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 
 from dart_jax.data.corpus import read_corpus, read_jsonl
 from dart_jax.tools.encoder import Encoder
-from dart_jax.tools.retrieval import (DEFAULT_CORPUS, RetrievalTool, Retriever, build_index, ensure_index,
+from dart_jax.tools.retrieval import (DEFAULT_CORPUS, Retriever, build_index, ensure_index,
                                       format_passages, shipped_embeddings)
-from dart_jax.tools.retrieval_server import RemoteRetriever, make_server
 
 QA = os.path.join(os.path.dirname(DEFAULT_CORPUS), "..", "qa", "nq_oracle.jsonl")
 
@@ -71,37 +67,3 @@ def test_passage_rendering():
     text = format_passages([{"id": "1", "contents": "\"Paris\"\nParis is the capital."},
                             {"id": "2", "contents": "\"Lyon\"\nLyon is a city.\nSecond line."}])
     assert text == "Doc 1(Title: \"Paris\") Paris is the capital.\nDoc 2(Title: \"Lyon\") Lyon is a city.\nSecond line.\n"
-
-
-def post(url, body: bytes):
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def test_http_contract_on_loopback(retriever):
-    server = make_server(retriever, "127.0.0.1", 0, max_batch=4)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/retrieve"
-        qs = ["who got the first nobel prize in physics", "capital of france"]
-        code, body = post(url, json.dumps({"queries": qs, "topk": 2, "return_scores": True}).encode())
-        assert code == 200 and len(body["result"]) == 2 and set(body["result"][0][0]) == {"document", "score"}
-        code, body = post(url, json.dumps({"queries": qs, "topk": 2}).encode())
-        assert code == 200 and set(body["result"][0][0]) == {"id", "contents"}
-        remote = RemoteRetriever(f"http://127.0.0.1:{server.server_address[1]}")
-        local = retriever.search(qs, 3)
-        assert [[d["id"] for d, _ in h] for h in remote.search(qs, 3)] == [[d["id"] for d, _ in h] for h in local]
-        assert RetrievalTool(remote).batch(qs[:1])[0].startswith("Doc 1(Title: ")
-        assert post(url, b"{not json")[0] == 400
-        assert post(url, json.dumps({"queries": "x"}).encode())[0] == 400
-        assert post(url, json.dumps({"queries": ["x"], "topk": 0}).encode())[0] == 400
-        assert post(url, json.dumps({"queries": ["x"] * 5}).encode())[0] == 413
-        assert post(url.replace("/retrieve", "/other"), b"{}")[0] == 404
-    finally:
-        server.shutdown()
-        server.server_close()

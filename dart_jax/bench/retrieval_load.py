@@ -1,0 +1,108 @@
+"""Load on a retrieval server as every rollout process would put it: `clients` threads, each
+sending `requests` POST /retrieve calls back to back with raw HTTP (no retries, so every failure
+counts), optionally while hostile clients misbehave (a slow body, an oversized query, a bad
+Content-Length). Reports errors by kind and latency percentiles."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+import urllib.parse
+
+import numpy as np
+
+
+def _post(host: str, port: int, body: bytes, timeout: float) -> int:
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("POST", "/retrieve", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+def _slow_body(host: str, port: int, stop: threading.Event) -> None:
+    """Declares a 1 kB body and sends one byte a second."""
+    with socket.create_connection((host, port), timeout=60) as s:
+        s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1024\r\n\r\n")
+        while not stop.is_set():
+            try:
+                s.sendall(b" ")
+            except OSError:
+                return
+            stop.wait(1.0)
+
+
+def _negative_length(host: str, port: int) -> str:
+    with socket.create_connection((host, port), timeout=30) as s:
+        s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n{}")
+        try:
+            return s.recv(200).decode(errors="replace").split("\r\n")[0] or "closed"
+        except socket.timeout:
+            return "no answer in 30 s"
+
+
+def run_load(url: str, queries: list[str], clients: int = 64, requests: int = 20, per_request: int = 1,
+             topk: int = 3, timeout: float = 60.0, hostile: bool = False) -> dict:
+    u = urllib.parse.urlparse(url)
+    host, port = u.hostname, u.port
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    lock = threading.Lock()
+    start = threading.Barrier(clients + 1)
+
+    def client(c: int) -> None:
+        start.wait()
+        for r in range(requests):
+            qs = [queries[(c * requests + r + k) % len(queries)] for k in range(per_request)]
+            body = json.dumps({"queries": qs, "topk": topk, "return_scores": True}).encode()
+            t = time.perf_counter()
+            try:
+                code = _post(host, port, body, timeout)
+                kind = None if code == 200 else f"HTTP {code}"
+            except Exception as e:  # noqa: BLE001 — every failure is counted by kind
+                kind = type(e).__name__
+            with lock:
+                latencies.append(time.perf_counter() - t)
+                if kind:
+                    errors[kind] = errors.get(kind, 0) + 1
+
+    stop, hostile_out = threading.Event(), {}
+    side = []
+    if hostile:
+        side = [threading.Thread(target=_slow_body, args=(host, port, stop), daemon=True) for _ in range(4)]
+
+        def big():
+            t = time.perf_counter()
+            try:
+                hostile_out["1MB query"] = _post(host, port, json.dumps({"queries": ["x " * 500_000]}).encode(), timeout)
+            except Exception as e:  # noqa: BLE001
+                hostile_out["1MB query"] = type(e).__name__
+            hostile_out["1MB query s"] = round(time.perf_counter() - t, 2)
+
+        def neg():
+            hostile_out["Content-Length -1"] = _negative_length(host, port)
+
+        side += [threading.Thread(target=big, daemon=True), threading.Thread(target=neg, daemon=True)]
+    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
+    for t in threads + side:
+        t.start()
+    t0 = time.perf_counter()
+    start.wait()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    stop.set()
+    for t in side:
+        t.join(timeout=35)
+    lat = np.asarray(latencies) * 1000
+    return {"clients": clients, "requests_per_client": requests, "queries_per_request": per_request,
+            "requests": len(latencies), "errors": sum(errors.values()), "errors_by_kind": errors,
+            "p50_ms": round(float(np.percentile(lat, 50)), 1), "p95_ms": round(float(np.percentile(lat, 95)), 1),
+            "max_ms": round(float(lat.max()), 1), "wall_s": round(wall, 2),
+            "requests_per_s": round(len(latencies) / wall, 1), "hostile": hostile_out}
