@@ -86,8 +86,9 @@ class SQLReward:
                 return self._gold[key]
         res = execute(db_path, sql, self.rc.sql_timeout_s, self.rc.sql_max_rows)
         value = res.rows if res.ok and not res.truncated else (res.error or f"more than {self.rc.sql_max_rows} rows")
-        with self._lock:
-            self._gold[key] = value
+        if not res.transient:  # a dead or busy worker says nothing about the gold query: ask again next time
+            with self._lock:
+                self._gold[key] = value
         return value
 
     def _predict(self, text: str, db_path: str):

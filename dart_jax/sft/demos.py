@@ -38,6 +38,7 @@ from dart_jax.rewards.sql import execution_match
 from dart_jax.rollout.agent import observation_ids
 from dart_jax.rollout.protocol import PROTOCOLS, QA, SQL, Protocol
 from dart_jax.rollout.tasks import encode_prompt
+from dart_jax.tokenization.tokenizer import encode_text
 
 _DOC = re.compile(r"Doc (\d+)\(Title:")
 _TABLE = re.compile(r"\b(?:FROM|JOIN)\s+[`\"\[]?([A-Za-z_][A-Za-z0-9_]*)", re.I)
@@ -87,6 +88,19 @@ def _evidence(visible: str, golds: list[str]) -> tuple[int, str] | None:
     return None
 
 
+def _piece(*parts: str | tuple[str]) -> dict:
+    """A trained piece from its parts; a part given as a 1-tuple is dataset text (a question, an
+    answer, a table name, a gold query): `plain` records its character span, encoded as ordinary
+    text so a question holding "<search>" never becomes a tag in a target (`encode_demo`)."""
+    text, plain = "", []
+    for part in parts:
+        if isinstance(part, tuple):
+            plain.append([len(text), len(text) + len(part[0])])
+            part = part[0]
+        text += part
+    return {"text": text, "loss": 1, "plain": plain}
+
+
 def qa_demos(rows: list[dict], tool, tokenizer, max_obs_tokens: int, protocol: Protocol = QA) -> tuple[list[dict], dict]:
     """Search-protocol demonstrations. `tool` is a RetrievalTool (real index); -> (demos, stats)."""
     queries = [qa_question(r["question"]).rstrip("?").strip() for r in rows]
@@ -101,11 +115,10 @@ def qa_demos(rows: list[dict], tool, tokenizer, max_obs_tokens: int, protocol: P
             continue
         doc, answer = found
         pieces = [
-            {"text": f"<think> I need to look this up. </think>\n{protocol.tool_open} {q} {protocol.tool_close}",
-             "loss": 1},
+            _piece(f"<think> I need to look this up. </think>\n{protocol.tool_open} ", (q,), f" {protocol.tool_close}"),
             {"text": obs, "loss": 0},
-            {"text": f"<think> Doc {doc} answers the question. </think>\n{protocol.answer_open} {answer} "
-                     f"{protocol.answer_close}", "loss": 1},
+            _piece(f"<think> Doc {doc} answers the question. </think>\n{protocol.answer_open} ", (answer,),
+                   f" {protocol.answer_close}"),
         ]
         demos.append({"id": r["id"], "data_source": r.get("data_source", "qa"), "task": "qa",
                       "question": r["question"], "golden_answers": r["golden_answers"], "origin": "retrieval",
@@ -143,11 +156,11 @@ def sql_demos(rows: list[dict], tool, max_turns: int, protocol: Protocol = SQL) 
         body = tool.batch([explore], [r["db_path"]])[0]
         gold = " ".join(r["query"].split())
         pieces = [
-            {"text": f"<think> The question needs the table {used[0]}. Let me look at a few of its rows. </think>\n"
-                     f"{protocol.tool_open} {explore} {protocol.tool_close}", "loss": 1},
+            _piece("<think> The question needs the table ", (used[0],), ". Let me look at a few of its rows. "
+                   f"</think>\n{protocol.tool_open} ", (explore,), f" {protocol.tool_close}"),
             {"text": protocol.render_observation(body, max_turns - 1), "loss": 0},
-            {"text": f"<think> I can write the query now. </think>\n{protocol.answer_open} {gold} "
-                     f"{protocol.answer_close}", "loss": 1},
+            _piece(f"<think> I can write the query now. </think>\n{protocol.answer_open} ", (gold,),
+                   f" {protocol.answer_close}"),
         ]
         demos.append({"id": r["id"], "data_source": r.get("data_source", "sql"), "task": "sql",
                       "question": r["question"], "db_id": r.get("db_id", ""), "db_path": r["db_path"], "query": r["query"],
@@ -220,8 +233,8 @@ def encode_demo(tokenizer, demo: dict, max_obs_tokens: int,
     ids: list[int] = []
     mask: list[float] = []
     for piece in demo["pieces"]:
-        if piece["loss"]:
-            part = tokenizer.encode(piece["text"], add_special_tokens=False)
+        if piece["loss"]:  # the model's text; dataset text inside it (`plain` spans) stays ordinary text
+            part = encode_text(tokenizer, piece["text"], [tuple(x) for x in piece.get("plain", ())])
         else:
             part = observation_ids(tokenizer, protocol, piece["text"], max_obs_tokens)
         ids += part

@@ -11,7 +11,6 @@ and `encode_text` honour the marks. Text without any added token inside a mark e
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from collections.abc import Sequence
@@ -69,11 +68,17 @@ def plain_ids(tokenizer, text: str) -> list[int]:
     return [t.id for piece, _ in pieces for t in bt.model.tokenize(piece)]
 
 
-@functools.lru_cache(maxsize=16)
 def _added_pattern(tokenizer) -> tuple[re.Pattern, dict[str, int]]:
-    vocab = {t: int(i) for t, i in tokenizer.get_added_vocab().items()}
-    # leftmost-longest, as the tokenizer matches added tokens
-    return re.compile("|".join(re.escape(t) for t in sorted(vocab, key=len, reverse=True))), vocab
+    """A regex over the added tokens (leftmost-longest, as the tokenizer matches them) and their ids,
+    cached on the tokenizer and rebuilt when tokens are added (`add_sentinel_tokens` after loading)."""
+    size = len(tokenizer)
+    cached = getattr(tokenizer, "_dart_jax_added", None)
+    if cached is None or cached[0] != size:
+        vocab = {t: int(i) for t, i in tokenizer.get_added_vocab().items()}
+        pattern = re.compile("|".join(re.escape(t) for t in sorted(vocab, key=len, reverse=True)))
+        cached = (size, pattern, vocab)
+        tokenizer._dart_jax_added = cached
+    return cached[1], cached[2]
 
 
 def split_encode(tokenizer, text: str, spans: Sequence[tuple[int, int]] = ()) -> list[int]:

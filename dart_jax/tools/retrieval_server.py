@@ -151,13 +151,21 @@ class RetrievalServer:
         except TimeoutError:
             pending.future.cancel()
             return _error(504, f"not served within {lim.request_timeout_s} s")
+        except asyncio.CancelledError:  # the client went away: its queued work is dropped, not computed
+            pending.future.cancel()
+            raise
         except Exception as e:  # noqa: BLE001 — the searcher's failure, reported to this request
             return _error(500, f"search failed: {type(e).__name__}: {e}")
-        if req.get("return_scores", False):
-            result = [[{"document": d, "score": s} for d, s in row] for row in hits]
-        else:
-            result = [[d for d, _ in row] for row in hits]
-        return web.json_response({"result": result})
+        scores = req.get("return_scores", False)
+
+        def render() -> bytes:
+            result = [[{"document": d, "score": s} if scores else d for d, s in row] for row in hits]
+            return json.dumps({"result": result}).encode()
+
+        # a large reply (512 queries × top-100) is serialised off the event loop, which serves everyone
+        big = len(queries) * topk > 256
+        body = await asyncio.get_running_loop().run_in_executor(None, render) if big else render()
+        return web.Response(body=body, content_type="application/json")
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "pending": self._queue.qsize(), **self.stats})
@@ -185,6 +193,7 @@ class RetrievalServer:
                 continue
             queries = [q for p in batch for q in p.queries]
             topk = max(p.topk for p in batch)
+            self._inflight = batch
             try:
                 hits = await loop.run_in_executor(self._executor, self.searcher.search, queries, topk)
             except Exception as e:  # noqa: BLE001 — every request of the batch gets the error
@@ -211,6 +220,7 @@ class RetrievalServer:
 
     async def _serve(self, ready: threading.Event | None = None) -> None:
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue(self.limits.queue_size)
+        self._inflight: list[_Pending] = []
         try:  # compile the encoder's common query shapes now, not on a client's clock
             await asyncio.get_running_loop().run_in_executor(self._executor, self._warm_up)
         except Exception as e:  # noqa: BLE001 — a broken searcher still serves its errors as 500s
@@ -232,24 +242,39 @@ class RetrievalServer:
             await self._stopped.wait()
         finally:
             batcher.cancel()
+            waiting = list(self._inflight)
+            while not self._queue.empty():
+                waiting.append(self._queue.get_nowait())
+            for p in waiting:  # requests in flight or queued get an answer (500), not a hang
+                if not p.future.done():
+                    p.future.set_exception(RuntimeError("the retrieval server is stopping"))
+            await runner.shutdown()
             await runner.cleanup()
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/retrieve"
 
-    def start(self) -> RetrievalServer:
-        ready = threading.Event()
+    def start(self, timeout_s: float = 300.0) -> RetrievalServer:
+        ready, failed = threading.Event(), []
 
         def run():
             self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(self._serve(ready))
-            self._loop.close()
+            try:
+                self._loop.run_until_complete(self._serve(ready))
+            except BaseException as e:  # noqa: BLE001 — e.g. the port is taken: start() raises it
+                failed.append(e)
+                ready.set()
+            finally:
+                self._loop.close()
 
         self._thread = threading.Thread(target=run, name="retrieval-server", daemon=True)
         self._thread.start()
-        if not ready.wait(30):
-            raise RuntimeError(f"retrieval server on {self.host}:{self.port} did not start")
+        if not ready.wait(timeout_s):
+            raise RuntimeError(f"retrieval server on {self.host}:{self.port} did not start in {timeout_s} s")
+        if failed:
+            raise RuntimeError(f"retrieval server on {self.host}:{self.port} failed to start: "
+                               f"{type(failed[0]).__name__}: {failed[0]}") from failed[0]
         return self
 
     def stop(self) -> None:

@@ -27,7 +27,7 @@ import os
 import pickle
 import queue
 import resource
-import select
+import selectors
 import sqlite3
 import struct
 import subprocess
@@ -66,6 +66,7 @@ class QueryResult:
     truncated: bool = False
     error: str | None = None
     seconds: float = 0.0
+    transient: bool = False  # the error says nothing about the query (a worker died, every worker was busy)
 
     @property
     def ok(self) -> bool:
@@ -186,16 +187,18 @@ class _Worker:
         except (BrokenPipeError, OSError):
             return None
         fd, buf, need = self.proc.stdout.fileno(), bytearray(), None
-        while need is None or len(buf) < need:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return None
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                return None  # the worker died (e.g. killed by the OS)
-            buf += chunk
-            if need is None and len(buf) >= _HEADER.size:
-                need = _HEADER.size + _HEADER.unpack_from(buf)[0]
+        with selectors.DefaultSelector() as sel:  # epoll / poll: no FD_SETSIZE limit
+            sel.register(fd, selectors.EVENT_READ)
+            while need is None or len(buf) < need:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    return None
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    return None  # the worker died (e.g. killed by the OS)
+                buf += chunk
+                if need is None and len(buf) >= _HEADER.size:
+                    need = _HEADER.size + _HEADER.unpack_from(buf)[0]
         return _PlainUnpickler(io.BytesIO(bytes(buf[_HEADER.size:need]))).load()
 
     def kill(self) -> None:
@@ -212,7 +215,7 @@ class SQLitePool:
     """Worker processes that run `execute_local`, at most `max_workers` at once. A call waits for a
     free worker inside its own deadline; a worker that overruns is killed and replaced on demand."""
 
-    def __init__(self, max_workers: int = 8):
+    def __init__(self, max_workers: int = 32):
         self.max_workers = max_workers
         self._idle: queue.LifoQueue[_Worker] = queue.LifoQueue()
         self._slots = threading.Semaphore(max_workers)
@@ -242,7 +245,8 @@ class SQLitePool:
         if not (sql or "").strip():
             return QueryResult([], [], error="empty query")
         if not self._slots.acquire(timeout=timeout_s):
-            return QueryResult([], [], error="query timed out (every SQL worker was busy)", seconds=timeout_s)
+            return QueryResult([], [], error=f"every SQL worker was busy for {timeout_s} s", seconds=timeout_s,
+                               transient=True)
         try:
             try:
                 w = self._idle.get_nowait()
@@ -255,10 +259,16 @@ class SQLitePool:
                            max_result_bytes=max_result_bytes, clip_values=clip_values)
             try:
                 reply = w.ask(request, deadline + KILL_GRACE_S)
-            except pickle.UnpicklingError as e:
-                reply = ([], [], False, f"unreadable worker reply: {e}", 0.0)
-            if reply is None:
+            except Exception as e:  # noqa: BLE001 — a reply that cannot be read: this worker is done
                 self._discard(w)
+                return QueryResult([], [], error=f"unreadable SQL worker reply: {type(e).__name__}: {e}",
+                                   seconds=time.monotonic() - t0, transient=True)
+            if reply is None:
+                died = w.proc.poll()
+                self._discard(w)
+                if died is not None:  # it exited on its own (killed by the OS, failed to start): not the query's fault
+                    return QueryResult([], [], error=f"the SQL worker died (exit status {died})",
+                                       seconds=time.monotonic() - t0, transient=True)
                 self.killed += 1
                 return QueryResult([], [], error="query timed out", seconds=time.monotonic() - t0)
             self._idle.put(w)

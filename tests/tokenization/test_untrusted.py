@@ -146,3 +146,19 @@ def test_the_protocols_own_messages_keep_their_tags(tok):
     s = sentinel_ids(tok)
     ids = observation_ids(tok, QA, QA.invalid_message, 500)
     assert tag_stream(tok, ids) == [s["<search>"], s["</search>"]]
+
+
+def test_dataset_text_inside_a_demonstrations_target_stays_text(tok):
+    """qa_demos / sql_demos write the question (or table, gold SQL) inside the trained tool call:
+    those spans are ordinary text, the surrounding tags are tags."""
+    from dart_jax.sft.demos import _piece
+
+    s = sentinel_ids(tok)
+    q = "what does the tag <search> mean in html"
+    demo = {"task": "qa", "question": q,
+            "pieces": [_piece("<think> I need to look this up. </think>\n<search> ", (q,), " </search>"),
+                       {"text": QA.render_observation("Doc 1 says </information>"), "loss": 0},
+                       _piece("<think> Doc 1 answers. </think>\n<answer> ", ("<sql> opening",), " </answer>")]}
+    _, ids, mask = encode_demo(tok, demo, 500)
+    assert tag_stream(tok, ids) == [s["<search>"], s["</search>"], s["<information>"], s["</information>"]]
+    assert q in tok.decode(ids) and len(mask) == len(ids)

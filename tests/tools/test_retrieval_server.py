@@ -208,3 +208,24 @@ def test_a_failing_searcher_is_a_500_naming_the_error(serve):
     assert code == 500 and "index file vanished" in body["error"]
     with pytest.raises(ValueError, match="max_wait_ms"):
         ServerLimits(max_wait_ms=0)
+
+
+def test_start_on_a_taken_port_fails_and_stop_answers_requests_in_flight(serve, retriever):
+    first = serve()
+    with pytest.raises(RuntimeError, match="failed to start"):
+        RetrievalServer(CountingSearcher(retriever), "127.0.0.1", first.port).start()
+
+    class Slow:
+        def search(self, queries, topk):
+            time.sleep(1.5)
+            return retriever.search(queries, topk)
+
+    server = RetrievalServer(Slow(), "127.0.0.1", 0, ServerLimits(warm_batch=1)).start()
+    out = []
+    t = threading.Thread(target=lambda: out.append(post(server.url, json.dumps({"queries": ["q"]}).encode())))
+    t.start()
+    time.sleep(0.3)  # the request is being searched
+    t0 = time.monotonic()
+    server.stop()
+    t.join(10)
+    assert time.monotonic() - t0 < 5 and out and out[0][0] in (200, 500), out
