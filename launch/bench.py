@@ -5,6 +5,7 @@
     python -m launch.bench adapters                   fwd+bwd: DART vs one LoRA vs full, and PEFT in torch
     python -m launch.bench sampler --batches=1,8,32   decode tok/s vs transformers generate
     python -m launch.bench resume --obs-len=400       KV-cache resume vs re-prefilling the history per turn
+    python -m launch.bench prefill --batch=2          a GRPO group's shared prompt prefill vs one per row (SQL schemas)
     python -m launch.bench retrieval --clients=64     load on the retrieval service (or --url=another server)
 
 Every side-by-side benchmark interleaves its sides (A B A B …, `--repeats` rounds after a warm-up,
@@ -29,11 +30,11 @@ from launch._cli import Command
 # spin on the cores the next (JAX) side needs. Passive waiting must be set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-BENCHES = ("forward", "adapters", "sampler", "resume", "train", "retrieval")
+BENCHES = ("forward", "adapters", "sampler", "resume", "train", "prefill", "retrieval")
 DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(batch=4, length=256, repeats=5),
             "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4), "train": dict(batch=4, length=512,
                                                                                           repeats=5),
-            "retrieval": dict(repeats=1)}
+            "prefill": dict(batch=2, repeats=3), "retrieval": dict(repeats=1)}
 CLI = Command("launch.bench", __doc__)
 F = CLI.flags
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
@@ -53,6 +54,7 @@ OBS_LEN = flags.DEFINE_integer("obs-len", 400, "resume: observation tokens per c
 PROMPT_LEN = flags.DEFINE_integer("prompt-len", 256, "resume: prompt tokens", flag_values=F)
 REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch", "save_qkv_proj"],
                           "train: remat policy", flag_values=F)
+GROUP = flags.DEFINE_integer("group", 4, "prefill: samples per prompt (GRPO group size)", flag_values=F)
 CLIENTS = flags.DEFINE_integer("clients", 64, "retrieval: concurrent clients", flag_values=F)
 REQUESTS = flags.DEFINE_integer("requests", 20, "retrieval: requests per client", flag_values=F)
 HOSTILE = flags.DEFINE_bool("hostile", True, "retrieval: slow-body, 1 MB and bad-length clients alongside",
@@ -121,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
                   "hooks": "hook reference, both adapters on every token (≈2× LoRA work)"}
         for side, r in res["ratios"].items():
             print(f"  torch {labels[side]}: {ms['torch_' + side]:.2f} s; torch / dart_jax {fmt_ratio(r)}")
+    if args.which == "prefill":
+        from dart_jax.bench.sampler import bench_group_prefill
+        res = bench_group_prefill(args.model, prompts=args.batch, group=GROUP.value, repeats=args.repeats)
+        print(f"{res['prompts']} SQL schema prompts ({res['prompt_tokens']} tokens) x {res['group']} samples, prefill + "
+              f"{res['gen']} decoded tokens: shared prefill {res['shared_s']:.2f} s, one per row {res['per_row_s']:.2f} s; "
+              f"per row / shared {fmt_ratio(res['ratio'])}")
     if args.which == "retrieval":
         res = _bench_retrieval()
         print(f"retrieval {res['url']}: {res['clients']} clients x {res['requests_per_client']} requests, "

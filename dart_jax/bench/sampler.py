@@ -146,3 +146,46 @@ def bench_resume(model: str = "smollm2-135m-instruct", batch: int = 8, prompt_le
             "gen_per_turn": gen_per_turn, "obs_len": obs_len, "resume_s": res["resume"]["median_s"],
             "reprefill_s": res["reprefill"]["median_s"], "ratio": ratio(res, "reprefill", "resume"),
             "wall_s": time.perf_counter() - t0}
+
+
+def bench_group_prefill(model: str = "smollm2-135m-instruct", prompts: int = 2, group: int = 4,
+                        gen: int = 32, repeats: int = 3) -> dict:
+    """Prefill + one decode segment for `prompts` SkyRL-SQL schema prompts (real Spider databases)
+    × `group` samples: one prefill per distinct prompt with the cache broadcast to the group's rows
+    vs one prefill per row (every row its own copy of the prompt)."""
+    from dart_jax.rollout.tasks import spider_rows, sql_task
+    from dart_jax.tokenization.tokenizer import load_tokenizer
+
+    cfg, base = load_model(resolve(model))
+    base = per_layer_params(base)
+    spec = _spec(cfg)
+    tok = load_tokenizer(resolve(model))
+    ids, _, _ = sql_task(tok, spider_rows(n=prompts))
+    t = bucket(max(len(p) for p in ids))
+    b = prompts * group
+
+    def pad(rows):
+        out = np.zeros((len(rows), t), np.int32)
+        pos = np.full((len(rows), t), -1, np.int32)
+        for i, r in enumerate(rows):
+            out[i, t - len(r):] = r
+            pos[i, t - len(r):] = np.arange(len(r))
+        return jnp.asarray(out), jnp.asarray(pos)
+
+    uniq, upos = pad(ids)
+    full, fpos = pad([p for p in ids for _ in range(group)])
+    rows = jnp.asarray(np.repeat(np.arange(prompts), group), jnp.int32)
+    ones, stop_on, budget = jnp.ones((b,), bool), jnp.ones((b, 1), bool), jnp.full((b,), gen, jnp.int32)
+
+    def run(tokens, positions, r):
+        cache = init_cache(cfg, tokens.shape[0], bucket(t + gen))
+        state, _ = prefill(base, None, tokens, positions, cache, jax.random.PRNGKey(0), r, spec=spec)
+        state, seg = decode_segment(base, None, state, ones, stop_on, budget, spec=spec, length=gen)
+        return jax.block_until_ready(seg.tokens)
+
+    t0 = time.perf_counter()
+    res = interleaved({"shared": lambda: run(uniq, upos, rows), "per_row": lambda: run(full, fpos, None)},
+                      repeats=repeats)
+    return {"bench": "prefill", "model": model, "prompts": prompts, "group": group, "prompt_tokens": t,
+            "gen": gen, "shared_s": res["shared"]["median_s"], "per_row_s": res["per_row"]["median_s"],
+            "ratio": ratio(res, "per_row", "shared"), "wall_s": time.perf_counter() - t0}

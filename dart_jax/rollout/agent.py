@@ -49,6 +49,7 @@ class RolloutConfig:
     final_answer_segment: bool = True  # after the budget, one segment with the tool stop disabled
     route_mode: str = "role"
     prompt_tags: str = "atomic"        # the prompt's instruction tags: sentinel ids or text (rollout.tasks)
+    share_prompt_prefill: bool = True  # identical prompts (a GRPO group) are prefilled once
 
     def __post_init__(self):
         if self.invalid_action not in INVALID_POLICIES:
@@ -103,14 +104,19 @@ class Agent:
         meta = meta or [{} for _ in range(b)]
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         t_prompt = bucket(max(len(p) for p in prompts))
-        tokens, positions = left_pad(prompts, pad)
+        # each distinct prompt is prefilled once; a group's samples continue from its cache rows
+        first: dict[tuple, int] = {}
+        rows = [first.setdefault(tuple(p), len(first)) for p in prompts]
+        unique = [list(p) for p in first] if rc.share_prompt_prefill and len(first) < b else prompts
+        tokens, positions = left_pad(unique, pad)
         extra = t_prompt - tokens.shape[1]
         tokens = jnp.pad(tokens, ((0, 0), (extra, 0)), constant_values=pad)
         positions = jnp.pad(positions, ((0, 0), (extra, 0)), constant_values=-1)
         obs_bucket = bucket(rc.max_obs_tokens)
         seg_bucket = bucket(rc.max_tokens_per_turn)
-        cache = init_cache(spec.model, b, bucket(t_prompt + seg_bucket))
-        state, prompt_routes = prefill(base, adapters, tokens, positions, cache, jax.random.PRNGKey(seed), spec=spec)
+        cache = init_cache(spec.model, len(unique), bucket(t_prompt + seg_bucket))
+        state, prompt_routes = prefill(base, adapters, tokens, positions, cache, jax.random.PRNGKey(seed),
+                                       jnp.asarray(rows, jnp.int32) if unique is not prompts else None, spec=spec)
         prompt_routes = np.asarray(prompt_routes)
         resp = [{"ids": [], "mask": [], "logprobs": [], "routes": []} for _ in range(b)]
         turns: list[list[dict]] = [[] for _ in range(b)]
@@ -179,20 +185,27 @@ class Agent:
                     turns[i][-1]["observation"] = body
             if not obs_texts:
                 continue
-            obs = np.zeros((b, obs_bucket), np.int32)
-            obs_len = np.zeros(b, np.int32)
-            do = np.zeros(b, bool)
+            fits = {}
             for i, text in obs_texts.items():
                 ids = self._obs_ids(text)
                 if len(resp[i]["ids"]) + len(ids) >= rc.max_response_tokens:
                     finish[i] = "length"
-                    continue
+                else:
+                    fits[i] = ids
+            # the append (and the cache slots it takes) is sized to this batch's longest observation,
+            # bucketed, not to the cap: short SQL results and passages leave the cache, and every
+            # later decode step's attention over it, that much smaller
+            width = min(obs_bucket, bucket(max((len(x) for x in fits.values()), default=1)))
+            obs = np.zeros((b, width), np.int32)
+            obs_len = np.zeros(b, np.int32)
+            do = np.zeros(b, bool)
+            for i, ids in fits.items():
                 obs[i, :len(ids)], obs_len[i], do[i] = ids, len(ids), True
                 resp[i]["ids"] += ids
                 resp[i]["mask"] += [0.0] * len(ids)
                 resp[i]["logprobs"] += [0.0] * len(ids)
             if do.any():
-                state = ensure_capacity(state, cache_used(state) + obs_bucket + 1 + seg_bucket)
+                state = ensure_capacity(state, cache_used(state) + width + 1 + seg_bucket)
                 state, obs_routes = append(base, adapters, state, jnp.asarray(obs), jnp.asarray(obs_len),
                                            jnp.asarray(do), spec=spec)
                 obs_routes = np.asarray(obs_routes)

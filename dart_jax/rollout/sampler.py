@@ -125,22 +125,42 @@ def _sample_pending(state_router, logits, key, spec: SamplerSpec):
     return tok, lp, spec.routes(role), router
 
 
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("cache",))
 def prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache,
-            rng: jax.Array, *, spec: SamplerSpec) -> tuple[DecodeState, jnp.ndarray]:
-    """tokens, positions: i32[B, T] left-padded prompts (−1 positions on padding); `cache` must be
-    fresh (index 0): its contents are not attended.
+            rng: jax.Array, rows: jnp.ndarray | None = None, *, spec: SamplerSpec) -> tuple[DecodeState, jnp.ndarray]:
+    """See `_prefill`. The fresh cache is donated when it becomes the state's cache (no `rows`); with
+    `rows` the state's cache is a new, larger array, so nothing is donated."""
+    if rows is None:
+        return _prefill_in_place(base, adapters, tokens, positions, cache, rng, None, spec=spec)
+    return _prefill_broadcast(base, adapters, tokens, positions, cache, rng, rows, spec=spec)
+
+
+def _prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache,
+             rng: jax.Array, rows: jnp.ndarray | None = None, *, spec: SamplerSpec) -> tuple[DecodeState, jnp.ndarray]:
+    """tokens, positions: i32[U, T] left-padded prompts (−1 positions on padding); `cache` must be
+    fresh (index 0): its contents are not attended. `rows` (i32[B], optional): row b of the batch
+    continues prompt rows[b], so a GRPO group's G samples share one prefill of their prompt and the
+    cache is broadcast to them (without `rows`, B = U and row b is prompt b).
     -> (state with the first response token pending, prompt routes i32[B, T])."""
     valid = positions >= 0
     roles = route_roles(tokens, spec.router, valid)
     routes = spec.routes(roles)
     x, cache = hidden_states(base, adapters, tokens, positions, routes, cache, cfg=spec.model, cache_is_empty=True)
     logits = _last_logits(base, spec.model, x, jnp.full((tokens.shape[0],), tokens.shape[1] - 1))
+    if rows is not None:
+        def take(a):
+            return jnp.take(a, rows, axis=0)
+        cache = KVCache(k=tuple(map(take, cache["k"])), v=tuple(map(take, cache["v"])), pos=take(cache["pos"]),
+                        index=cache["index"])
+        tokens, positions, valid, routes, logits = map(take, (tokens, positions, valid, routes, logits))
     rng, key = jax.random.split(rng)
     router0 = state_after(jnp.where(valid, tokens, -1), spec.router)
     tok, lp, route, router = _sample_pending(router0, logits, key, spec)
     return DecodeState(cache=cache, pending=tok, pending_lp=lp, pending_route=route, router=router,
                        next_pos=jnp.max(positions, axis=1) + 1, rng=rng), routes
+
+
+_prefill_in_place = jax.jit(_prefill, static_argnames=("spec",), donate_argnames=("cache",))
+_prefill_broadcast = jax.jit(_prefill, static_argnames=("spec",))
 
 
 def _stop_hit(hist: jnp.ndarray, stops, enabled: jnp.ndarray) -> jnp.ndarray:

@@ -100,3 +100,23 @@ def test_answer_tag_stops_after_a_space_as_bpe_writes_it(setup):
                      f"Jake{protocol.answer_close}", f"SELECT 1 {protocol.answer_close}"):
             ids = tuple(tok.encode(text, add_special_tokens=False))
             assert any(ids[-len(s):] == s for s in answer), (text, ids, answer)
+
+
+def test_a_groups_shared_prefill_gives_the_same_trajectories(setup):
+    """G samples of one prompt: prefilling it once and broadcasting the cache rows is the same rollout
+    (ids, routes, masks; log-probs to float rounding of a smaller batch) as prefilling each row."""
+    cfg, base, tok, retriever, rows, prompts = setup
+    group = [prompts[0]] * 3 + [prompts[1]] * 3
+    out = {}
+    for share in (True, False):
+        rc = RolloutConfig(max_turns=2, max_tokens_per_turn=32, max_response_tokens=300, max_obs_tokens=80,
+                           share_prompt_prefill=share)
+        agent = Agent(cfg, tok, FREQUENT, tool_for(QA, RetrievalTool(retriever, topk=1)),
+                      SamplingConfig(temperature=1.0), rc)
+        out[share] = agent.rollout(base, None, group, list(range(6)), seed=3)
+    a, b = out[True], out[False]
+    np.testing.assert_array_equal(a.ids, b.ids)
+    np.testing.assert_array_equal(a.route_ids, b.route_ids)
+    np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
+    np.testing.assert_allclose(a.sampler_logprobs, b.sampler_logprobs, atol=1e-4)
+    assert len({tuple(r) for r in a.ids[:3].tolist()}) > 1  # the group's samples differ after the shared prompt
