@@ -55,7 +55,8 @@ LIMITS = {
     sqlite3.SQLITE_LIMIT_ATTACHED: 0,
 }
 MAX_RESULT_BYTES = 16 << 20  # what one call may fetch (values + per-row overhead estimate)
-WORKER_MEMORY_MB = 200       # address-space limit of a worker process (its own baseline is ~20 MB)
+# address-space limit of a worker process (its own baseline is ~20 MB); DART_JAX_SQL_WORKER_MB overrides
+WORKER_MEMORY_MB = int(os.environ.get("DART_JAX_SQL_WORKER_MB", "200"))
 KILL_GRACE_S = 0.3           # a worker still busy this long after the deadline is killed
 
 
@@ -174,9 +175,12 @@ def _worker_main() -> None:
 
 class _Worker:
     def __init__(self):
+        # an LD_PRELOADed allocator (tcmalloc / jemalloc, common in accelerator images) reserves more
+        # address space than the worker's limit: the worker runs with the system allocator
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         self.proc = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), "--worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     close_fds=True)
+                                     close_fds=True, env=env)
 
     def ask(self, request: dict, deadline: float) -> tuple | None:
         """Send one request; the reply, or None if none came by `deadline` (the caller kills)."""
@@ -267,7 +271,9 @@ class SQLitePool:
                 died = w.proc.poll()
                 self._discard(w)
                 if died is not None:  # it exited on its own (killed by the OS, failed to start): not the query's fault
-                    return QueryResult([], [], error=f"the SQL worker died (exit status {died})",
+                    return QueryResult([], [], error=f"the SQL worker died (exit status {died}; if every worker "
+                                             f"dies, its {WORKER_MEMORY_MB} MB address-space limit may be too small "
+                                             "here: DART_JAX_SQL_WORKER_MB)",
                                        seconds=time.monotonic() - t0, transient=True)
                 self.killed += 1
                 return QueryResult([], [], error="query timed out", seconds=time.monotonic() - t0)

@@ -132,34 +132,34 @@ def _flip(path):
 
 
 def test_a_corrupt_checkpoint_never_becomes_verified(tiny_smollm_dir, tmp_path):
-    """Corrupt step 3, resume (falls back to 2), train through step 3 again, resume again: the final
-    state equals an uninterrupted run's. Before, the second save of step 3 was skipped by orbax and
+    """Corrupt step 2, resume (falls back to 1), train through step 2 again, resume again: the final
+    state equals an uninterrupted run's. Before, the second save of step 2 was skipped by orbax and
     a fresh manifest written over the corrupt files, so the next resume loaded them."""
     def cfg(out, steps):
         c = _config(tiny_smollm_dir, out, steps=steps)
         c.eval.n = 0
         return c
 
-    ref = Trainer(cfg(tmp_path / "ref", 4))
+    ref = Trainer(cfg(tmp_path / "ref", 3))
     ref.run()
     out = tmp_path / "run"
-    Trainer(cfg(out, 3)).run()
-    _flip(out / "checkpoints" / "3")
-    Trainer(cfg(out, 3)).run(resume=True)  # falls back to 2, moves 3 aside, trains step 3 again
+    Trainer(cfg(out, 2)).run()
+    _flip(out / "checkpoints" / "2")
+    Trainer(cfg(out, 2)).run(resume=True)  # falls back to 1, moves 2 aside, trains step 2 again
     moved = os.listdir(out / "checkpoints" / "unusable")
-    assert len(moved) == 1 and moved[0].startswith("3-")
+    assert len(moved) == 1 and moved[0].startswith("2-")
     assert "files missing or altered" in open(out / "checkpoints" / "unusable" / moved[0] / "reason.txt").read()
-    last = Trainer(cfg(out, 4))
+    last = Trainer(cfg(out, 3))
     last.run(resume=True)
-    # every checkpoint left in place verifies and loads (the re-trained step 3 included)
+    # every checkpoint left in place verifies and loads (the re-trained step 2 included)
     ck = Checkpointer(str(out / "checkpoints"), keep=10)
     for step in ck.steps():
         ck.restore(step, last._train_tree())
-    assert ck.restore_latest(last._train_tree())[0] == 4 and ck.failures == {}
+    assert ck.restore_latest(last._train_tree())[0] == 3 and ck.failures == {}
     ck.close()
     for a, b in zip(jax.tree.leaves(ref.state.params), jax.tree.leaves(last.state.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert [r["step"] for r in read_metrics(str(out / "metrics.jsonl"))] == [1, 2, 3, 4]
+    assert [r["step"] for r in read_metrics(str(out / "metrics.jsonl"))] == [1, 2, 3]
 
 
 def test_saving_over_an_existing_step_is_an_error(tmp_path):

@@ -109,7 +109,7 @@ def test_a_groups_shared_prefill_gives_the_same_trajectories(setup):
     group = [prompts[0]] * 3 + [prompts[1]] * 3
     out = {}
     for share in (True, False):
-        rc = RolloutConfig(max_turns=2, max_tokens_per_turn=32, max_response_tokens=300, max_obs_tokens=80,
+        rc = RolloutConfig(max_turns=1, max_tokens_per_turn=24, max_response_tokens=200, max_obs_tokens=64,
                            share_prompt_prefill=share)
         agent = Agent(cfg, tok, FREQUENT, tool_for(QA, RetrievalTool(retriever, topk=1)),
                       SamplingConfig(temperature=1.0), rc)
