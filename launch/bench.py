@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{res['gen']} decoded tokens: shared prefill {res['shared_s']:.2f} s, one per row {res['per_row_s']:.2f} s; "
               f"per row / shared {fmt_ratio(res['ratio'])}")
     if args.which == "retrieval":
-        res = _bench_retrieval()
+        from dart_jax.bench.retrieval_load import bench_retrieval
+        res = bench_retrieval(URL.value, CLIENTS.value, REQUESTS.value, HOSTILE.value)
         print(f"retrieval {res['url']}: {res['clients']} clients x {res['requests_per_client']} requests, "
               f"{res['errors']} errors {res['errors_by_kind'] or ''}; latency p50 {res['p50_ms']:.0f} ms, "
               f"p95 {res['p95_ms']:.0f} ms, max {res['max_ms']:.0f} ms; {res['requests_per_s']:.0f} requests/s"
@@ -139,25 +140,6 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as fh:
             json.dump(res, fh, indent=2)
     return 0
-
-
-def _bench_retrieval() -> dict:
-    from dart_jax.bench.retrieval_load import run_load
-    from dart_jax.data.corpus import read_jsonl
-    from dart_jax.data.paths import repo_path
-    questions = [r["question"] for r in read_jsonl(repo_path("data/qa/nq_test_sample1000.jsonl"))]
-    server = None
-    if not URL.value:
-        from dart_jax.tools.retrieval import Retriever, ensure_index
-        from dart_jax.tools.retrieval_server import RetrievalServer
-        server = RetrievalServer(Retriever(ensure_index()), "127.0.0.1", 0).start()
-    url = URL.value or server.url
-    try:
-        res = run_load(url, questions, clients=CLIENTS.value, requests=REQUESTS.value, hostile=HOSTILE.value)
-    finally:
-        if server is not None:
-            server.stop()
-    return dict(res, url=url)
 
 
 if __name__ == "__main__":

@@ -106,3 +106,24 @@ def run_load(url: str, queries: list[str], clients: int = 64, requests: int = 20
             "p50_ms": round(float(np.percentile(lat, 50)), 1), "p95_ms": round(float(np.percentile(lat, 95)), 1),
             "max_ms": round(float(lat.max()), 1), "wall_s": round(wall, 2),
             "requests_per_s": round(len(latencies) / wall, 1), "hostile": hostile_out}
+
+
+def bench_retrieval(url: str | None = None, clients: int = 64, requests: int = 20, hostile: bool = True) -> dict:
+    """`run_load` with 1,000 NQ test questions against `url`, or against our service started on
+    loopback over the embedded index (`launch.bench retrieval`)."""
+    from dart_jax.data.corpus import read_jsonl
+    from dart_jax.data.paths import repo_path
+
+    questions = [r["question"] for r in read_jsonl(repo_path("data/qa/nq_test_sample1000.jsonl"))]
+    server = None
+    if not url:
+        from dart_jax.tools.retrieval import Retriever, ensure_index
+        from dart_jax.tools.retrieval_server import RetrievalServer
+        server = RetrievalServer(Retriever(ensure_index()), "127.0.0.1", 0).start()
+        url = server.url
+    try:
+        res = run_load(url, questions, clients=clients, requests=requests, hostile=hostile)
+    finally:
+        if server is not None:
+            server.stop()
+    return dict(res, url=url)

@@ -13,6 +13,7 @@ import numpy as np
 from dart_jax.bench.timing import interleaved, matmul_probe, peak_per_round, ratio
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.cache import init_cache
+from dart_jax.models.generate import left_pad
 from dart_jax.models.names import resolve
 from dart_jax.models.transformer import per_layer_params
 from dart_jax.roles.router import RouterSpec
@@ -164,13 +165,10 @@ def bench_group_prefill(model: str = "smollm2-135m-instruct", prompts: int = 2, 
     t = bucket(max(len(p) for p in ids))
     b = prompts * group
 
-    def pad(rows):
-        out = np.zeros((len(rows), t), np.int32)
-        pos = np.full((len(rows), t), -1, np.int32)
-        for i, r in enumerate(rows):
-            out[i, t - len(r):] = r
-            pos[i, t - len(r):] = np.arange(len(r))
-        return jnp.asarray(out), jnp.asarray(pos)
+    def pad(rows):  # left-padded to the prompt bucket, as the agent does
+        tokens, positions = left_pad(rows)
+        extra = t - tokens.shape[1]
+        return (jnp.pad(tokens, ((0, 0), (extra, 0))), jnp.pad(positions, ((0, 0), (extra, 0)), constant_values=-1))
 
     uniq, upos = pad(ids)
     full, fpos = pad([p for p in ids for _ in range(group)])
