@@ -25,6 +25,7 @@ from dart_jax.rollout.sampler import (
     SamplerSpec,
     append,
     bucket,
+    cache_bucket,
     cache_used,
     decode_segment,
     ensure_capacity,
@@ -103,7 +104,9 @@ class Agent:
         b = len(prompts)
         meta = meta or [{} for _ in range(b)]
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
-        t_prompt = bucket(max(len(p) for p in prompts))
+        # prompt width: power-of-two buckets to 512, then multiples of 256 (a 1,100-token schema prompt
+        # prefills 1,280 positions, not 2,048)
+        t_prompt = cache_bucket(max(len(p) for p in prompts))
         # each distinct prompt is prefilled once; a group's samples continue from its cache rows
         first: dict[tuple, int] = {}
         rows = [first.setdefault(tuple(p), len(first)) for p in prompts]
@@ -114,7 +117,7 @@ class Agent:
         positions = jnp.pad(positions, ((0, 0), (extra, 0)), constant_values=-1)
         obs_bucket = bucket(rc.max_obs_tokens)
         seg_bucket = bucket(rc.max_tokens_per_turn)
-        cache = init_cache(spec.model, len(unique), bucket(t_prompt + seg_bucket))
+        cache = init_cache(spec.model, len(unique), cache_bucket(t_prompt + seg_bucket))
         state, prompt_routes = prefill(base, adapters, tokens, positions, cache, jax.random.PRNGKey(seed),
                                        jnp.asarray(rows, jnp.int32) if unique is not prompts else None, spec=spec)
         prompt_routes = np.asarray(prompt_routes)
