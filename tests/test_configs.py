@@ -3,7 +3,7 @@ command-line style overrides reach them."""
 
 import pytest
 
-from configs import base, cea, paper_qa, paper_sql, quickstart
+from configs import base, cea, paper_qa, paper_sql, quickstart, quickstart_sql
 from dart_jax.rl.sections import loss_config, method_spec, optim_config, reward_config
 from dart_jax.rollout.agent import RolloutConfig
 from dart_jax.rollout.sampling import SamplingConfig
@@ -25,7 +25,7 @@ def _validate(c):
 SETUPS = ([(paper_qa, f"{m},{k}") for m in paper_qa.METHODS for k in paper_qa.MODELS]
           + [(paper_sql, m) for m in paper_sql.METHODS]
           + [(cea, f"{v},qwen2.5-7b-base") for v in cea.ROLE_MASK]
-          + [(quickstart, None)])
+          + [(quickstart, None), (quickstart_sql, None)])
 
 
 @pytest.mark.parametrize("module,arg", SETUPS, ids=[f"{m.__name__}:{a}" for m, a in SETUPS])
@@ -53,7 +53,7 @@ def test_base_defaults_are_reference_defaults():
     assert (c.optim.weight_decay, c.optim.clip_norm, c.optim.b2) == (0.01, 1.0, 0.999)
 
 
-@pytest.mark.parametrize("name", ["sft_quickstart", "sft_sql"])
+@pytest.mark.parametrize("name", ["sft_quickstart", "sft_sql", "sft_sql_quickstart"])
 def test_sft_configs_build(name):
     import importlib
 
@@ -77,6 +77,20 @@ def test_quickstart_and_its_warm_start_agree():
         assert q[section_][field] == s[section_][field], (section_, field)
     assert q.warm_start and q.data.train[0]["exclude"] == s.sft.exclude
     assert q.data.train[0]["offset"] + q.data.train[0]["limit"] <= s.sft.data[0]["offset"]
+
+
+def test_sql_quickstart_and_its_warm_start_agree():
+    """Same model, tool and turn budget; the warm start and GRPO take different gold-query folds of
+    the training databases, and both check progress on the same held-out questions."""
+    from configs import sft_sql_quickstart
+    q, s = quickstart_sql.get_config(), sft_sql_quickstart.get_config()
+    assert q.task == s.task == "sql"
+    for section_, field in (("rollout", "max_obs_tokens"), ("rollout", "max_turns"), ("rollout", "max_tokens_per_turn"),
+                            ("model", "path"), ("tool", "sql_timeout_s")):
+        assert q[section_][field] == s[section_][field], (section_, field)
+    assert {d["query_fold"][0] for d in q.data.train} == {1} and {d["query_fold"][0] for d in s.sft.data} == {0}
+    assert q.eval.data == s.sft.check_data and q.eval.n == s.sft.protocol_check
+    assert q.warm_start == "data/warm_start/smollm2-135m-spider"
 
 
 def test_paper_sql_needs_its_training_file_and_excludes_every_evaluation_set(tmp_path):

@@ -13,9 +13,11 @@ error naming the file, the row and the field.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import random
 import re
 from typing import Any, Iterable, Sequence
 
@@ -297,9 +299,41 @@ def exclude_questions(rows: list[dict], held_out: list[dict]) -> tuple[list[dict
     return kept, len(rows) - len(kept)
 
 
+def query_fold(row: dict, k: int) -> int:
+    """Which of k folds a SQL row's gold query falls in: a stable hash of (database, the query with
+    case and whitespace normalised): a split by fold never shows one gold query on both sides, and
+    paraphrases of a question (Spider-Syn / Realistic / DK reuse its gold query) land together unless
+    the paraphrase set corrected the query (5 of Spider-Syn's 493 training-side questions)."""
+    key = f"{row.get('db_id', '')}\t{' '.join(str(row.get('query', '')).lower().split())}"
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % k
+
+
+def select_rows(rows: list[dict], spec: dict, path: str = "") -> list[dict]:
+    """The row filters of a dataset entry: `db_ids` (keep the rows of these databases; the
+    cross-database split, `data.spider_split`), `shuffle` (a seed: rows in a seeded random order, so
+    `limit` takes a sample across the file instead of its first databases) and `query_fold` = [i, k]
+    (keep the rows whose gold query hashes to fold i of k, see `query_fold`)."""
+    if spec.get("db_ids") is not None:
+        keep = set(spec["db_ids"])
+        rows = [r for r in rows if r.get("db_id") in keep]
+    if spec.get("shuffle") is not None:
+        order = random.Random(int(spec["shuffle"])).sample(range(len(rows)), len(rows))
+        rows = [rows[i] for i in order]
+    if spec.get("query_fold") is not None:
+        fold = list(spec["query_fold"])
+        if len(fold) != 2 or not 0 <= int(fold[0]) < int(fold[1]):
+            raise DataError(f"{path}: query_fold={fold}; expected [i, k] with 0 <= i < k")
+        if any(not r.get("query") for r in rows):
+            raise DataError(f"{path}: query_fold needs SQL rows (a gold `query` per row)")
+        rows = [r for r in rows if query_fold(r, int(fold[1])) == int(fold[0])]
+    return rows
+
+
 def load_rows(spec: dict, base_dir: str | None = None, require_db: bool = True) -> list[dict]:
     """One dataset from a config entry {"reader", "path", "data_source", "db_root", "limit", "offset",
-    "exclude"}. `exclude` lists datasets (entries of the same form) whose questions are removed
+    "exclude", "db_ids", "shuffle", "query_fold"}. `db_ids` / `shuffle` / `query_fold` select rows
+    (`select_rows`);
+    `exclude` lists datasets (entries of the same form) whose questions are removed
     before offset / limit apply: evaluation questions never reach training (their databases need
     not be present: `require_db=False` for them)."""
     reader = spec.get("reader", "flashrag")
@@ -315,12 +349,21 @@ def load_rows(spec: dict, base_dir: str | None = None, require_db: bool = True) 
     if reader in ("spider", "bird", "skyrl_sql"):
         roots = [os.path.join(base_dir, r) if base_dir and not os.path.isabs(r) and not os.path.exists(r) else r
                  for r in db_roots(spec.get("db_root"))]
-        rows, _ = READERS[reader](path, roots, require_db=require_db, **kw)
+        # with a database filter, rows of other (possibly absent) databases are dropped before the
+        # missing-database check, so a split never warns about a database it does not use
+        rows, _ = READERS[reader](path, roots, require_db=require_db and spec.get("db_ids") is None, **kw)
+        if require_db and spec.get("db_ids") is not None:
+            rows = select_rows(rows, {"db_ids": spec["db_ids"]}, path)
+            missing = [r for r in rows if not os.path.isfile(r["db_path"])]
+            _log_skipped(path, len(missing), "their database is not under the database root",
+                         missing[0]["db_path"] if missing else "")
+            rows = [r for r in rows if os.path.isfile(r["db_path"])]
     elif reader == "tfds":
         rows = read_tfds(spec["name"], spec.get("split", "train"), spec.get("data_source") or spec["name"],
                          spec.get("data_dir"))
     else:
         rows = READERS[reader](path, **kw)
+    rows = select_rows(rows, spec, path)
     held_out = [r for ex in (spec.get("exclude") or ()) for r in load_rows(dict(ex), base_dir, require_db=False)]
     if held_out:
         rows, dropped = exclude_questions(rows, held_out)

@@ -13,6 +13,7 @@ import dataclasses
 import os
 
 from dart_jax.data.paths import DATA
+from dart_jax.data.spider_split import HELDOUT_DBS
 from dart_jax.data.readers import READERS, load_rows
 
 
@@ -28,6 +29,7 @@ class EvalSet:
     semantics: str = "spider"  # sql: spider | bird
     needs_db_root: bool = False
     note: str = ""
+    db_ids: tuple[str, ...] | None = None  # only these databases' questions (the SQL quickstart's split)
 
     def exclusion_spec(self) -> dict:
         """This set as a `readers.load_rows` entry for `exclude` (questions only, databases not needed):
@@ -35,6 +37,8 @@ class EvalSet:
         spec = {"reader": self.reader, "path": os.path.join(DATA, self.path), "data_source": self.name}
         if self.task == "sql":
             spec["db_root"] = [os.path.join(DATA, r) for r in self.db_root]
+        if self.db_ids is not None:
+            spec["db_ids"] = list(self.db_ids)
         return spec
 
     def spec(self, db_root: str | None = None, limit: int | None = None) -> dict:
@@ -45,6 +49,8 @@ class EvalSet:
         spec = {"reader": self.reader, "path": self.path, "data_source": self.name}
         if self.task == "sql":
             spec["db_root"] = list(([db_root] if db_root else []) + list(self.db_root))
+        if self.db_ids is not None:
+            spec["db_ids"] = list(self.db_ids)
         if limit:
             spec["limit"] = int(limit)
         return spec
@@ -72,7 +78,11 @@ SQL_SETS = (
     EvalSet("bird_mini_dev", "sql", "BIRD-mini-dev", "bird", "bird/mini_dev.jsonl", semantics="bird",
             needs_db_root=True, note="BIRD dev databases, 1.4 GB"),
 )
-EVAL_SETS = {s.name: s for s in QA_SETS + SQL_SETS}
+# the held-out side of the shipped Spider split by database (data/spider_split.py): what the SQL
+# quickstart, which trains on the other databases, is evaluated on
+HELDOUT_SETS = tuple(dataclasses.replace(s, name=f"{s.name}_heldout", label=f"{s.label} (held-out dbs)",
+                                         db_ids=HELDOUT_DBS) for s in SQL_SETS if s.name.startswith("spider"))
+EVAL_SETS = {s.name: s for s in QA_SETS + SQL_SETS + HELDOUT_SETS}
 GROUPS = {"Gen-Avg": ("nq", "triviaqa", "popqa"), "MH-Avg": ("hotpotqa", "2wiki", "musique", "bamboogle"),
           "Avg": tuple(s.name for s in QA_SETS)}
 
@@ -109,6 +119,12 @@ def load_set(s: EvalSet, limit: int | None = None, db_root: str | None = None) -
         return rows, {"questions": len(rows), "skipped_no_db": 0}
     roots = [r if os.path.isabs(r) or os.path.exists(r) else os.path.join(DATA, r) for r in spec["db_root"]]
     path = spec["path"] if os.path.isabs(spec["path"]) else os.path.join(DATA, spec["path"])
+    if s.db_ids is not None:  # the split's databases, then the first N of their questions
+        rows = [r for r in READERS[s.reader](path, roots, data_source=s.name, require_db=False)[0]
+                if r["db_id"] in set(s.db_ids)][:limit or None]
+        missing = sum(not os.path.isfile(r["db_path"]) for r in rows)
+        rows = [r for r in rows if os.path.isfile(r["db_path"])]
+        return rows, {"questions": len(rows), "skipped_no_db": missing}
     # the first N *questions* (the paper's first 1,000), then those without a database are skipped
     rows, missing = READERS[s.reader](path, roots, data_source=s.name, limit=limit)
     if not rows and missing:

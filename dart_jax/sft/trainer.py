@@ -49,7 +49,7 @@ from dart_jax.rollout.protocol import PROTOCOLS
 from dart_jax.run import run_dir
 from dart_jax.run.checkpoint import Checkpointer, checkpoint_steps
 from dart_jax.run.held_out import rollout_eval
-from dart_jax.run.metrics import MetricsWriter, plot_curves
+from dart_jax.run.metrics import MetricsWriter, plot_curves, wilson_interval
 from dart_jax.run.policy import ROUTE_MODE, load_policy, run_mesh
 from dart_jax.run.task import make_tool
 from dart_jax.sft import demos as demo_lib
@@ -126,6 +126,15 @@ class SFTTrainer:
         self.train, self.encoded = [self.train[i] for i in keep], [enc[i] for i in keep]
         self.val_encoded = [e for e in (demo_lib.encode_demo(self.tok, d, int(config.rollout.max_obs_tokens), tags)
                                         for d in self.val) if len(e[0]) + len(e[1]) <= sc.max_length]
+        # the protocol check's questions: held-out demonstrations by default, or `sft.check_data`
+        # (dataset entries: e.g. other databases than training's, the SQL quickstart's split)
+        self.check_rows = self.val
+        if sc.get("check_data"):
+            self.check_rows = [r for spec in sc.check_data for r in load_rows(dict(spec), os.path.dirname(DATA))]
+            _, leaked = exclude_questions(self.train + self.val, self.check_rows)
+            if leaked:
+                raise ValueError(f"sft.check_data shares {leaked} questions with the demonstrations: the protocol "
+                                 "check would measure memorisation")
         self.steps_per_epoch = len(self.encoded) // sc.batch_size
         if self.steps_per_epoch == 0:
             raise ValueError(f"{len(self.encoded)} training demonstrations < sft.batch_size ({sc.batch_size})")
@@ -203,7 +212,7 @@ class SFTTrainer:
         base, ads = policy_trees(self.method, self.state.compute_params(), self.base, self.row_ids)
         return rollout_eval(self.cfg, self.tok, self.protocol,
                             tool_for(self.protocol, self.tool), rc,
-                            self.config.router.convention, base, ads, self.val[:n], temperature,
+                            self.config.router.convention, base, ads, self.check_rows[:n], temperature,
                             max(self.config.sft.micro_batch, 8), reward=make_reward(self.config.task,
                                                                                     reward_config(self.config)))
 
@@ -290,6 +299,14 @@ class SFTTrainer:
                            dtype=self.config.sft.get("export_dtype", "float32"))
 
 
+def _count(r: dict) -> str:
+    if "correct" not in r:
+        return "—"
+    n = int(r.get("scored", r["n"]))
+    lo, hi = wilson_interval(int(r["correct"]), n)
+    return f"{int(r['correct'])}/{n} (95% CI {lo:.2f}–{hi:.2f})"
+
+
 def sft_summary(result: dict) -> str:
     s = result["summary"]
     lines = [f"SFT: {s['train_demos']} demonstrations ({s['val_demos']} held out), {s['steps']} steps",
@@ -301,6 +318,8 @@ def sft_summary(result: dict) -> str:
             continue
         for key, name in (("answer_rate", "answers"), ("tool_calls", "tool calls"), ("reward", "reward")):
             lines.append(f"{label + ' ' + name:<17} before {b.get(key, float('nan')):.2f}    after {a[key]:.2f}")
+        if "correct" in a:
+            lines.append(f"{label + ' correct':<17} before {_count(b)}    after {_count(a)}")
     lines += [f"excluded evaluation questions: {s['data'].get('excluded_eval_questions', 0)}",
               f"metrics {result['metrics']}", f"plot {result['plot']}", f"export {result['export']}"]
     return "\n".join(lines)
