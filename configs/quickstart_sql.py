@@ -8,7 +8,7 @@ trained by GRPO on the training side of the shipped Spider split by database
 phrasings), gold-query fold 1 (the warm start saw fold 0). The SkyRL-SQL protocol and rewards:
 `<sql>` runs on the real database read-only (5 s timeout), the observation is its table, the final
 `<solution>` scores +1 on an execution match with the gold query and −1 otherwise (SkyRL's format
-check first). Held-out progress: greedy rollouts of 64 Spider dev questions on the 11 other
+check first). Held-out progress: greedy rollouts of 32 Spider dev questions on the 11 other
 databases, before the first and after the last step, execution match as counts with a 95% interval.
 
     python -m launch.train --config=configs/quickstart_sql.py
@@ -20,7 +20,7 @@ prefilled once and its cache shared by the group's samples (`rollout.share_promp
 """
 
 from configs import base
-from configs.sft_sql_quickstart import RL_FOLD, heldout, shared
+from configs.sft_sql_quickstart import HELDOUT_N, RL_FOLD, heldout, shared
 from dart_jax.data.spider_split import train_specs
 
 WARM_START = "data/warm_start/smollm2-135m-spider"
@@ -30,11 +30,11 @@ def get_config():
     c = shared(base.get())
     c.warm_start = WARM_START
     c.data.train = train_specs(RL_FOLD)  # the trainer shuffles prompts (train.shuffle)
-    c.train.steps = 16
+    c.train.steps = 8
     c.train.prompts_per_step = 4
     c.train.group_size = 4
     c.train.mini_batch = 16
-    c.train.micro_batch = 4
+    c.train.micro_batch = 2  # without remat a 1.3k-token trajectory holds ~5 GB of activations
     c.train.pad_multiple = 64
     c.train.old_logp = "sampler"
     c.loss.kl_coef = 0.0
@@ -42,10 +42,10 @@ def get_config():
     c.optim.warmup_steps = 0
     c.optim.total_steps = c.train.steps
     c.eval.data = heldout()
-    c.eval.n = 64
+    c.eval.n = HELDOUT_N
     c.eval.every = 0
     c.output.dir = "runs/quickstart_sql"
-    c.output.checkpoint_every = 4
+    c.output.checkpoint_every = 2
     c.output.keep = 2
     c.output.save_rollouts = True
     return c

@@ -247,7 +247,8 @@ class SFTTrainer:
         if sc.protocol_check and not start:
             summary["before"] = self.protocol_check(int(sc.protocol_check))
             summary["before"]["val_nll"] = self.validation_nll()
-            summary["before_sampled"] = self.protocol_check(int(sc.protocol_check), temp)
+            if sc.get("sampled_check", True):
+                summary["before_sampled"] = self.protocol_check(int(sc.protocol_check), temp)
         writer = MetricsWriter(oc.dir, resume_step=start if resume else None, tensorboard=oc.tensorboard)
         bar = tqdm(range(start, self.total_steps), initial=start, total=self.total_steps, desc="SFT", unit="step",
                    disable=not oc.progress)
@@ -273,7 +274,8 @@ class SFTTrainer:
         summary["after"] = {"val_nll": self.validation_nll()}
         if sc.protocol_check:
             summary["after"].update(self.protocol_check(int(sc.protocol_check)))
-            summary["after_sampled"] = self.protocol_check(int(sc.protocol_check), temp)
+            if sc.get("sampled_check", True):
+                summary["after_sampled"] = self.protocol_check(int(sc.protocol_check), temp)
         result = {"metrics": writer.path, "checkpoints": ckpt.directory, "summary": summary,
                   "plot": plot_curves(writer.path, os.path.join(oc.dir, "sft_curve.png"),
                                       ("sft/nll", "sft/val_nll", "sft/grad_norm"))}
