@@ -299,12 +299,16 @@ def exclude_questions(rows: list[dict], held_out: list[dict]) -> tuple[list[dict
     return kept, len(rows) - len(kept)
 
 
-def query_fold(row: dict, k: int) -> int:
+def query_fold(row: dict, k: int, db_alias: dict | None = None) -> int:
     """Which of k folds a SQL row's gold query falls in: a stable hash of (database, the query with
     case and whitespace normalised): a split by fold never shows one gold query on both sides, and
     paraphrases of a question (Spider-Syn / Realistic / DK reuse its gold query) land together unless
-    the paraphrase set corrected the query (5 of Spider-Syn's 493 training-side questions)."""
-    key = f"{row.get('db_id', '')}\t{' '.join(str(row.get('query', '')).lower().split())}"
+    the paraphrase set corrected the query (5 of Spider-Syn's 493 training-side questions).
+    `db_alias` maps a database to the one it copies (Spider-DK's `new_<db>` -> `<db>`), so a copy's
+    questions hash with their originals."""
+    db = row.get("db_id", "")
+    db = (db_alias or {}).get(db, db)
+    key = f"{db}\t{' '.join(str(row.get('query', '')).lower().split())}"
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % k
 
 
@@ -312,7 +316,8 @@ def select_rows(rows: list[dict], spec: dict, path: str = "") -> list[dict]:
     """The row filters of a dataset entry: `db_ids` (keep the rows of these databases; the
     cross-database split, `data.spider_split`), `shuffle` (a seed: rows in a seeded random order, so
     `limit` takes a sample across the file instead of its first databases) and `query_fold` = [i, k]
-    (keep the rows whose gold query hashes to fold i of k, see `query_fold`)."""
+    (keep the rows whose gold query hashes to fold i of k, see `query_fold`; `fold_db_alias` maps a
+    copied database to its original for the hash)."""
     if spec.get("db_ids") is not None:
         keep = set(spec["db_ids"])
         rows = [r for r in rows if r.get("db_id") in keep]
@@ -325,13 +330,14 @@ def select_rows(rows: list[dict], spec: dict, path: str = "") -> list[dict]:
             raise DataError(f"{path}: query_fold={fold}; expected [i, k] with 0 <= i < k")
         if any(not r.get("query") for r in rows):
             raise DataError(f"{path}: query_fold needs SQL rows (a gold `query` per row)")
-        rows = [r for r in rows if query_fold(r, int(fold[1])) == int(fold[0])]
+        alias = dict(spec.get("fold_db_alias") or {})
+        rows = [r for r in rows if query_fold(r, int(fold[1]), alias) == int(fold[0])]
     return rows
 
 
 def load_rows(spec: dict, base_dir: str | None = None, require_db: bool = True) -> list[dict]:
     """One dataset from a config entry {"reader", "path", "data_source", "db_root", "limit", "offset",
-    "exclude", "db_ids", "shuffle", "query_fold"}. `db_ids` / `shuffle` / `query_fold` select rows
+    "exclude", "db_ids", "shuffle", "query_fold", "fold_db_alias"}. `db_ids` / `shuffle` / `query_fold` select rows
     (`select_rows`);
     `exclude` lists datasets (entries of the same form) whose questions are removed
     before offset / limit apply: evaluation questions never reach training (their databases need

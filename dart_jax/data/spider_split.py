@@ -13,8 +13,9 @@ with its original. `wta_1` (not shipped, 105 MB) lands on the held-out side and 
                          real_estate_properties, student_transcripts_tracking, voter_1, wta_1, new_pets_1
 
 Spider dev: 493 questions on the training databases, 479 (+ 62 on wta_1) held out. Within the
-training side, the warm start and GRPO take disjoint folds of the gold queries (`readers.query_fold`),
-so no query is demonstrated to the warm start and then rewarded in GRPO. Every training entry lists
+training side, the warm start and GRPO take disjoint folds of the gold queries (`readers.query_fold`,
+a DK copy's questions hashed under their original database), so no gold query is demonstrated to the
+warm start and then rewarded in GRPO. Every training entry lists
 the held-out side in `exclude` (the same machinery that keeps the paper's evaluation sets out of
 training), so a mistake in the database lists drops rows instead of leaking them.
 """
@@ -29,14 +30,14 @@ _DEV_DBS = ("battle_death", "car_1", "concert_singer", "course_teach", "cre_Doc_
             "employee_hire_evaluation", "flight_2", "museum_visit", "network_1", "orchestra", "pets_1",
             "poker_player", "real_estate_properties", "singer", "student_transcripts_tracking", "tvshow",
             "voter_1", "world_1", "wta_1")
-_DK_COPIES = {"new_concert_singer": "concert_singer", "new_orchestra": "orchestra", "new_pets_1": "pets_1"}
+DK_COPIES = {"new_concert_singer": "concert_singer", "new_orchestra": "orchestra", "new_pets_1": "pets_1"}
 _train = set(sorted(_DEV_DBS)[0::2])
-TRAIN_DBS = tuple(sorted(_train | {dk for dk, db in _DK_COPIES.items() if db in _train}))
-HELDOUT_DBS = tuple(sorted(set(_DEV_DBS) - _train | {dk for dk, db in _DK_COPIES.items() if db not in _train}))
+TRAIN_DBS = tuple(sorted(_train | {dk for dk, db in DK_COPIES.items() if db in _train}))
+HELDOUT_DBS = tuple(sorted(set(_DEV_DBS) - _train | {dk for dk, db in DK_COPIES.items() if db not in _train}))
 
 SPIDER_DB = os.path.join(DATA, "spider", "database")
 DK_DB = os.path.join(DATA, "spider", "dk_database")
-# (data_source, file, question field) of each shipped Spider-family set
+# (data_source, file) of each shipped Spider-family set
 SOURCES = (("spider_dev", "spider/dev_questions.jsonl"), ("spider_syn", "spider/syn_questions.jsonl"),
            ("spider_realistic", "spider/realistic_questions.jsonl"), ("spider_dk", "spider/dk_questions.jsonl"))
 
@@ -61,8 +62,9 @@ def train_specs(fold: int | None = None, folds: int = 2, sources: tuple[str, ...
         if s not in sources:
             continue
         spec = _spec(s, p, TRAIN_DBS, "train")
-        if fold is not None:
+        if fold is not None:  # a DK copy's questions hash with their original database's
             spec["query_fold"] = [int(fold), int(folds)]
+            spec["fold_db_alias"] = dict(DK_COPIES)
         spec["exclude"] = heldout_specs(tuple(x for x, _ in SOURCES))
         out.append(spec)
     return out

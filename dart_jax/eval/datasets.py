@@ -78,7 +78,7 @@ SQL_SETS = (
     EvalSet("bird_mini_dev", "sql", "BIRD-mini-dev", "bird", "bird/mini_dev.jsonl", semantics="bird",
             needs_db_root=True, note="BIRD dev databases, 1.4 GB"),
 )
-# the held-out side of the shipped Spider split by database (data/spider_split.py): what the SQL
+# the held-out side of the shipped Spider split by database (dart_jax/data/spider_split.py): what the SQL
 # quickstart, which trains on the other databases, is evaluated on
 HELDOUT_SETS = tuple(dataclasses.replace(s, name=f"{s.name}_heldout", label=f"{s.label} (held-out dbs)",
                                          db_ids=HELDOUT_DBS) for s in SQL_SETS if s.name.startswith("spider"))
@@ -124,6 +124,9 @@ def load_set(s: EvalSet, limit: int | None = None, db_root: str | None = None) -
                 if r["db_id"] in set(s.db_ids)][:limit or None]
         missing = sum(not os.path.isfile(r["db_path"]) for r in rows)
         rows = [r for r in rows if os.path.isfile(r["db_path"])]
+        if not rows and missing:
+            raise FileNotFoundError(f"{s.name}: none of the {missing} questions has its database under {roots} "
+                                    "(DIR/<db_id>/<db_id>.sqlite)")
         return rows, {"questions": len(rows), "skipped_no_db": missing}
     # the first N *questions* (the paper's first 1,000), then those without a database are skipped
     rows, missing = READERS[s.reader](path, roots, data_source=s.name, limit=limit)

@@ -29,7 +29,7 @@ def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, rout
     task_fn = sql_task if protocol.name == "sql" else qa_task
     prompts, uids, metas = task_fn(tokenizer, rows, rollout.prompt_tags)
     # batches of similar prompt length (a batch prefills its longest prompt's width: SQL schema prompts
-    # range from 500 to 1,600 tokens); greedy results do not depend on the order
+    # range from 500 to 1,600 tokens); greedy results do not depend on the order (up to float rounding)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     prompts, uids, metas = [prompts[i] for i in order], [uids[i] for i in order], [metas[i] for i in order]
     reward = reward or make_reward(protocol.name)

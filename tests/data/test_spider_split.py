@@ -1,4 +1,4 @@
-"""The shipped Spider data split by database (data/spider_split.py) and the row filters behind it
+"""The shipped Spider data split by database (dart_jax/data/spider_split.py) and the row filters behind it
 (`readers.select_rows`): the sides share no database, every shipped Spider-family question lands on
 exactly one side, paraphrases of a question share their gold-query fold, and training entries
 exclude every held-out question."""
@@ -9,7 +9,7 @@ import pytest
 
 from dart_jax.data import readers
 from dart_jax.data.paths import DATA
-from dart_jax.data.spider_split import HELDOUT_DBS, SOURCES, TRAIN_DBS, heldout_specs, train_specs
+from dart_jax.data.spider_split import DK_COPIES, HELDOUT_DBS, SOURCES, TRAIN_DBS, heldout_specs, train_specs
 from dart_jax.eval.datasets import EVAL_SETS, load_set
 
 ALL = tuple(s for s, _ in SOURCES)
@@ -40,10 +40,14 @@ def test_every_question_lands_on_one_side_and_folds_partition_training():
     dev = sum(1 for _ in open(f"{DATA}/spider/dev_questions.jsonl"))
     # Spider dev: 493 train + 479 held out + 62 on wta_1 (not shipped) = 1,034
     assert (len(train[0]), len(held[0]), dev) == (493, 479, 1034)
-    # no gold query on both sides of the fold split
+    # no gold query on both sides of the fold split, a DK copy counted as its original database
     def queries(rows):
-        return {(r["db_id"], " ".join(r["query"].lower().split())) for src in rows for r in src}
+        return {(DK_COPIES.get(r["db_id"], r["db_id"]), " ".join(r["query"].lower().split()))
+                for src in rows for r in src}
     assert not queries(folds[0]) & queries(folds[1])
+    dk_twins = [r for r in train[3] if r["db_id"] in DK_COPIES
+                and (DK_COPIES[r["db_id"]], " ".join(r["query"].lower().split())) in queries([train[0]])]
+    assert len(dk_twins) >= 20  # DK questions on new_<db> whose gold query is a dev query on <db>
     # paraphrases share the gold query, so the fold: Syn's question k is dev's question k reworded; 5 of
     # the 493 pairs differ because Spider-Syn corrected the gold query, and may fall apart
     syn = {r["id"].rsplit("-", 1)[1]: readers.query_fold(r, 2) for r in train[1]}

@@ -11,7 +11,7 @@ import numpy as np
 
 from configs import quickstart_sql, sft_sql_quickstart
 from dart_jax.data.readers import query_fold
-from dart_jax.data.spider_split import HELDOUT_DBS, TRAIN_DBS
+from dart_jax.data.spider_split import DK_COPIES, HELDOUT_DBS, TRAIN_DBS
 from dart_jax.rl.trainer import Trainer
 from dart_jax.run.metrics import read_metrics
 from dart_jax.sft.trainer import SFTTrainer
@@ -31,7 +31,7 @@ def test_sql_warm_start_then_grpo_one_step_each(tiny_smollm_dir, tmp_path):
     c.sft.update(dict(val_size=1, batch_size=4, micro_batch=2, protocol_check=2, export_dtype="float32"))
     tr = SFTTrainer(c)
     assert {d["db_id"] for d in tr.train + tr.val} <= set(TRAIN_DBS)
-    assert all(query_fold(d, 2) == sft_sql_quickstart.SFT_FOLD for d in tr.train + tr.val)
+    assert all(query_fold(d, 2, DK_COPIES) == sft_sql_quickstart.SFT_FOLD for d in tr.train + tr.val)
     assert {r["db_id"] for r in tr.check_rows} <= set(HELDOUT_DBS) and len(tr.check_rows) == 2
     # a demonstration: an exploring <sql> whose observation is the real database's rows, then the gold query
     demo = tr.train[0]
@@ -54,7 +54,7 @@ def test_sql_warm_start_then_grpo_one_step_each(tiny_smollm_dir, tmp_path):
     g.output.export_adapters = False
     t = Trainer(g)
     assert {r["db_id"] for r in t.rows} <= set(TRAIN_DBS)
-    assert all(query_fold(r, 2) == sft_sql_quickstart.RL_FOLD for r in t.rows)
+    assert all(query_fold(r, 2, DK_COPIES) == sft_sql_quickstart.RL_FOLD for r in t.rows)
     assert {r["db_id"] for r in t.eval_rows} <= set(HELDOUT_DBS)
     res = t.run()
     rows = read_metrics(res["metrics"])
