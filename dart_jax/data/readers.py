@@ -312,6 +312,14 @@ def query_fold(row: dict, k: int, db_alias: dict | None = None) -> int:
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % k
 
 
+def drop_missing_db(rows: list[dict], path: str) -> tuple[list[dict], int]:
+    """-> (the SQL rows whose database file exists, how many were dropped; logged)."""
+    missing = [r for r in rows if not os.path.isfile(r["db_path"])]
+    _log_skipped(path, len(missing), "their database is not under the database root",
+                 missing[0]["db_path"] if missing else "")
+    return [r for r in rows if os.path.isfile(r["db_path"])], len(missing)
+
+
 def select_rows(rows: list[dict], spec: dict, path: str = "") -> list[dict]:
     """The row filters of a dataset entry: `db_ids` (keep the rows of these databases; the
     cross-database split, `data.spider_split`), `shuffle` (a seed: rows in a seeded random order, so
@@ -359,11 +367,7 @@ def load_rows(spec: dict, base_dir: str | None = None, require_db: bool = True) 
         # missing-database check, so a split never warns about a database it does not use
         rows, _ = READERS[reader](path, roots, require_db=require_db and spec.get("db_ids") is None, **kw)
         if require_db and spec.get("db_ids") is not None:
-            rows = select_rows(rows, {"db_ids": spec["db_ids"]}, path)
-            missing = [r for r in rows if not os.path.isfile(r["db_path"])]
-            _log_skipped(path, len(missing), "their database is not under the database root",
-                         missing[0]["db_path"] if missing else "")
-            rows = [r for r in rows if os.path.isfile(r["db_path"])]
+            rows, _ = drop_missing_db(select_rows(rows, {"db_ids": spec["db_ids"]}, path), path)
     elif reader == "tfds":
         rows = read_tfds(spec["name"], spec.get("split", "train"), spec.get("data_source") or spec["name"],
                          spec.get("data_dir"))

@@ -14,7 +14,7 @@ import os
 
 from dart_jax.data.paths import DATA
 from dart_jax.data.spider_split import HELDOUT_DBS
-from dart_jax.data.readers import READERS, load_rows
+from dart_jax.data.readers import READERS, drop_missing_db, load_rows, select_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,10 +120,8 @@ def load_set(s: EvalSet, limit: int | None = None, db_root: str | None = None) -
     roots = [r if os.path.isabs(r) or os.path.exists(r) else os.path.join(DATA, r) for r in spec["db_root"]]
     path = spec["path"] if os.path.isabs(spec["path"]) else os.path.join(DATA, spec["path"])
     if s.db_ids is not None:  # the split's databases, then the first N of their questions
-        rows = [r for r in READERS[s.reader](path, roots, data_source=s.name, require_db=False)[0]
-                if r["db_id"] in set(s.db_ids)][:limit or None]
-        missing = sum(not os.path.isfile(r["db_path"]) for r in rows)
-        rows = [r for r in rows if os.path.isfile(r["db_path"])]
+        rows, _ = READERS[s.reader](path, roots, data_source=s.name, require_db=False)
+        rows, missing = drop_missing_db(select_rows(rows, {"db_ids": s.db_ids}, path)[:limit or None], path)
         if not rows and missing:
             raise FileNotFoundError(f"{s.name}: none of the {missing} questions has its database under {roots} "
                                     "(DIR/<db_id>/<db_id>.sqlite)")

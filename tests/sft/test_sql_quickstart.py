@@ -62,5 +62,8 @@ def test_sql_warm_start_then_grpo_one_step_each(tiny_smollm_dir, tmp_path):
     assert [r["step"] for r in evals] == [0, 1] and all(r["eval/n"] == 2 for r in evals)
     step = [r for r in rows if "reward/mean" in r]
     assert len(step) == 1 and np.isfinite(step[0]["reward/mean"])
-    # every trajectory was scored against its gold query on its real database: the paper's ±1
-    assert -1.0 <= step[0]["reward/mean"] <= 1.0
+    # every trajectory was scored against its gold query on its real training database: the paper's ±1
+    trajs = [json.loads(line) for line in open(tmp_path / "grpo" / "rollouts.jsonl")]
+    assert len(trajs) == 4 and all(t["score"] in (-1.0, 1.0) for t in trajs)
+    assert all(t["db_id"] in TRAIN_DBS and os.path.isfile(t["db_path"]) for t in trajs)
+    np.testing.assert_allclose(np.mean([t["score"] for t in trajs]), step[0]["reward/mean"], atol=1e-6)
