@@ -1,0 +1,213 @@
+"""Capability Effect Attribution (METHOD §2): per-question β from six variants' accuracies.
+
+Pure numpy / scipy. For each question q and variant M, s_q^M = sigmoid(x^M · β_q) with
+x^M = [x1, x2, x3, x12, x13, x23]; the six variants give six independent rows (`DESIGN`), so
+z = logit(s) = X β_q is solved exactly. Solving the design by hand gives the contrasts
+
+    β1 = z_B,  β2 = z_HT − z_B,  β3 = z_HR − z_B,  β12 = z_T − z_HT,  β13 = z_R − z_HR,
+    β23 = z_U − z_T − z_R + z_B
+
+(B base, R M_Reas, T M_Tool, U M_Unified, HT H_Tool, HR H_Reas): the interference term β23 does
+not involve the two compositions at all (tested).
+
+Accuracy estimators: `clip` (the paper: k / n clipped to [1e-4, 1 − 1e-4]) and `jeffreys`
+((k + 0.5) / (n + 1), the posterior mean under a Jeffreys prior, which keeps 0 / n and n / n from
+becoming ±9.2 on the logit scale). Questions that no variant ever answers are dropped (counted).
+
+Uncertainty (the paper reports none): a bootstrap over questions (seeded, ≥ 10k resamples) for
+every coefficient's mean, median and share negative, a two-sided sign test; and a two-level
+bootstrap that also redraws each variant's n answers per question (binomial at the observed rate,
+i.e. resampling the n recorded answers with replacement) before re-estimating, so the interval of
+"share of questions with β23 < 0" carries the sampling noise of finite n as well.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import numpy as np
+from scipy import stats
+
+VARIANTS = ("base", "reas", "tool", "unified", "h_tool", "h_reas")
+LABELS = {"base": "M_Base", "reas": "M_Reas", "tool": "M_Tool", "unified": "M_Unified",
+          "h_tool": "H_Tool", "h_reas": "H_Reas"}
+COEFS = ("b1", "b2", "b3", "b12", "b13", "b23")
+#                 x1 x2 x3 x12 x13 x23
+DESIGN = np.array([[1, 0, 0, 0, 0, 0],   # M_Base
+                   [1, 0, 1, 0, 1, 0],   # M_Reas
+                   [1, 1, 0, 1, 0, 0],   # M_Tool
+                   [1, 1, 1, 1, 1, 1],   # M_Unified
+                   [1, 1, 0, 0, 0, 0],   # H_Tool: reasoning by M_Base, tool by M_Tool
+                   [1, 0, 1, 0, 0, 0]],  # H_Reas: reasoning by M_Reas, tool by M_Base
+                  dtype=np.float64)
+ESTIMATORS = ("clip", "jeffreys")
+CLIP = 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class Counts:
+    """Correct answers k and samples n per question (rows) and variant (columns, `VARIANTS` order)."""
+    ids: tuple[str, ...]
+    k: np.ndarray  # f64[Q, 6]
+    n: np.ndarray  # f64[Q, 6]
+
+    def __post_init__(self):
+        q = len(self.ids)
+        for name, a in (("k", self.k), ("n", self.n)):
+            if a.shape != (q, len(VARIANTS)):
+                raise ValueError(f"Counts.{name} has shape {a.shape}; expected ({q}, {len(VARIANTS)})")
+        if np.any(self.n < 1):
+            raise ValueError("every question needs n >= 1 samples from every variant")
+        if np.any(self.k < 0) or np.any(self.k > self.n):
+            raise ValueError("correct counts must lie in [0, n]")
+
+
+def counts_from_rows(per_variant: Mapping[str, Sequence[Mapping]]) -> Counts:
+    """Join `launch.evaluate`'s per_question_accuracy rows ({dataset, id, n, correct}) of the six
+    variants on (dataset, id). Every variant must cover the same questions."""
+    missing = [v for v in VARIANTS if v not in per_variant]
+    if missing:
+        raise ValueError(f"CEA needs all six variants; missing {missing} (have {sorted(per_variant)})")
+    tables = {}
+    for v in VARIANTS:
+        t = {}
+        for r in per_variant[v]:
+            key = f"{r['dataset']}/{r['id']}"
+            if key in t:
+                raise ValueError(f"variant {v!r}: question {key} appears twice")
+            t[key] = (float(r["correct"]), float(r["n"]))
+        tables[v] = t
+    ids = sorted(tables["base"])
+    for v in VARIANTS[1:]:
+        if set(tables[v]) != set(ids):
+            only_v = sorted(set(tables[v]) - set(ids))[:3]
+            only_b = sorted(set(ids) - set(tables[v]))[:3]
+            raise ValueError(f"variant {v!r} covers different questions than 'base' (e.g. only in {v}: {only_v}, "
+                             f"only in base: {only_b}): sample every variant on the same questions")
+    k = np.array([[tables[v][q][0] for v in VARIANTS] for q in ids], np.float64).reshape(len(ids), len(VARIANTS))
+    n = np.array([[tables[v][q][1] for v in VARIANTS] for q in ids], np.float64).reshape(len(ids), len(VARIANTS))
+    return Counts(tuple(ids), k, n)
+
+
+def accuracy(k: np.ndarray, n: np.ndarray, estimator: str = "clip", eps: float = CLIP) -> np.ndarray:
+    if estimator == "clip":
+        return np.clip(k / n, eps, 1.0 - eps)
+    if estimator == "jeffreys":
+        return (k + 0.5) / (n + 1.0)
+    raise ValueError(f"accuracy estimator {estimator!r}; expected one of {ESTIMATORS}")
+
+
+def logit(y: np.ndarray) -> np.ndarray:
+    return np.log(y) - np.log1p(-y)
+
+
+def solve(z: np.ndarray) -> np.ndarray:
+    """z f64[..., 6] (variants in `VARIANTS` order) -> β f64[..., 6] (`COEFS` order), exactly."""
+    return np.linalg.solve(DESIGN, np.moveaxis(z, -1, 0).reshape(len(VARIANTS), -1)).T.reshape(z.shape)
+
+
+def answered(k: np.ndarray) -> np.ndarray:
+    """bool[Q]: some variant answered the question at least once (the paper drops the others)."""
+    return np.any(k > 0, axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    ids: tuple[str, ...]  # kept questions
+    y: np.ndarray  # f64[Q, 6] accuracies after the estimator
+    beta: np.ndarray  # f64[Q, 6]
+    dropped: int  # questions no variant ever answered
+    estimator: str
+
+
+def estimate(counts: Counts, estimator: str = "clip", eps: float = CLIP) -> Estimate:
+    keep = answered(counts.k)
+    y = accuracy(counts.k[keep], counts.n[keep], estimator, eps)
+    ids = tuple(q for q, kq in zip(counts.ids, keep) if kq)
+    return Estimate(ids, y, solve(logit(y)), int((~keep).sum()), estimator)
+
+
+def _resample_stats(beta: np.ndarray, idx: np.ndarray) -> dict[str, np.ndarray]:
+    """beta f64[Q, C], idx i64[B, Q] -> per-resample mean / median / share negative, each f64[B, C]."""
+    b = beta[idx]  # [B, Q, C]
+    return {"mean": b.mean(1), "median": np.median(b, 1), "share_negative": (b < 0).mean(1)}
+
+
+def _ci(x: np.ndarray, level: float) -> np.ndarray:
+    a = (1.0 - level) / 2.0
+    return np.quantile(x, [a, 1.0 - a], axis=0)
+
+
+def summarize(beta: np.ndarray, n_boot: int = 10_000, seed: int = 0, level: float = 0.95,
+              chunk: int = 500) -> dict[str, dict]:
+    """Per coefficient: mean, median, share negative, their bootstrap CIs over questions (percentile,
+    `n_boot` resamples, seeded), and a two-sided sign test (zeros excluded and counted)."""
+    q = beta.shape[0]
+    if q == 0:
+        raise ValueError("no questions left to summarise (every question was dropped)")
+    rng = np.random.default_rng(seed)
+    draws: dict[str, list] = {"mean": [], "median": [], "share_negative": []}
+    for start in range(0, n_boot, chunk):
+        idx = rng.integers(0, q, size=(min(chunk, n_boot - start), q))
+        for key, v in _resample_stats(beta, idx).items():
+            draws[key].append(v)
+    boot = {key: np.concatenate(v) for key, v in draws.items()}
+    out = {}
+    for j, c in enumerate(COEFS):
+        col = beta[:, j]
+        neg, pos = int((col < 0).sum()), int((col > 0).sum())
+        row = {"mean": float(col.mean()), "median": float(np.median(col)), "share_negative": neg / q,
+               "negative": neg, "positive": pos, "zero": q - neg - pos, "questions": q,
+               "sign_test_p": float(stats.binomtest(neg, neg + pos, 0.5).pvalue) if neg + pos else 1.0}
+        for key in draws:
+            lo, hi = _ci(boot[key][:, j], level)
+            row[f"{key}_ci"] = [float(lo), float(hi)]
+        out[c] = row
+    out["_setup"] = {"n_boot": n_boot, "seed": seed, "level": level, "interval": "percentile bootstrap over questions"}
+    return out
+
+
+def sampling_bootstrap(counts: Counts, estimator: str = "clip", n_boot: int = 10_000, seed: int = 0,
+                       level: float = 0.95, coef: str = "b23", eps: float = CLIP, chunk: int = 250) -> dict:
+    """Share of questions with β_coef < 0, with a CI that carries both question sampling and the
+    finite-n noise of each accuracy: each resample draws questions with replacement, then each
+    (question, variant)'s k from Binomial(n, k / n) (= resampling its n answers), then applies the
+    drop rule and the estimator again. Needs integer counts (one score in {0, 1} per answer)."""
+    if not np.allclose(counts.k, np.round(counts.k)):
+        raise ValueError("sampling_bootstrap needs integer correct counts (binary scores per answer)")
+    j = COEFS.index(coef)
+    rng = np.random.default_rng(seed)
+    q = len(counts.ids)
+    p = counts.k / counts.n
+    n = counts.n.astype(np.int64)
+    shares, kept = [], []
+    for start in range(0, n_boot, chunk):
+        b = min(chunk, n_boot - start)
+        idx = rng.integers(0, q, size=(b, q))
+        k = rng.binomial(n[idx], p[idx]).astype(np.float64)  # [b, q, 6]
+        keep = answered(k)
+        beta = solve(logit(accuracy(k, n[idx].astype(np.float64), estimator, eps)))[..., j]
+        m = keep.sum(1)
+        shares.append(np.where(m > 0, ((beta < 0) & keep).sum(1) / np.maximum(m, 1), np.nan))
+        kept.append(m)
+    s = np.concatenate(shares)
+    lo, hi = np.nanquantile(s, [(1 - level) / 2, 1 - (1 - level) / 2])
+    point = estimate(counts, estimator, eps)
+    return {"coef": coef, "estimator": estimator, "share_negative": float((point.beta[:, j] < 0).mean())
+            if len(point.ids) else float("nan"), "ci": [float(lo), float(hi)], "n_boot": n_boot, "seed": seed,
+            "level": level, "mean_kept_questions": float(np.mean(np.concatenate(kept))),
+            "interval": "percentile bootstrap over questions and each variant's answers (binomial at k / n)"}
+
+
+def accuracy_bins(beta: np.ndarray, acc: np.ndarray, coef: str = "b23", bins: int = 10) -> list[dict]:
+    """The paper's histogram: β_coef in equal-width bins, each with its count and the mean accuracy of
+    its questions (`acc`: f64[Q], e.g. M_Unified's raw k / n)."""
+    col = beta[:, COEFS.index(coef)]
+    if not len(col):
+        return []
+    edges = np.histogram_bin_edges(col, bins=bins)
+    which = np.clip(np.digitize(col, edges[1:-1]), 0, bins - 1)
+    return [{"lo": float(edges[i]), "hi": float(edges[i + 1]), "count": int((which == i).sum()),
+             "mean_accuracy": float(acc[which == i].mean()) if (which == i).any() else float("nan")}
+            for i in range(bins)]

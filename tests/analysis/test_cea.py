@@ -1,0 +1,126 @@
+"""CEA estimation (dart_jax/analysis/cea.py): exact recovery, the design's contrasts, drop and clip
+rules, estimators, seeded bootstraps. Tolerances: 1e-9 for exact linear algebra in float64."""
+
+import numpy as np
+import pytest
+
+from dart_jax.analysis import cea
+
+
+def _counts(k, n):
+    k, n = np.asarray(k, np.float64), np.broadcast_to(np.asarray(n, np.float64), np.shape(k)).copy()
+    return cea.Counts(tuple(f"q{i}" for i in range(len(k))), k, n)
+
+
+def test_design_full_rank_and_contrasts():
+    assert np.linalg.matrix_rank(cea.DESIGN) == 6
+    z = np.random.default_rng(0).normal(size=(50, 6))
+    b = cea.solve(z)
+    B, R, T, U, HT, HR = (z[:, i] for i in range(6))
+    want = np.stack([B, HT - B, HR - B, T - HT, R - HR, U - T - R + B], 1)
+    np.testing.assert_allclose(b, want, atol=1e-9)
+    # β23 does not depend on the compositions: moving H_Tool / H_Reas leaves it unchanged
+    z2 = z.copy()
+    z2[:, 4:] += 3.0
+    np.testing.assert_allclose(cea.solve(z2)[:, 5], b[:, 5], atol=1e-9)
+
+
+def test_recovers_known_beta_from_synthetic_accuracy():
+    beta = np.random.default_rng(1).normal(scale=0.8, size=(40, 6))
+    y = 1 / (1 + np.exp(-(beta @ cea.DESIGN.T)))  # s_q^M = sigmoid(x^M · β_q)
+    np.testing.assert_allclose(cea.solve(cea.logit(y)), beta, atol=1e-9)
+    # through counts: with k / n exactly y (n large, y rounded to the grid) the estimate is exact
+    n = 10 ** 6
+    k = np.round(y * n)
+    est = cea.estimate(_counts(k, n))
+    np.testing.assert_allclose(est.beta, cea.solve(cea.logit(k / n)), atol=1e-9)
+    np.testing.assert_allclose(est.beta, beta, atol=1e-3)
+
+
+def test_clip_drop_and_jeffreys():
+    k = np.array([[0, 0, 0, 0, 0, 0],       # never answered: dropped
+                  [0, 0, 0, 50, 0, 0],      # only M_Unified answers
+                  [50, 50, 50, 50, 50, 50],  # always right
+                  [10, 20, 30, 40, 25, 35]])
+    c = _counts(k, 50)
+    est = cea.estimate(c)
+    assert est.dropped == 1 and est.ids == ("q1", "q2", "q3")
+    e = 1e-4
+    L0, L1 = np.log(e / (1 - e)), np.log((1 - e) / e)
+    np.testing.assert_allclose(est.y[0], [e, e, e, 1 - e, e, e])
+    # hand-worked: β23 = z_U − z_T − z_R + z_B = L1 − L0 − L0 + L0
+    assert est.beta[0, 5] == pytest.approx(L1 - L0, rel=1e-12)
+    np.testing.assert_allclose(est.beta[1], [L1, 0, 0, 0, 0, 0], atol=1e-9)
+    j = cea.estimate(c, "jeffreys")
+    np.testing.assert_allclose(j.y[0], [0.5 / 51] * 3 + [50.5 / 51] + [0.5 / 51] * 2)
+    # hand-worked: logit(50.5/51) − logit(0.5/51) = 2 log 101 ≈ 9.23, half the clipped 2 log 9999 ≈ 18.42
+    assert j.beta[0, 5] == pytest.approx(2 * np.log(101), rel=1e-12)
+    assert est.beta[0, 5] == pytest.approx(2 * np.log(9999), rel=1e-9)
+    with pytest.raises(ValueError, match="estimator"):
+        cea.accuracy(k, 50, "ml")
+    with pytest.raises(ValueError, match=r"\[0, n\]"):
+        _counts(k + 60, 50)
+
+
+def test_counts_from_rows_join_and_errors():
+    rows = {v: [{"dataset": "nq", "id": str(i), "n": 8, "correct": (i + j) % 9} for i in range(3)]
+            for j, v in enumerate(cea.VARIANTS)}
+    c = cea.counts_from_rows(rows)
+    assert c.ids == ("nq/0", "nq/1", "nq/2") and c.k[1].tolist() == [1, 2, 3, 4, 5, 6]
+    with pytest.raises(ValueError, match="missing \\['h_reas'\\]"):
+        cea.counts_from_rows({v: r for v, r in rows.items() if v != "h_reas"})
+    bad = dict(rows, tool=rows["tool"][:2])
+    with pytest.raises(ValueError, match="'tool' covers different questions"):
+        cea.counts_from_rows(bad)
+    with pytest.raises(ValueError, match="appears twice"):
+        cea.counts_from_rows(dict(rows, base=rows["base"] + rows["base"][:1]))
+
+
+def test_summary_bootstrap_seeded_and_sign_test():
+    rng = np.random.default_rng(2)
+    beta = rng.normal(size=(60, 6))
+    beta[:, 5] = -np.abs(beta[:, 5])  # every β23 negative
+    beta[:3, 5] = 0.0
+    s1 = cea.summarize(beta, n_boot=2000, seed=7)
+    s2 = cea.summarize(beta, n_boot=2000, seed=7)
+    assert s1 == s2
+    assert cea.summarize(beta, n_boot=2000, seed=8)["b1"]["mean_ci"] != s1["b1"]["mean_ci"]
+    b23 = s1["b23"]
+    assert (b23["negative"], b23["positive"], b23["zero"]) == (57, 0, 3)
+    assert b23["share_negative"] == pytest.approx(57 / 60)
+    assert b23["sign_test_p"] == pytest.approx(2 * 0.5 ** 57)
+    for c in cea.COEFS:  # the point estimate lies inside its percentile interval
+        lo, hi = s1[c]["mean_ci"]
+        assert lo <= s1[c]["mean"] <= hi
+    # the interval of a mean shrinks like 1/sqrt(Q): compare with the normal approximation
+    se = beta[:, 0].std(ddof=1) / np.sqrt(60)
+    width = s1["b1"]["mean_ci"][1] - s1["b1"]["mean_ci"][0]
+    assert width == pytest.approx(2 * 1.96 * se, rel=0.15)
+
+
+def test_sampling_bootstrap_carries_answer_noise():
+    # 40 identical questions: resampling questions alone cannot move the share (its interval is a
+    # point), resampling each variant's answers can; with many answers per question it collapses again
+    row = np.array([0.5, 0.75, 0.75, 0.75, 0.625, 0.625])  # β23 = z_U − z_T − z_R + z_B = −logit(.75)
+    assert cea.solve(cea.logit(row))[5] < 0
+    shares = {}
+    for n in (8, 5000):
+        c = _counts(np.tile(np.round(row * n), (40, 1)), n)
+        est = cea.estimate(c)
+        assert cea.summarize(est.beta, n_boot=500)["b23"]["share_negative_ci"] == [1.0, 1.0]
+        r = cea.sampling_bootstrap(c, n_boot=500, seed=0)
+        assert r == cea.sampling_bootstrap(c, n_boot=500, seed=0)  # seeded
+        assert r["share_negative"] == 1.0 and r["mean_kept_questions"] == 40
+        shares[n] = r["ci"]
+    assert shares[8][0] < 0.8  # 8 answers per accuracy: the sign of β23 is a coin toss for many questions
+    assert shares[5000][0] > 0.95
+    with pytest.raises(ValueError, match="integer"):
+        cea.sampling_bootstrap(_counts(np.full((2, 6), 0.5), 1))
+
+
+def test_accuracy_bins():
+    beta = np.zeros((4, 6))
+    beta[:, 5] = [-2.0, -1.9, 1.0, 2.0]
+    bins = cea.accuracy_bins(beta, np.array([0.9, 0.7, 0.1, 0.3]), bins=2)
+    assert [b["count"] for b in bins] == [2, 2]
+    assert bins[0]["mean_accuracy"] == pytest.approx(0.8) and bins[1]["mean_accuracy"] == pytest.approx(0.2)
