@@ -13,7 +13,7 @@ WITH_CONFIG = {"train", "sft", "evaluate", "sweep"}
 
 
 def test_the_commands_are_the_ones_expected():
-    assert set(COMMANDS) == {"bench", "build_corpus", "build_index", "crosscheck", "evaluate", "init_adapters",
+    assert set(COMMANDS) == {"bench", "build_corpus", "build_index", "cea", "crosscheck", "evaluate", "init_adapters",
                              "rollout", "serve_retriever", "sft", "sweep", "train"}
 
 

@@ -124,3 +124,45 @@ def test_accuracy_bins():
     bins = cea.accuracy_bins(beta, np.array([0.9, 0.7, 0.1, 0.3]), bins=2)
     assert [b["count"] for b in bins] == [2, 2]
     assert bins[0]["mean_accuracy"] == pytest.approx(0.8) and bins[1]["mean_accuracy"] == pytest.approx(0.2)
+
+
+def _write_variant_dirs(root, k, n):
+    """Six evaluation-like directories, each with launch.evaluate's per_question_accuracy.jsonl."""
+    import json
+    import os
+    for j, v in enumerate(cea.VARIANTS):
+        os.makedirs(root / v)
+        with open(root / v / "per_question_accuracy.jsonl", "w") as f:
+            for i in range(len(k)):
+                f.write(json.dumps({"dataset": "nq", "id": str(i), "question": f"q {i}?", "n": int(n),
+                                    "correct": float(k[i, j]), "accuracy": k[i, j] / n}) + "\n")
+
+
+def test_launch_cea_solve_end_to_end(tmp_path, capsys):
+    import json
+    from launch import cea as cli
+    rng = np.random.default_rng(4)
+    beta = rng.normal(scale=0.6, size=(30, 6))
+    k = rng.binomial(16, 1 / (1 + np.exp(-(beta @ cea.DESIGN.T))))
+    k[0] = 0  # dropped
+    _write_variant_dirs(tmp_path / "acc", k, 16)
+    out = tmp_path / "solve"
+    assert cli.main([f"--inputs={tmp_path / 'acc'}", f"--out={out}", "--n-boot=500"]) == 0
+    assert "29 questions kept (1 dropped)" in capsys.readouterr().out
+    s = json.load(open(out / "summary.json"))
+    want = cea.estimate(cea.Counts(tuple(f"nq/{i}" for i in range(30)), k.astype(float), np.full((30, 6), 16.0)))
+    assert s["kept"] == 29 and s["dropped"] == 1
+    assert s["clip"]["b23"]["mean"] == pytest.approx(want.beta[:, 5].mean(), rel=1e-12)
+    assert set(s["jeffreys"]) >= set(cea.COEFS) and s["clip"]["_sampling_b23"]["n_boot"] == 500
+    rows = [json.loads(x) for x in open(out / "per_question.jsonl")]
+    assert len(rows) == 30 and rows[0]["kept"] is False and "beta_clip" not in rows[0]
+    lines = open(out / "beta.csv").read().splitlines()
+    assert len(lines) == 30 and lines[0].startswith("id,b1,b2,b3,b12,b13,b23")
+    for png in ("beta23_hist.png", "interactions.png", "beta23_vs_accuracy.png"):
+        assert (out / png).stat().st_size > 5000
+    report = open(out / "report.md").read()
+    assert "| b23 |" in report and "jeffreys" in report and "beta23_hist.png" in report
+    # variant=PATH form; a missing variant is named
+    args = [f"--inputs={v}={tmp_path / 'acc' / v}" for v in cea.VARIANTS if v != "h_tool"]
+    with pytest.raises(ValueError, match="missing \\['h_tool'\\]"):
+        cli.main(args + [f"--out={tmp_path / 'x'}", "--n-boot=100"])
