@@ -23,6 +23,7 @@ from dart_jax.rollout.protocol import PROMPT_TAGS, Protocol, stop_sequences
 from dart_jax.rollout.sampler import (
     STOPPED,
     SamplerSpec,
+    Segment,
     append,
     bucket,
     cache_bucket,
@@ -99,33 +100,36 @@ class Agent:
     # -- the loop -----------------------------------------------------------------------------
     def rollout(self, base, adapters, prompts: list[list[int]], uids: list, meta: list[dict] | None = None,
                 seed: int = 0) -> TrajectoryBatch:
-        rc, spec = self.rc, self.spec
-        base = per_layer_params(base)  # the decode loop's layout (memoised for a frozen base)
-        b = len(prompts)
-        meta = meta or [{} for _ in range(b)]
+        return self.run(SinglePolicy(self, base, adapters, prompts, seed), prompts, uids, meta)
+
+    def prompt_batch(self, prompts: list[list[int]]) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray | None, int]:
+        """-> (left-padded distinct prompts, positions, rows or None, width): each distinct prompt is
+        prefilled once and a group's samples continue from its cache rows. Width: power-of-two
+        buckets to 512, then multiples of 256 (a 1,100-token schema prompt prefills 1,280 positions)."""
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
-        # prompt width: power-of-two buckets to 512, then multiples of 256 (a 1,100-token schema prompt
-        # prefills 1,280 positions, not 2,048)
         t_prompt = cache_bucket(max(len(p) for p in prompts))
-        # each distinct prompt is prefilled once; a group's samples continue from its cache rows
         first: dict[tuple, int] = {}
         rows = [first.setdefault(tuple(p), len(first)) for p in prompts]
-        unique = [list(p) for p in first] if rc.share_prompt_prefill and len(first) < b else prompts
+        shared = self.rc.share_prompt_prefill and len(first) < len(prompts)
+        unique = [list(p) for p in first] if shared else prompts
         tokens, positions = left_pad(unique, pad)
         extra = t_prompt - tokens.shape[1]
         tokens = jnp.pad(tokens, ((0, 0), (extra, 0)), constant_values=pad)
         positions = jnp.pad(positions, ((0, 0), (extra, 0)), constant_values=-1)
-        obs_bucket = bucket(rc.max_obs_tokens)
-        seg_bucket = bucket(rc.max_tokens_per_turn)
-        cache = init_cache(spec.model, len(unique), cache_bucket(t_prompt + seg_bucket))
-        state, prompt_routes = prefill(base, adapters, tokens, positions, cache, jax.random.PRNGKey(seed),
-                                       jnp.asarray(rows, jnp.int32) if unique is not prompts else None, spec=spec)
-        prompt_routes = np.asarray(prompt_routes)
+        return tokens, positions, (jnp.asarray(rows, jnp.int32) if shared else None), t_prompt
+
+    def run(self, decoder, prompts: list[list[int]], uids: list, meta: list[dict] | None = None) -> TrajectoryBatch:
+        """The host loop over turns; `decoder` (SinglePolicy, or compose.TwoPolicies) owns the device
+        state: `segment` decodes one turn, `observe` appends observations, `routes` reports them."""
+        rc = self.rc
+        b = len(prompts)
+        meta = meta or [{} for _ in range(b)]
         resp = [{"ids": [], "mask": [], "logprobs": [], "routes": []} for _ in range(b)]
         turns: list[list[dict]] = [[] for _ in range(b)]
         finish: list[str | None] = [None] * b
         calls = np.zeros(b, np.int32)
-        n_stops = len(spec.stops)
+        n_stops = len(self.spec.stops)
+        seg_bucket = bucket(rc.max_tokens_per_turn)
         for turn in range(rc.max_turns + (2 if rc.final_answer_segment else 1)):
             active = np.asarray([f is None for f in finish])
             if not active.any():
@@ -135,10 +139,7 @@ class Agent:
             enabled[np.ix_(final, self.stop_groups["tool"])] = False
             room = np.asarray([rc.max_response_tokens - len(r["ids"]) for r in resp])
             budget = np.clip(np.minimum(room, rc.max_tokens_per_turn), 1, seg_bucket)
-            state = ensure_capacity(state, cache_used(state) + seg_bucket)
-            state, seg = decode_segment(base, adapters, state, jnp.asarray(active), jnp.asarray(enabled),
-                                        jnp.asarray(budget, jnp.int32), spec=spec, length=seg_bucket)
-            seg = jax.device_get(seg)
+            seg = decoder.segment(active, enabled, budget.astype(np.int32), resp)
             queries, q_rows, obs_texts = [], [], {}
             for i in np.nonzero(active)[0]:
                 n = int(seg.count[i])
@@ -195,29 +196,58 @@ class Agent:
                     finish[i] = "length"
                 else:
                     fits[i] = ids
+            if not fits:
+                continue
             # the append (and the cache slots it takes) is sized to this batch's longest observation,
             # bucketed, not to the cap: short SQL results and passages leave the cache, and every
             # later decode step's attention over it, that much smaller
-            width = min(obs_bucket, bucket(max((len(x) for x in fits.values()), default=1)))
+            width = min(bucket(rc.max_obs_tokens), bucket(max(len(x) for x in fits.values())))
             obs = np.zeros((b, width), np.int32)
             obs_len = np.zeros(b, np.int32)
             do = np.zeros(b, bool)
             for i, ids in fits.items():
                 obs[i, :len(ids)], obs_len[i], do[i] = ids, len(ids), True
-                resp[i]["ids"] += ids
-                resp[i]["mask"] += [0.0] * len(ids)
-                resp[i]["logprobs"] += [0.0] * len(ids)
-            if do.any():
-                state = ensure_capacity(state, cache_used(state) + width + 1 + seg_bucket)
-                state, obs_routes = append(base, adapters, state, jnp.asarray(obs), jnp.asarray(obs_len),
-                                           jnp.asarray(do), spec=spec)
-                obs_routes = np.asarray(obs_routes)
-                for i in np.nonzero(do)[0]:
-                    resp[i]["routes"] += obs_routes[i, :obs_len[i]].tolist()
+            obs_routes = decoder.observe(obs, obs_len, do, resp)
+            for i in np.nonzero(do)[0]:
+                resp[i]["ids"] += fits[i]
+                resp[i]["mask"] += [0.0] * len(fits[i])
+                resp[i]["logprobs"] += [0.0] * len(fits[i])
+                resp[i]["routes"] += obs_routes[i, :obs_len[i]].tolist()
         finish = [f or "budget" for f in finish]
         texts = [self.tok.decode(r["ids"], skip_special_tokens=True) for r in resp]
-        p_routes = [prompt_routes[i, t_prompt - len(p):].tolist() for i, p in enumerate(prompts)]
+        p_routes, resp = decoder.final_routes(prompts, resp)
         return assemble(prompts, p_routes, resp, uids, finish, turns, texts)
+
+
+class SinglePolicy:
+    """One model (+ adapters) writes every token: a prefill, then per turn one decode segment, and
+    observations appended into its KV cache."""
+
+    def __init__(self, agent: Agent, base, adapters, prompts: list[list[int]], seed: int):
+        self.agent, self.spec, self.adapters = agent, agent.spec, adapters
+        self.base = per_layer_params(base)  # the decode loop's layout (memoised for a frozen base)
+        tokens, positions, rows, self.t_prompt = agent.prompt_batch(prompts)
+        self.seg_bucket = bucket(agent.rc.max_tokens_per_turn)
+        cache = init_cache(self.spec.model, tokens.shape[0], cache_bucket(self.t_prompt + self.seg_bucket))
+        self.state, prompt_routes = prefill(self.base, adapters, tokens, positions, cache, jax.random.PRNGKey(seed),
+                                            rows, spec=self.spec)
+        self.prompt_routes = np.asarray(prompt_routes)
+
+    def segment(self, active: np.ndarray, enabled: np.ndarray, budget: np.ndarray, resp) -> Segment:
+        self.state = ensure_capacity(self.state, cache_used(self.state) + self.seg_bucket)
+        self.state, seg = decode_segment(self.base, self.adapters, self.state, jnp.asarray(active),
+                                         jnp.asarray(enabled), jnp.asarray(budget), spec=self.spec,
+                                         length=self.seg_bucket)
+        return jax.device_get(seg)
+
+    def observe(self, obs: np.ndarray, obs_len: np.ndarray, do: np.ndarray, resp) -> np.ndarray:
+        self.state = ensure_capacity(self.state, cache_used(self.state) + obs.shape[1] + 1 + self.seg_bucket)
+        self.state, obs_routes = append(self.base, self.adapters, self.state, jnp.asarray(obs), jnp.asarray(obs_len),
+                                        jnp.asarray(do), spec=self.spec)
+        return np.asarray(obs_routes)
+
+    def final_routes(self, prompts, resp):
+        return [self.prompt_routes[i, self.t_prompt - len(p):].tolist() for i, p in enumerate(prompts)], resp
 
 
 def observation_ids(tokenizer, protocol: Protocol, text: str, cap: int) -> list[int]:

@@ -8,6 +8,11 @@ hits a stop sequence or the segment's budget. An append consumes the pending tok
 observation ids in one forward, then samples a new pending token from the last observation
 position. Rows that are finished run along with position −1, so their cache slots are masked.
 
+Sampling keys: every draw is keyed by (seed, row, position): `DecodeState.keys` holds one key per
+row, folded with the position the sampled token will occupy. A row's tokens therefore depend on its
+prompt, the seed and its row index only, never on how decoding was split into segments and appends
+or which other rows share a step (the two-policy composition relies on it: rollout.compose).
+
 Routing: the router's incremental state advances when a token is sampled, so each token's route
 (the adapter used at the position the token occupies) is known before the token is consumed.
 """
@@ -73,7 +78,7 @@ class DecodeState:
     pending_route: jnp.ndarray  # i32[B] adapter route of the position it will occupy
     router: jnp.ndarray         # bool[B] router state after the pending token
     next_pos: jnp.ndarray       # i32[B] position the pending token will occupy
-    rng: jax.Array
+    keys: jax.Array             # u32[B, 2] per-row sampling key (folded with each draw's position)
 
 
 @flax.struct.dataclass
@@ -119,48 +124,71 @@ def _last_logits(base, cfg, x, index):
     return jnp.einsum("bd,dv->bv", h, output_head(base, cfg).astype(h.dtype)).astype(jnp.float32)
 
 
-def _sample_pending(state_router, logits, key, spec: SamplerSpec):
-    tok, lp = sample(logits, key, spec.sampling)
+def draw_keys(keys: jax.Array, pos: jnp.ndarray) -> jax.Array:
+    """Per-row keys for the draw of the token that will occupy position pos[b]."""
+    return jax.vmap(jax.random.fold_in)(keys, pos)
+
+
+def initial_keys(rng: jax.Array, b: int) -> jax.Array:
+    """One sampling key per row of a rollout batch: row b's key is fold_in(rng, b)."""
+    return jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(b, dtype=jnp.int32))
+
+
+def _sample_pending(state_router, logits, keys, pos, spec: SamplerSpec):
+    tok, lp = sample(logits, draw_keys(keys, pos), spec.sampling)
     router, role = route_step(state_router, tok, spec.router)
     return tok, lp, spec.routes(role), router
 
 
 def prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache,
-            rng: jax.Array, rows: jnp.ndarray | None = None, *, spec: SamplerSpec) -> tuple[DecodeState, jnp.ndarray]:
+            rng: jax.Array, rows: jnp.ndarray | None = None, *, spec: SamplerSpec,
+            hold_last: bool = False) -> tuple[DecodeState, jnp.ndarray]:
     """See `_prefill`. The fresh cache is donated when it becomes the state's cache (no `rows`); with
     `rows` the state's cache is a new, larger array, so nothing is donated."""
     if rows is None:
-        return _prefill_in_place(base, adapters, tokens, positions, cache, rng, None, spec=spec)
-    return _prefill_broadcast(base, adapters, tokens, positions, cache, rng, rows, spec=spec)
+        return _prefill_in_place(base, adapters, tokens, positions, cache, rng, None, spec=spec, hold_last=hold_last)
+    return _prefill_broadcast(base, adapters, tokens, positions, cache, rng, rows, spec=spec, hold_last=hold_last)
 
 
 def _prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache,
-             rng: jax.Array, rows: jnp.ndarray | None = None, *, spec: SamplerSpec) -> tuple[DecodeState, jnp.ndarray]:
+             rng: jax.Array, rows: jnp.ndarray | None = None, *, spec: SamplerSpec,
+             hold_last: bool = False) -> tuple[DecodeState, jnp.ndarray]:
     """tokens, positions: i32[U, T] left-padded prompts (−1 positions on padding); `cache` must be
     fresh (index 0): its contents are not attended. `rows` (i32[B], optional): row b of the batch
     continues prompt rows[b], so a GRPO group's G samples share one prefill of their prompt and the
     cache is broadcast to them (without `rows`, B = U and row b is prompt b).
+    `hold_last`: encode all but each prompt's last token and leave that token pending (nothing is
+    sampled): the state of a policy that has not written yet and resumes with `append` from
+    whatever the trajectory holds when it first gets control (rollout.compose).
     -> (state with the first response token pending, prompt routes i32[B, T])."""
     valid = positions >= 0
     roles = route_roles(tokens, spec.router, valid)
     routes = spec.routes(roles)
-    x, cache = hidden_states(base, adapters, tokens, positions, routes, cache, cfg=spec.model, cache_is_empty=True)
-    logits = _last_logits(base, spec.model, x, jnp.full((tokens.shape[0],), tokens.shape[1] - 1))
+    enc = (tokens[:, :-1], positions[:, :-1], routes[:, :-1]) if hold_last else (tokens, positions, routes)
+    x, cache = hidden_states(base, adapters, *enc, cache, cfg=spec.model, cache_is_empty=True)
+    logits = _last_logits(base, spec.model, x, jnp.full((tokens.shape[0],), enc[0].shape[1] - 1))
     if rows is not None:
         def take(a):
             return jnp.take(a, rows, axis=0)
         cache = KVCache(k=tuple(map(take, cache["k"])), v=tuple(map(take, cache["v"])), pos=take(cache["pos"]),
                         index=cache["index"])
         tokens, positions, valid, routes, logits = map(take, (tokens, positions, valid, routes, logits))
-    rng, key = jax.random.split(rng)
+    keys = initial_keys(rng, tokens.shape[0])
+    if hold_last:  # left padding: every prompt's last token is in the last column
+        router, role = route_step(state_after(jnp.where(valid, tokens, -1)[:, :-1], spec.router), tokens[:, -1],
+                                  spec.router)
+        return DecodeState(cache=cache, pending=tokens[:, -1], pending_lp=jnp.zeros(tokens.shape[:1], jnp.float32),
+                           pending_route=spec.routes(role), router=router, next_pos=positions[:, -1],
+                           keys=keys), routes
     router0 = state_after(jnp.where(valid, tokens, -1), spec.router)
-    tok, lp, route, router = _sample_pending(router0, logits, key, spec)
+    next_pos = jnp.max(positions, axis=1) + 1
+    tok, lp, route, router = _sample_pending(router0, logits, keys, next_pos, spec)
     return DecodeState(cache=cache, pending=tok, pending_lp=lp, pending_route=route, router=router,
-                       next_pos=jnp.max(positions, axis=1) + 1, rng=rng), routes
+                       next_pos=next_pos, keys=keys), routes
 
 
-_prefill_in_place = jax.jit(_prefill, static_argnames=("spec",), donate_argnames=("cache",))
-_prefill_broadcast = jax.jit(_prefill, static_argnames=("spec",))
+_prefill_in_place = jax.jit(_prefill, static_argnames=("spec", "hold_last"), donate_argnames=("cache",))
+_prefill_broadcast = jax.jit(_prefill, static_argnames=("spec", "hold_last"))
 
 
 def _stop_hit(hist: jnp.ndarray, stops, enabled: jnp.ndarray) -> jnp.ndarray:
@@ -175,7 +203,7 @@ def _stop_hit(hist: jnp.ndarray, stops, enabled: jnp.ndarray) -> jnp.ndarray:
 
 
 def _merge(mask: jnp.ndarray, new: DecodeState, old: DecodeState) -> DecodeState:
-    """Per-row fields from `new` where mask, else from `old`; cache and rng from `new` (finished
+    """Per-row fields from `new` where mask, else from `old`; cache and keys from `new` (finished
     rows wrote only masked slots)."""
     pick = lambda a, b: jnp.where(mask, a, b)  # noqa: E731
     return new.replace(pending=pick(new.pending, old.pending), pending_lp=pick(new.pending_lp, old.pending_lp),
@@ -223,10 +251,9 @@ def decode_segment(base, adapters, state: DecodeState, active: jnp.ndarray, stop
         x, cache = hidden_states(base, adapters, state.pending[:, None], pos[:, None], route[:, None],
                                  state.cache, cfg=spec.model)
         logits = _last_logits(base, spec.model, x, jnp.zeros((b,), jnp.int32))
-        rng, key = jax.random.split(state.rng)
-        tok, lp, new_route, router = _sample_pending(state.router, logits, key, spec)
+        tok, lp, new_route, router = _sample_pending(state.router, logits, state.keys, state.next_pos + 1, spec)
         new = DecodeState(cache=cache, pending=tok, pending_lp=lp, pending_route=new_route, router=router,
-                          next_pos=state.next_pos + 1, rng=rng)
+                          next_pos=state.next_pos + 1, keys=state.keys)
         state = _merge(running, new, state)
         outs, hist, hit = record(n, running, tok, lp, new_route, outs, hist)
         stop_idx = jnp.where(hit >= 0, hit, stop_idx)
@@ -263,9 +290,9 @@ def append(base, adapters, state: DecodeState, obs: jnp.ndarray, obs_len: jnp.nd
     routes = jnp.concatenate([jnp.where(do_append, state.pending_route, -1)[:, None], obs_routes], axis=1)
     x, cache = hidden_states(base, adapters, chunk, pos, routes, state.cache, cfg=spec.model)
     logits = _last_logits(base, spec.model, x, jnp.maximum(obs_len, 0))
-    rng, key = jax.random.split(state.rng)
-    tok, lp, route, router = _sample_pending(router_end, logits, key, spec)
+    next_pos = state.next_pos + obs_len + 1
+    tok, lp, route, router = _sample_pending(router_end, logits, state.keys, next_pos, spec)
     new = DecodeState(cache=cache, pending=tok, pending_lp=lp, pending_route=route, router=router,
-                      next_pos=state.next_pos + obs_len + 1, rng=rng)
+                      next_pos=next_pos, keys=state.keys)
     state = _merge(do_append, new, state)
     return state, obs_routes

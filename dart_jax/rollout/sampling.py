@@ -99,23 +99,34 @@ def filter_logits(z: jnp.ndarray, top_k: int, top_p: float) -> jnp.ndarray:
 CDF_BLOCK = 256
 
 
+def row_keys(key: jax.Array, b: int) -> jax.Array:
+    """A batch of b keys: `key` itself when it is already one key per row (shape [b, 2]), else b keys
+    split from it."""
+    key = jnp.asarray(key)
+    batched = key.ndim == (1 if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else 2)
+    return key if batched else jax.random.split(key, b)
+
+
 def categorical(key: jax.Array, z: jnp.ndarray) -> jnp.ndarray:
     """i32[B]: one draw per row from softmax(z) by inverse CDF in two stages: a block of
     CDF_BLOCK tokens with probability ∝ its mass, then a token inside it ∝ its probability, each
     with its own uniform. Exact in distribution (P = mass_blk/total · p_i/mass_blk) and never
     picks a zero-probability token. Replaces `jax.random.categorical` (Gumbel-max: [B, V] random
     numbers and a variadic argmax, 17 ms per 32 × 49k step on XLA:CPU) with two uniforms per row
-    and one pass over the probabilities (~1.5 ms)."""
+    and one pass over the probabilities (~1.5 ms).
+
+    `key`: one key, or one key per row (u32[B, 2]): a row's draw then depends on its own key
+    only, not on which other rows share the batch (the sampler keys each draw by row and position)."""
     b, v = z.shape
     nb = -(-v // CDF_BLOCK)
     z = z.astype(jnp.float32)
     w = jnp.exp(z - jnp.max(z, axis=-1, keepdims=True))
     w = jnp.pad(w, ((0, 0), (0, nb * CDF_BLOCK - v))).reshape(b, nb, CDF_BLOCK)
-    k1, k2 = jax.random.split(key)
+    u = jax.vmap(lambda k: jax.random.uniform(k, (2,), jnp.float32))(row_keys(key, b))  # [B, 2]
     mass = jnp.sum(w, axis=-1)                                            # [B, nb]
-    blk = _inverse_cdf(mass, jax.random.uniform(k1, (b,), jnp.float32))
+    blk = _inverse_cdf(mass, u[:, 0])
     inner = jnp.take_along_axis(w, blk[:, None, None], axis=1)[:, 0]      # [B, CDF_BLOCK]
-    j = _inverse_cdf(inner, jax.random.uniform(k2, (b,), jnp.float32))
+    j = _inverse_cdf(inner, u[:, 1])
     return blk * CDF_BLOCK + j
 
 
@@ -132,7 +143,8 @@ def _inverse_cdf(w: jnp.ndarray, u: jnp.ndarray) -> jnp.ndarray:
 
 
 def sample(logits: jnp.ndarray, key: jax.Array, cfg: SamplingConfig) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """logits f32[B, V] -> (token i32[B], log-prob f32[B] at the sampling temperature)."""
+    """logits f32[B, V], key (one, or one per row) -> (token i32[B], log-prob f32[B] at the sampling
+    temperature)."""
     z = logits.astype(jnp.float32) / cfg.logprob_temperature
     if cfg.greedy:
         tok = argmax_first(z)

@@ -135,3 +135,33 @@ def test_per_layer_decode_layout_matches_stacked_and_is_memoised(model):
     assert again["layers"] is not fast["layers"]
     if cfg.tie_word_embeddings:
         np.testing.assert_array_equal(np.asarray(again["head"]), np.asarray(changed["embed"]).T)
+
+
+def test_draws_keyed_by_row_and_position_not_by_schedule(model):
+    """T = 1 draws depend on (seed, row, position) only: one 12-token segment equals a 6-token segment,
+    an append of nothing (it consumes the pending token and draws the next, as a hand-off between
+    two policies does) and another 6-token segment; a row's tokens do not change when another row
+    of the batch does."""
+    cfg, base, ads = model
+    spec = SamplerSpec(cfg, RouterSpec((OPEN,), (CLOSE,)), SamplingConfig(temperature=1.0), stops=((250, 251),))
+
+    def run(prompts, budgets):
+        tokens, positions = left_pad(prompts, 0)
+        b = len(prompts)
+        state, _ = prefill(base, ads, tokens, positions, init_cache(cfg, b, 64), jax.random.PRNGKey(3), spec=spec)
+        out = [[] for _ in range(b)]
+        for k, n in enumerate(budgets):
+            if k:
+                state, _ = append(base, ads, state, jnp.zeros((b, 16), jnp.int32), jnp.zeros((b,), jnp.int32),
+                                  jnp.ones((b,), bool), spec=spec)
+            state, seg = decode_segment(base, ads, state, jnp.ones((b,), bool), jnp.ones((b, 1), bool),
+                                        jnp.full((b,), n), spec=spec, length=16)
+            seg = jax.device_get(seg)
+            for i in range(b):
+                out[i] += seg.tokens[i, :int(seg.count[i])].tolist()
+        return out
+
+    one = run([[5, 6, 7, 9], [11, 12, 13]], [12])
+    assert len(one[0]) == 12 and one[0] != one[1]
+    assert run([[5, 6, 7, 9], [11, 12, 13]], [6, 6]) == one
+    assert run([[5, 6, 7, 9], [40, 41, 42, 43, 44, 45]], [12])[0] == one[0]

@@ -1,0 +1,266 @@
+"""Two policies, one trajectory: CEA's compositions (H_Tool, H_Reas) and the 2-Agent baseline.
+
+Semantics (the paper's two-model composition): the *reasoning* policy writes every token outside a
+tool span, including the token that opens one; the *tool* policy writes the span's content through
+its closing tag; the tool's observation follows; control returns to the reasoning policy. Which
+policy writes next is the router's state after the last token of the trajectory (`RouterSpec`),
+so the writer of every token is a function of the ids alone.
+
+Each policy keeps its own KV cache and sees every token of the shared history exactly once: a
+hand-off appends to the incoming policy's cache only the tokens it has not seen (the other
+policy's tokens and the observations since it last wrote) and draws its first token from the end
+of that append — nothing is re-encoded. The caches are synchronised lazily, so a policy that never
+gets control again never pays for the tail of the trajectory.
+
+Sampling keys are (seed, row, position) (rollout.sampler), so two identical policies give exactly
+the single-policy trajectory for the same seed (tested), and each sampled token's log-prob is the
+writer's. The trajectory's `route_ids` are the router's roles over the final ids (what a DART
+policy would have recorded); the writer of token t is the reasoning policy where that role is
+reasoning, the tool policy inside a span (with the opening tag written by the reasoning policy).
+
+The cheaper `routed` alternative (`routed_adapters`): one forward over one shared base with a
+per-token choice between two LoRA sets — the DART layout. It equals the two-model composition only
+when both policies are LoRA adapters over the *same* frozen base (a full-parameter M_Tool or M_Reas
+cannot be expressed), and it attends with one cache: under the DART router the tag tokens' routes
+follow `router.convention`, while the two-model mode hands off exactly at the tags as above.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dart_jax.models.cache import init_cache
+from dart_jax.models.config import ModelConfig
+from dart_jax.models.transformer import per_layer_params
+from dart_jax.roles.router import REASONING, TOOL, route_roles
+from dart_jax.rollout.agent import Agent
+from dart_jax.rollout.sampler import (
+    LENGTH,
+    RUNNING,
+    STOPPED,
+    SamplerSpec,
+    Segment,
+    append,
+    bucket,
+    cache_bucket,
+    cache_used,
+    decode_segment,
+    ensure_capacity,
+    prefill,
+)
+from dart_jax.rollout.trajectory import TrajectoryBatch
+
+ROLES = ("reasoning", "tool")
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """One model of a composition: its base weights, optional adapters and how they are routed
+    ("role": DART's two adapters by role; "shared": one LoRA on every token; "none": no adapter)."""
+    cfg: ModelConfig
+    base: Any
+    adapters: Mapping | None = None
+    route_mode: str = "none"
+
+    def __post_init__(self):
+        if self.adapters is None and self.route_mode != "none":
+            raise ValueError(f"Policy route_mode={self.route_mode!r} without adapters; use 'none'")
+        if self.adapters is not None and self.route_mode == "none":
+            raise ValueError("Policy has adapters but route_mode='none': say how they are routed ('role' or 'shared')")
+
+
+def compose_rollout(agent: Agent, reasoning: Policy, tool: Policy, prompts: list[list[int]], uids: list,
+                    meta: list[dict] | None = None, seed: int = 0) -> TrajectoryBatch:
+    """A rollout in which `reasoning` writes outside tool spans and `tool` inside them (see module doc).
+    `agent` supplies the tokenizer, protocol, tool, sampling and rollout budgets; the policies must
+    share its tokenizer."""
+    return agent.run(TwoPolicies(agent, reasoning, tool, prompts, seed), prompts, uids, meta)
+
+
+class TwoPolicies:
+    """The agent loop's decoder for a two-policy composition (`Agent.run`)."""
+
+    def __init__(self, agent: Agent, reasoning: Policy, tool: Policy, prompts: list[list[int]], seed: int):
+        self.agent = agent
+        stops = agent.spec.stops + ((agent.open_id,),)
+        self.handoff = len(stops) - 1  # the opening tag ends the reasoning policy's segment
+        self.n_stops = len(agent.spec.stops)
+        self.tool_stops = list(agent.stop_groups["tool"])
+        self.pols = (reasoning, tool)
+        self.specs = tuple(SamplerSpec(p.cfg, agent.spec.router, agent.spec.sampling, stops, p.route_mode)
+                           for p in self.pols)
+        self.bases = tuple(per_layer_params(p.base) for p in self.pols)
+        tokens, positions, rows, self.t_prompt = agent.prompt_batch(prompts)
+        self.seg_bucket = bucket(agent.rc.max_tokens_per_turn)
+        b = len(prompts)
+        key = jax.random.PRNGKey(seed)
+        self.states = []
+        for base, pol, spec in zip(self.bases, self.pols, self.specs):
+            cache = init_cache(spec.model, tokens.shape[0], cache_bucket(self.t_prompt + self.seg_bucket))
+            # every prompt's last token stays pending: a policy's first draw comes from its first sync
+            st, _ = prefill(base, pol.adapters, tokens, positions, cache, key, rows, spec=spec, hold_last=True)
+            self.states.append(st)
+        # have[w][i]: trajectory tokens (response) policy w holds, its pending token included;
+        # fresh[w][i]: its pending token is its own draw at the end of the trajectory (not yet history)
+        self.have = np.zeros((2, b), np.int64)
+        self.fresh = np.zeros((2, b), bool)
+        self.inside = np.array(jax.device_get(self.states[0].router), bool)  # router state after the prompt
+        self.prompts = prompts
+        self.appends = np.zeros(2, np.int64)  # hand-off appends per policy (for benches and tests)
+        # consumed[w][i]: trajectory tokens policy w has run its forward over for row i; each token at
+        # most once (the last pending one never): ≤ the trajectory's length − 1
+        self.consumed = np.asarray([[len(p) - 1 for p in prompts]] * 2, np.int64)
+
+    # -- synchronisation --------------------------------------------------------------------------
+    def _sync(self, w: int, rows: np.ndarray, stream: list[list[int]]) -> None:
+        """Bring policy w's cache up to the end of the trajectory for `rows` and draw its next token."""
+        b = len(rows)
+        need = np.zeros(b, bool)
+        delta: dict[int, list[int]] = {}
+        for i in np.nonzero(rows)[0]:
+            n = len(stream[i])
+            if self.fresh[w, i]:
+                if self.have[w, i] != n:
+                    raise RuntimeError(f"row {i}: policy {ROLES[w]} holds a draw for position {self.have[w, i]} "
+                                       f"but the trajectory has {n} tokens (composition bookkeeping bug)")
+                continue
+            delta[i] = stream[i][self.have[w, i]:]
+            need[i] = True
+        if not need.any():
+            return
+        width = bucket(max(1, max(len(d) for d in delta.values())))
+        obs = np.zeros((b, width), np.int32)
+        obs_len = np.zeros(b, np.int32)
+        for i, d in delta.items():
+            obs[i, :len(d)], obs_len[i] = d, len(d)
+        st = ensure_capacity(self.states[w], cache_used(self.states[w]) + width + 1 + self.seg_bucket)
+        self.states[w], _ = append(self.bases[w], self.pols[w].adapters, st, jnp.asarray(obs), jnp.asarray(obs_len),
+                                   jnp.asarray(need), spec=self.specs[w])
+        for i in delta:
+            self.consumed[w, i] += 1 + len(delta[i])
+            self.have[w, i] = len(stream[i])
+            self.fresh[w, i] = True
+        self.appends[w] += 1
+
+    # -- the decoder interface ------------------------------------------------------------------
+    def segment(self, active: np.ndarray, enabled: np.ndarray, budget: np.ndarray, resp: list[dict]) -> Segment:
+        b = len(active)
+        n = self.seg_bucket
+        out = Segment(tokens=np.full((b, n), -1, np.int32), logprobs=np.zeros((b, n), np.float32),
+                      routes=np.full((b, n), -1, np.int32), count=np.zeros(b, np.int32),
+                      finish=np.full(b, RUNNING, np.int32), stop_index=np.full(b, -1, np.int32))
+        left = np.where(active, budget, 0).astype(np.int32)
+        todo = active.copy()
+        while todo.any():
+            for w in (0, 1):
+                rows = todo & (self.inside == bool(w))
+                if not rows.any():
+                    continue
+                stream = [r["ids"] + out.tokens[i, :out.count[i]].tolist() for i, r in enumerate(resp)]
+                self._sync(w, rows, stream)
+                en = np.zeros((b, self.n_stops + 1), bool)
+                en[:, :self.n_stops] = enabled
+                if w == 0:
+                    en[:, self.handoff] = True
+                else:
+                    en[:, self.tool_stops] = True  # the closing tag always ends the tool policy's turn
+                st = ensure_capacity(self.states[w], cache_used(self.states[w]) + n)
+                self.states[w], seg = decode_segment(self.bases[w], self.pols[w].adapters, st, jnp.asarray(rows),
+                                                     jnp.asarray(en), jnp.asarray(np.maximum(left, 1)),
+                                                     spec=self.specs[w], length=n)
+                seg, router = jax.device_get((seg, self.states[w].router))
+                for i in np.nonzero(rows)[0]:
+                    k, c = int(seg.count[i]), int(out.count[i])
+                    out.tokens[i, c:c + k] = seg.tokens[i, :k]
+                    out.logprobs[i, c:c + k] = seg.logprobs[i, :k]
+                    out.count[i] = c + k
+                    left[i] -= k
+                    self.consumed[w, i] += k - 1
+                    self.have[w, i] = len(resp[i]["ids"]) + c + k
+                    self.fresh[w, i] = False
+                    self.inside[i] = bool(router[i])
+                    stop = int(seg.stop_index[i])
+                    stopped = seg.finish[i] == STOPPED
+                    if stopped and w == 0 and stop == self.handoff:
+                        handoff = True          # the reasoning policy opened a span
+                    elif stopped and w == 1 and stop in self.tool_stops and not enabled[i, stop]:
+                        handoff = True          # a span closed where no tool call is allowed (final segment)
+                    else:
+                        handoff = False
+                    if handoff and left[i] > 0:
+                        continue
+                    out.finish[i] = LENGTH if handoff else seg.finish[i]
+                    out.stop_index[i] = -1 if handoff else stop
+                    todo[i] = False
+        return out
+
+    def observe(self, obs: np.ndarray, obs_len: np.ndarray, do: np.ndarray, resp: list[dict]) -> np.ndarray:
+        """Observations join the trajectory only; each policy encodes them when it next gets control."""
+        for i in np.nonzero(do)[0]:
+            self.inside[i] = _router_after(self.inside[i], obs[i, :obs_len[i]], self.agent.spec.router)
+        return np.full(obs.shape, -1, np.int32)
+
+    def final_routes(self, prompts: list[list[int]], resp: list[dict]):
+        """The router's roles over the final ids: prompt routes and each response token's route."""
+        routes = []
+        for p, r in zip(prompts, resp):
+            ids = jnp.asarray([list(p) + r["ids"]], jnp.int32)
+            routes.append(np.asarray(route_roles(ids, self.agent.spec.router))[0].tolist())
+        p_routes = [rt[:len(p)] for rt, p in zip(routes, prompts)]
+        resp = [dict(r, routes=rt[len(p):]) for r, rt, p in zip(resp, routes, prompts)]
+        return p_routes, resp
+
+
+def _router_after(state: bool, ids: np.ndarray, router) -> bool:
+    """Host replay of the router's state over `ids` (an observation may hold tag ids)."""
+    for t in ids.tolist():
+        if t in router.open_ids:
+            state = True
+        elif t in router.close_ids:
+            state = False
+    return state
+
+
+def writers(ids: np.ndarray, prompt_len: int, router) -> np.ndarray:
+    """i32[L]: which policy wrote each token of one trajectory under the composition (0 reasoning,
+    1 tool, −1 prompt); observation positions get the role of the policy in control and are not
+    written by either (the caller masks them with the loss mask)."""
+    # the token at t is drawn by the policy in control after t − 1: inside a span (router state
+    # after t − 1) the tool policy, else the reasoning policy
+    inside_after = np.zeros(len(ids), bool)
+    state = False
+    for t, x in enumerate(ids.tolist()):
+        if x in router.open_ids:
+            state = True
+        elif x in router.close_ids:
+            state = False
+        inside_after[t] = state
+    out = np.where(np.concatenate([[False], inside_after[:-1]]), 1, 0).astype(np.int32)
+    out[:prompt_len] = -1
+    return out
+
+
+def routed_adapters(reasoning: Mapping | None, tool: Mapping | None, template: Mapping) -> dict:
+    """The `routed` mode: one DART adapter tree whose reasoning / tool adapters are taken from two
+    single-LoRA variants over one base (None: that role runs the bare base, a zero adapter).
+    `template`: a DART adapter tree of the same shapes (dart_jax.adapters.method.init_adapters)."""
+    out = {}
+    for name, src in (("reasoning", reasoning), ("tool", tool)):
+        if name not in template:
+            raise ValueError(f"template adapters have no {name!r} adapter (need a DART tree); have {sorted(template)}")
+        tpl = template[name]
+        if src is None:
+            out[name] = tpl.replace(params=jax.tree_util.tree_map(jnp.zeros_like, tpl.params))
+        else:
+            if jax.tree_util.tree_structure(src.params) != jax.tree_util.tree_structure(tpl.params):
+                raise ValueError(f"{name} adapter's tree differs from the template's (rank / targets)")
+            out[name] = tpl.replace(params=src.params)
+    return out
+
+
+__all__ = ["Policy", "TwoPolicies", "compose_rollout", "routed_adapters", "writers", "REASONING", "TOOL", "ROLES"]

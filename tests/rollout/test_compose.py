@@ -1,0 +1,125 @@
+"""Two-policy composition (rollout.compose): the reasoning policy writes outside tool spans (and
+the opening tag), the tool policy writes the span through its closing tag, each keeps its own KV
+cache, and a hand-off appends only what that cache has not seen.
+
+Invariants, on a tiny random Llama with SmolLM2's tokenizer and the real SQLite tool: every sampled
+token's log-prob equals one full forward of the policy that wrote it over the final ids (fp32,
+atol 1e-4), the other policy's differs at > 90% of them; no policy runs its forward over a token twice; two identical
+policies give exactly the single-policy trajectory for the same seed (ids, routes, turns; log-probs
+within 5e-5: a hand-off draws from a chunked append instead of a one-token step). The tool tags are frequent tokens (" the" opens, "." closes) whose output-head
+columns are scaled up so the tiny model writes them often; which ids are tags is configuration."""
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dart_jax.checkpoints.registry import load_model
+from dart_jax.models.transformer import forward, hidden_states
+from dart_jax.roles.router import route_roles
+from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
+from dart_jax.rollout.compose import Policy, TwoPolicies, compose_rollout, writers
+from dart_jax.rollout.protocol import SQL
+from dart_jax.rollout.sampling import SamplingConfig
+from dart_jax.tokenization.tokenizer import encode_chat, load_tokenizer
+from dart_jax.tools.sqlite_exec import SQLiteTool
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+DB = os.path.join(ROOT, "data", "spider", "database", "concert_singer", "concert_singer.sqlite")
+FREQUENT = dataclasses.replace(SQL, tool_open=" the", tool_close=".")
+QUESTIONS = ["How many singers are there?", "List the names of all stadiums.", "What is the oldest singer's age?"]
+
+
+@pytest.fixture(scope="module", params=["tiny", pytest.param("smollm2", marks=pytest.mark.slow)])
+def setup(request):
+    prompts_of = lambda tok: [encode_chat(tok, [{"role": "user", "content": q}]) for q in QUESTIONS]  # noqa: E731
+    if request.param == "smollm2":  # the real model writes " the" and "." on its own
+        cfg, base, tok = request.getfixturevalue("smollm2")
+        other = jax.tree_util.tree_map(lambda x: x * 1.05 if x.ndim == 2 else x, base)
+        prompts = [p for p in prompts_of(tok) for _ in range(2)]
+        return cfg, base, other, tok, prompts
+    path = request.getfixturevalue("tiny_smollm_dir")
+    cfg, base = load_model(path)
+    tok = load_tokenizer(path)
+    the, dot = (tok.encode(t, add_special_tokens=False)[0] for t in (" the", "."))
+    prompts = prompts_of(tok)
+    # the tags' output columns along the mean final hidden state: logit ≈ 10 where a position's
+    # state points that way, so each tag has probability ~0.1–0.2 (~2e-5 for an ordinary token)
+    h, _ = hidden_states(base, None, jnp.asarray([prompts[0]]), jnp.arange(len(prompts[0]))[None], None, None, cfg=cfg)
+    m = np.asarray(h[0].mean(0), np.float32)
+    head = np.array(base["lm_head"])
+    head[:, the] = 10.0 * m / (m @ m)
+    head[:, dot] = 10.0 * m / (m @ m)
+    base = dict(base, lm_head=jnp.asarray(head))
+    other = jax.tree_util.tree_map(lambda x: x * 1.1 if x.ndim == 2 else x, base)  # a second, different model
+    prompts = [p for p in prompts for _ in range(2)]  # groups of 2: the shared prefill path
+    return cfg, base, other, tok, prompts
+
+
+def make_agent(cfg, tok, temperature=1.0):
+    rc = RolloutConfig(max_turns=2, max_tokens_per_turn=40, max_response_tokens=240, max_obs_tokens=48,
+                       invalid_action="none")
+    return Agent(cfg, tok, FREQUENT, tool_for(SQL, SQLiteTool(timeout_s=5.0)), SamplingConfig(temperature=temperature), rc)
+
+
+def teacher_forced(cfg, base, tb, b):
+    n = tb.length[b]
+    logits, _ = forward(base, None, jnp.asarray(tb.ids[b:b + 1, :n]), jnp.asarray(tb.positions[b:b + 1, :n]),
+                        None, None, cfg=cfg)
+    lp = np.asarray(jax.nn.log_softmax(logits[0].astype(jnp.float32)))
+    gen = np.nonzero(tb.loss_mask[b, :n])[0]
+    return gen, lp[gen - 1, tb.ids[b, gen]]
+
+
+def test_identical_policies_give_the_single_policy_trajectory(setup):
+    cfg, base, _, tok, prompts = setup
+    metas = [{"db_path": DB}] * len(prompts)
+    uids = list(range(len(prompts)))
+    agent = make_agent(cfg, tok)
+    single = agent.rollout(base, None, prompts, uids, metas, seed=3)
+    pol = Policy(cfg, base)
+    both = compose_rollout(agent, pol, pol, prompts, uids, metas, seed=3)
+    assert single.tool_calls().sum() >= 2, single.turns  # the tags are frequent: spans and tool calls happen
+    np.testing.assert_array_equal(both.ids, single.ids)
+    np.testing.assert_array_equal(both.loss_mask, single.loss_mask)
+    np.testing.assert_array_equal(both.route_ids, single.route_ids)
+    # the first token of a turn comes from a chunked append, not a one-token step: fp32 rounding
+    np.testing.assert_allclose(both.sampler_logprobs, single.sampler_logprobs, atol=5e-5)
+    assert both.finish_reason == single.finish_reason and both.turns == single.turns
+
+
+def test_each_token_is_its_writers_and_no_token_is_encoded_twice(setup):
+    cfg, base, other, tok, prompts = setup
+    metas = [{"db_path": DB}] * len(prompts)
+    agent = make_agent(cfg, tok)
+    dec = TwoPolicies(agent, Policy(cfg, base), Policy(cfg, other), prompts, seed=5)
+    tb = agent.run(dec, prompts, list(range(len(prompts))), metas)
+    assert tb.tool_calls().sum() >= 2, tb.turns
+    n_tool = 0
+    for b in range(tb.batch_size):
+        n = tb.length[b]
+        np.testing.assert_array_equal(tb.route_ids[b, :n], np.asarray(route_roles(jnp.asarray(tb.ids[b:b + 1, :n]),
+                                                                                  agent.spec.router))[0])
+        gen, lp_r = teacher_forced(cfg, base, tb, b)
+        _, lp_t = teacher_forced(cfg, other, tb, b)
+        w = writers(tb.ids[b, :n], int(tb.prompt_len[b]), agent.spec.router)[gen]
+        want = np.where(w == 1, lp_t, lp_r)
+        np.testing.assert_allclose(tb.sampler_logprobs[b, gen], want, atol=1e-4)
+        assert np.mean(np.abs(lp_t - lp_r) > 1e-3) > 0.9  # the two models really differ (near-certain tokens aside)
+        n_tool += int((w == 1).sum())
+        # each policy ran its forward over each trajectory token at most once (the last one never)
+        assert dec.consumed[:, b].max() <= n - 1, (dec.consumed[:, b], n)
+    # hand-offs both ways: the reasoning policy synced at its first draw and again after a span
+    assert n_tool >= 4 and dec.appends[0] >= 2 and dec.appends[1] >= 1
+
+
+def test_writers_follow_the_hand_off_rule():
+    from dart_jax.roles.router import RouterSpec
+    router = RouterSpec((7,), (8,))
+    ids = np.array([1, 2, 3, 4, 7, 5, 6, 8, 9, 9, 7, 8, 3])
+    #                prompt   R  R(open) T  T  T(close) obs obs R(open) T(close) R
+    w = writers(ids, 3, router)
+    assert w.tolist() == [-1, -1, -1, 0, 0, 1, 1, 1, 0, 0, 0, 1, 0]
