@@ -245,10 +245,11 @@ def writers(ids: np.ndarray, prompt_len: int, router) -> np.ndarray:
     return out
 
 
-def routed_adapters(reasoning: Mapping | None, tool: Mapping | None, template: Mapping) -> dict:
-    """The `routed` mode: one DART adapter tree whose reasoning / tool adapters are taken from two
-    single-LoRA variants over one base (None: that role runs the bare base, a zero adapter).
-    `template`: a DART adapter tree of the same shapes (dart_jax.adapters.method.init_adapters)."""
+def routed_adapters(reasoning, tool, template: Mapping) -> dict:
+    """The `routed` mode: one DART adapter tree whose reasoning / tool adapters are two single-LoRA
+    variants over one base (a `LoraAdapter` each, e.g. the "shared" adapter of a LoRA run; None: that
+    role runs the bare base, a zero adapter). `template`: a DART tree of the same shapes
+    (dart_jax.adapters.method.init_adapters with variant "dart") that supplies the zeros."""
     out = {}
     for name, src in (("reasoning", reasoning), ("tool", tool)):
         if name not in template:
@@ -256,10 +257,12 @@ def routed_adapters(reasoning: Mapping | None, tool: Mapping | None, template: M
         tpl = template[name]
         if src is None:
             out[name] = tpl.replace(params=jax.tree_util.tree_map(jnp.zeros_like, tpl.params))
-        else:
-            if jax.tree_util.tree_structure(src.params) != jax.tree_util.tree_structure(tpl.params):
-                raise ValueError(f"{name} adapter's tree differs from the template's (rank / targets)")
-            out[name] = tpl.replace(params=src.params)
+            continue
+        shapes = lambda a: jax.tree_util.tree_map(lambda x: tuple(x.shape), a.params)  # noqa: E731
+        if shapes(src) != shapes(tpl):
+            raise ValueError(f"the {name} adapter's shapes differ from the template's (rank / targets / model): "
+                             f"{shapes(src)} vs {shapes(tpl)}")
+        out[name] = src
     return out
 
 

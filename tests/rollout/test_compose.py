@@ -123,3 +123,19 @@ def test_writers_follow_the_hand_off_rule():
     #                prompt   R  R(open) T  T  T(close) obs obs R(open) T(close) R
     w = writers(ids, 3, router)
     assert w.tolist() == [-1, -1, -1, 0, 0, 1, 1, 1, 0, 0, 0, 1, 0]
+
+
+def test_routed_mode_assembles_one_dart_tree(tiny_smollm_dir):
+    from dart_jax.adapters.method import MethodSpec, init_adapters
+    from dart_jax.rollout.compose import routed_adapters
+    from dart_jax.models.config import config_from_hf_dir
+    cfg = config_from_hf_dir(tiny_smollm_dir)
+    lora = init_adapters(MethodSpec("lora", rank=4, alpha=8.0), cfg, jax.random.PRNGKey(1))["shared"]
+    tpl = init_adapters(MethodSpec("dart", rank=4), cfg, jax.random.PRNGKey(2))
+    tree = routed_adapters(None, lora, tpl)  # H_Tool over one base: bare base reasons, the LoRA writes tool spans
+    assert tree["tool"] is lora and tree["tool"].scale == lora.scale
+    assert all(float(jnp.abs(x).max()) == 0.0 for x in jax.tree_util.tree_leaves(tree["reasoning"].params))
+    with pytest.raises(ValueError, match="shapes differ"):
+        routed_adapters(init_adapters(MethodSpec("lora", rank=8), cfg, jax.random.PRNGKey(1))["shared"], None, tpl)
+    with pytest.raises(ValueError, match="need a DART tree"):
+        routed_adapters(None, None, {"shared": lora})
