@@ -187,3 +187,83 @@ def bench_group_prefill(model: str = "smollm2-135m-instruct", prompts: int = 2, 
     return {"bench": "prefill", "model": model, "prompts": prompts, "group": group, "prompt_tokens": t,
             "gen": gen, "shared_s": res["shared"]["median_s"], "per_row_s": res["per_row"]["median_s"],
             "ratio": ratio(res, "per_row", "shared"), "wall_s": time.perf_counter() - t0}
+
+
+def bench_handoff(model: str = "smollm2-135m-instruct", batch: int = 1, prompt_len: int = 256, turns: int = 4,
+                  reason_len: int = 48, span_len: int = 16, obs_len: int = 128, repeats: int = 3) -> dict:
+    """A two-model rollout (CEA's H_Tool / H_Reas, the 2-Agent baseline) with `turns` tool calls: the
+    reasoning model writes `reason_len` tokens, the tool model a `span_len`-token call, an
+    `obs_len`-token observation follows, control returns; then a final answer segment.
+
+    append-only (rollout.compose): each hand-off appends to the incoming model's own cache only the
+    tokens it has not seen. re-encode (the authors' hybrid and the paper's 2-Agent): each hand-off
+    prefills the incoming model over the whole history. Time to the incoming model's first token
+    per hand-off (TTFT) and the whole rollout; the two models are SmolLM2 and a perturbed copy."""
+    cfg, base_r = load_model(resolve(model))
+    base_r = per_layer_params(base_r)
+    base_t = jax.tree_util.tree_map(lambda x: x * 1.01 if x.ndim >= 2 else x, base_r)
+    spec = _spec(cfg)
+    bases = (base_r, base_t)
+    rng = np.random.default_rng(0)
+    prompt = jnp.asarray(rng.integers(100, cfg.vocab_size, (batch, prompt_len)), jnp.int32)
+    obs = [jnp.asarray(rng.integers(100, cfg.vocab_size, (batch, obs_len)), jnp.int32) for _ in range(turns)]
+    ones, stop_on = jnp.ones((batch,), bool), jnp.ones((batch, 1), bool)
+    lens = [reason_len, span_len]
+    plan = [0, 1] * turns + [0]  # writer of each segment: reasoning, tool, ..., final reasoning
+    pos0 = jnp.broadcast_to(jnp.arange(prompt_len, dtype=jnp.int32), (batch, prompt_len))
+    ttft: dict[str, list[float]] = {"append": [], "reencode": []}
+
+    def append_only():
+        states = []
+        for w in (0, 1):
+            cache = init_cache(cfg, batch, bucket(prompt_len + 64))
+            st, _ = prefill(bases[w], None, prompt, pos0, cache, jax.random.PRNGKey(0), spec=spec, hold_last=True)
+            states.append(st)
+        unseen = [[], []]  # per model: chunks of the trajectory its cache has not seen
+        times = []
+        for k, w in enumerate(plan):
+            t0 = time.perf_counter()
+            delta = jnp.concatenate(unseen[w], axis=1) if unseen[w] else jnp.zeros((batch, 0), jnp.int32)
+            width = bucket(max(1, delta.shape[1]))
+            chunk = jnp.pad(delta, ((0, 0), (0, width - delta.shape[1])))
+            st = ensure_capacity(states[w], cache_used(states[w]) + width + 1 + 64)
+            st, _ = append(bases[w], None, st, chunk, jnp.full((batch,), delta.shape[1], jnp.int32), ones, spec=spec)
+            jax.block_until_ready(st.pending)
+            times.append(time.perf_counter() - t0)
+            unseen[w] = []
+            st = ensure_capacity(st, cache_used(st) + lens[w])
+            st, seg = decode_segment(bases[w], None, st, ones, stop_on, jnp.full((batch,), lens[w], jnp.int32),
+                                     spec=spec, length=bucket(lens[w]))
+            states[w] = st
+            new = [seg.tokens[:, :lens[w]]] + ([obs[k // 2]] if w == 1 else [])
+            unseen[1 - w] += new
+            if w == 1:
+                unseen[1] += [obs[k // 2]]
+        ttft["append"] = times
+        return jax.block_until_ready(seg.tokens)
+
+    def reencode():
+        history = prompt
+        times = []
+        for k, w in enumerate(plan):
+            t0 = time.perf_counter()
+            t = history.shape[1]
+            cache = init_cache(cfg, batch, t + bucket(lens[w]) + 1)
+            pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (batch, t))
+            st, _ = prefill(bases[w], None, history, pos, cache, jax.random.PRNGKey(0), spec=spec)
+            jax.block_until_ready(st.pending)
+            times.append(time.perf_counter() - t0)
+            st, seg = decode_segment(bases[w], None, st, ones, stop_on, jnp.full((batch,), lens[w], jnp.int32),
+                                     spec=spec, length=bucket(lens[w]))
+            history = jnp.concatenate([history, seg.tokens[:, :lens[w]]] + ([obs[k // 2]] if w == 1 else []), axis=1)
+        ttft["reencode"] = times
+        return jax.block_until_ready(seg.tokens)
+
+    t0 = time.perf_counter()
+    res = interleaved({"append": append_only, "reencode": reencode}, repeats=repeats)
+    return {"bench": "handoff", "model": model, "batch": batch, "turns": turns, "prompt_len": prompt_len,
+            "reason_len": reason_len, "span_len": span_len, "obs_len": obs_len,
+            "append_s": res["append"]["median_s"], "reencode_s": res["reencode"]["median_s"],
+            "ratio": ratio(res, "reencode", "append"),
+            "ttft_append_s": ttft["append"], "ttft_reencode_s": ttft["reencode"],
+            "ttft_ratio_last": ttft["reencode"][-1] / ttft["append"][-1], "wall_s": time.perf_counter() - t0}

@@ -139,3 +139,12 @@ def test_routed_mode_assembles_one_dart_tree(tiny_smollm_dir):
         routed_adapters(init_adapters(MethodSpec("lora", rank=8), cfg, jax.random.PRNGKey(1))["shared"], None, tpl)
     with pytest.raises(ValueError, match="need a DART tree"):
         routed_adapters(None, None, {"shared": lora})
+
+
+@pytest.mark.slow  # every re-encode hand-off compiles a new prefill width
+def test_handoff_bench_runs_both_ways(tiny_smollm_dir):
+    """launch.bench handoff's two sides complete the same plan (timings are not asserted: never in tests)."""
+    from dart_jax.bench.sampler import bench_handoff
+    res = bench_handoff(tiny_smollm_dir, prompt_len=16, turns=2, reason_len=4, span_len=4, obs_len=8, repeats=1)
+    assert len(res["ttft_append_s"]) == len(res["ttft_reencode_s"]) == 2 * 2 + 1
+    assert res["append_s"] > 0 and res["reencode_s"] > 0 and res["ratio"]["rounds"] == 1
