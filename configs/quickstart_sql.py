@@ -1,9 +1,8 @@
 """The NL2SQL quickstart: SQL warm start + DART GRPO with the real SQLite tool on CPU, offline.
 
-SmolLM2-135M-Instruct with a SQL warm start merged into its weights (`warm_start`, default
-`data/warm_start/smollm2-135m-spider`: NOT shipped yet — the first recipe,
-`python -m launch.sft --config=configs/sft_sql_quickstart.py`, does not yet teach SmolLM2 the
-protocol, docs/results/sql_warm_start_smollm2.md; pass `--config.warm_start=DIR`), then fresh reasoning / tool adapters
+SmolLM2-135M-Instruct with the shipped SQL warm start merged into its weights (`warm_start`,
+`data/warm_start/smollm2-135m-spider`, made by `python -m launch.sft
+--config=configs/sft_sql_quickstart.py`: docs/results/sql_warm_start_smollm2.md), then fresh reasoning / tool adapters
 trained by GRPO on the training side of the shipped Spider split by database
 (dart_jax/data/spider_split.py): questions of 12 databases (Spider dev / Syn / Realistic / DK
 phrasings), gold-query fold 1 (the warm start saw fold 0). The SkyRL-SQL protocol and rewards:

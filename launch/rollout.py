@@ -5,8 +5,8 @@ retriever or SQLite tool, and the rewards.
     python -m launch.rollout --task=sql --n=2 --no-warm-start
     python -m launch.rollout --adapters=runs/quickstart/adapters --temperature=0
 
-QA on the embedded SmolLM2 starts from the shipped warm start (the raw model never writes the tags:
---no-warm-start shows that); --warm-start=DIR merges another one.
+The embedded SmolLM2 starts from the shipped warm start of its task, QA or SQL (the raw model never
+writes the tags: --no-warm-start shows that); --warm-start=DIR merges another one.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ N = flags.DEFINE_integer("n", 4, "trajectories", flag_values=F)
 OFFSET = flags.DEFINE_integer("offset", 0, "first dataset row", flag_values=F)
 ADAPTERS = flags.DEFINE_string("adapters", None, "a DART adapter directory", flag_values=F)
 WARM = flags.DEFINE_string("warm-start", None, "warm-start directory merged first (default: the shipped one for "
-                           "smollm2-135m-instruct QA)", flag_values=F)
+                           "smollm2-135m-instruct and the task)", flag_values=F)
 NO_WARM = flags.DEFINE_bool("no-warm-start", False, "the raw model, no warm start", flag_values=F)
 TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "sampling temperature (0 = greedy)", flag_values=F)
 MAX_TURNS = flags.DEFINE_integer("max-turns", 2, "tool calls allowed", flag_values=F)

@@ -1,8 +1,8 @@
 """A scripted rollout on the embedded data: real model, real tools, real rewards, printed.
 
-The embedded SmolLM2 never writes the protocol's tags on its own (every QA trajectory ends invalid),
-so for QA it starts from the shipped warm start (`data/warm_start/smollm2-135m-nq`, merged into the
-weights) unless told otherwise; no SQL warm start is shipped."""
+The embedded SmolLM2 never writes the protocol's tags on its own (every trajectory ends invalid), so
+it starts from the shipped warm start of its task (`data/warm_start/smollm2-135m-nq` for QA,
+`data/warm_start/smollm2-135m-spider` for NL2SQL, merged into the weights) unless told otherwise."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from dart_jax.run.policy import merge_warm_start
 from dart_jax.tools.retrieval import RetrievalTool, Retriever, ensure_index
 from dart_jax.tools.sqlite_exec import SQLiteTool
 
-SHIPPED_WARM_STARTS = {("smollm2-135m-instruct", "qa"): "data/warm_start/smollm2-135m-nq"}
+SHIPPED_WARM_STARTS = {("smollm2-135m-instruct", "qa"): "data/warm_start/smollm2-135m-nq",
+                       ("smollm2-135m-instruct", "sql"): "data/warm_start/smollm2-135m-spider"}
 
 
 def default_warm_start(model: str, task: str) -> str:
