@@ -5,6 +5,7 @@ tools; prints the tables and writes results.{md,csv,json} and per_question.jsonl
     python -m launch.evaluate --config=configs/quickstart.py --checkpoint=runs/quickstart --limit=50
     python -m launch.evaluate --model=smollm2-135m-instruct --task=sql --dataset=spider_dev --limit=50
     python -m launch.evaluate --config=configs/quickstart.py --checkpoint=runs/quickstart --n-samples=50
+    python -m launch.evaluate --config=configs/quickstart.py --compose-tool=runs/cea-tool --n-samples=8   # H_Tool
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ FIXED = flags.DEFINE_string("fixed-retrieval", None, "replay the documents recor
 OUT = flags.DEFINE_string("out", None, "output directory (default runs/eval/<model>-<task>-<time>)", flag_values=F)
 COMPARE = flags.DEFINE_multi_string("compare", [], "paper rows to print next to ours, 'method,backbone' "
                                     "(default: the matching row, else all)", flag_values=F)
+COMPOSE_TOOL = flags.DEFINE_string("compose-tool", None, "two-model composition: this checkpoint's policy writes the "
+                                    "tool spans, the main policy (--checkpoint / --peft / base) the rest (CEA's "
+                                    "H_Tool)", flag_values=F)
+COMPOSE_REASONING = flags.DEFINE_string("compose-reasoning", None, "two-model composition: this checkpoint's policy "
+                                        "writes everything outside the tool spans, the main policy the spans (CEA's "
+                                        "H_Reas)", flag_values=F)
 QUIET = flags.DEFINE_bool("quiet", False, "no progress bar", flag_values=F)
 
 
@@ -70,9 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     datasets = [d.strip() for spec in DATASET.value for d in spec.split(",") if d.strip()] or None
     out = OUT.value or os.path.join("runs", "eval", f"{os.path.basename(os.path.normpath(config.model.path))}-"
                                                     f"{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if COMPOSE_TOOL.value and COMPOSE_REASONING.value:
+        raise SystemExit("launch.evaluate: give --compose-tool or --compose-reasoning, not both (the main policy "
+                         "writes the other role)")
+    compose = (("tool", COMPOSE_TOOL.value) if COMPOSE_TOOL.value else
+               ("reasoning", COMPOSE_REASONING.value) if COMPOSE_REASONING.value else None)
     results = evaluate(config, out, datasets, options, checkpoint=CHECKPOINT.value, peft=PEFT.value,
                        remove=REMOVE.value, step=STEP.value, fixed_retrieval=FIXED.value,
-                       compare=COMPARE.value or None)
+                       compare=COMPARE.value or None, compose=compose)
     print(markdown(results))
     for name, path in results["files"].items():
         print(f"{name}: {path}")

@@ -22,6 +22,7 @@ from dart_jax.eval.runner import (
 )
 from dart_jax.rl.sections import section
 from dart_jax.rollout.agent import RolloutConfig
+from dart_jax.rollout.compose import Policy as CPolicy
 from dart_jax.rollout.protocol import PROTOCOLS
 from dart_jax.run.policy import run_mesh
 from dart_jax.run.task import build_tool
@@ -46,9 +47,14 @@ def policy_name(source: dict) -> str:
 def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: EvalOptions = EvalOptions(),
              checkpoint: str | None = None, peft: str | None = None, remove: str | None = None,
              step: int | None = None, fixed_retrieval: str | None = None,
-             compare: list[str] | None = None) -> dict:
+             compare: list[str] | None = None, compose: tuple[str, str] | None = None) -> dict:
     """-> results (also written to out_dir: results.{md,csv,json}, per_question.jsonl and, with
-    n_samples > 1, per_question_accuracy.jsonl)."""
+    n_samples > 1, per_question_accuracy.jsonl).
+
+    `compose` = (role, checkpoint): a two-model composition (rollout.compose) in which the policy
+    loaded from `checkpoint` writes `role`'s tokens ("tool": the tool spans; "reasoning": all else)
+    and the main policy (`checkpoint` / `peft` / the base model) writes the other role's — CEA's
+    H_Tool is the base model with ("tool", M_Tool), H_Reas the base model with ("reasoning", M_Reas)."""
     task = config.task
     if task not in PROTOCOLS:
         raise ValueError(f"task {task!r}; expected one of {sorted(PROTOCOLS)}")
@@ -57,6 +63,18 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
     protocol = PROTOCOLS[task]
     mesh = run_mesh(config)
     policy = load_eval_policy(config, mesh, checkpoint, peft, remove, step, options.seed)
+    composition = None
+    if compose:
+        role, other_dir = compose
+        if role not in ("reasoning", "tool"):
+            raise ValueError(f"compose role {role!r}; expected 'reasoning' or 'tool'")
+        other = load_eval_policy(config, mesh, other_dir, None, None, None, options.seed)
+        if other.tokenizer.get_vocab() != policy.tokenizer.get_vocab():
+            raise ValueError(f"compose: {other_dir}'s tokenizer differs from the main policy's; a composition "
+                             "shares one token stream")
+        pair = {role: other, ("tool" if role == "reasoning" else "reasoning"): policy}
+        composition = tuple(CPolicy(p.cfg, p.base, p.adapters, p.route_mode if p.adapters else "none")
+                            for p in (pair["reasoning"], pair["tool"]))
     if fixed_retrieval:
         tool = FixedRetrieval(repo_path(fixed_retrieval), protocol)
     else:
@@ -67,7 +85,7 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
     os.makedirs(out_dir, exist_ok=True)
     records = os.path.join(out_dir, "per_question.jsonl")
     t0 = time.perf_counter()
-    per_set = evaluator.run(sets, policy.base, policy.adapters, records)
+    per_set = evaluator.run(sets, policy.base, policy.adapters, records, composition)
     variant = policy.source.get("variant")
     p_method = paper.method_key(task, variant, int(config.method.rank)) if variant in ("dart", "lora", "full") else None
     setup = {"task": task, "policy": policy_name(policy.source), **{k: v for k, v in policy.source.items()},
@@ -78,6 +96,11 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
              "retriever": section(config, "retriever") if task == "qa" and not fixed_retrieval else {},
              "paper_model": paper.model_key(config.model.path), "paper_method": p_method,
              "devices": f"{jax.device_count()} × {jax.devices()[0].platform}", "seconds": 0.0}
+    if compose:
+        setup["composition"] = {"role": compose[0], "checkpoint": compose[1], "other_role_by": setup["policy"],
+                                "mode": "two models, append-only hand-offs (rollout.compose)"}
+        setup["policy"] = f"{compose[0]} by {compose[1]}, {'tool' if compose[0] == 'reasoning' else 'reasoning'} " \
+                          f"by {setup['policy']}"
     results = {"setup": setup, "datasets": per_set, "groups": group_scores(task, per_set)}
     if fixed_retrieval:
         results["fixed_retrieval_stats"] = dict(tool.stats)

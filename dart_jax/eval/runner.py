@@ -22,6 +22,7 @@ from dart_jax.eval.datasets import GROUPS, EvalSet, load_set
 from dart_jax.rewards.qa import em, extract_answer, retrieval_correct
 from dart_jax.rewards.sql import execution_match, extract_solution
 from dart_jax.rollout.agent import Agent, RolloutConfig
+from dart_jax.rollout.compose import compose_rollout
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.tasks import qa_task, sql_task
 from dart_jax.tools.sqlite_exec import execute
@@ -88,7 +89,11 @@ class Evaluator:
         return rows, counts
 
     # -- rollouts ----------------------------------------------------------------------------------
-    def run(self, sets: list[EvalSet], base, adapters, records_path: str | None = None) -> dict:
+    def run(self, sets: list[EvalSet], base, adapters, records_path: str | None = None,
+            composition: tuple | None = None) -> dict:
+        """`composition`: (reasoning, tool) rollout.compose.Policy pair — the two-model composition
+        (CEA's H_Tool / H_Reas) instead of one policy (`base`, `adapters` are then unused)."""
+        self.composition = composition
         from tqdm.auto import tqdm
 
         loaded = [(s, *self.load(s)) for s in sets]
@@ -121,7 +126,10 @@ class Evaluator:
             if hasattr(self.tool_fn, "reset"):
                 self.tool_fn.reset()
             seed = self.options.seed + hash_seed(s.name, start)
-            tb = self.agent.rollout(base, adapters, prompts, uids, metas, seed=seed)
+            if getattr(self, "composition", None):
+                tb = compose_rollout(self.agent, *self.composition, prompts, uids, metas, seed=seed)
+            else:
+                tb = self.agent.rollout(base, adapters, prompts, uids, metas, seed=seed)
             for i, (row, k) in enumerate(chunk):
                 rec = self._record(s, row, k, tb, i)
                 recs.append(rec)

@@ -112,6 +112,16 @@ def test_orbax_checkpoint_and_exported_adapters_evaluate_identically(tiny_smollm
     assert via_orbax["setup"]["step"] == 1 and via_orbax["setup"]["variant"] == "dart"
     assert via_export["setup"]["adapters"].endswith("adapters")
     assert [r["response"] for r in _records(tmp_path / "e1")] == [r["response"] for r in _records(tmp_path / "e2")]
+    # a two-model composition (rollout.compose) of the run's policy with itself is the run's policy
+    same = evaluate(c, str(tmp_path / "e3"), ["nq"], opts, checkpoint=str(tmp_path / "run"),
+                    compose=("tool", str(tmp_path / "run")))
+    assert [r["response"] for r in _records(tmp_path / "e3")] == [r["response"] for r in _records(tmp_path / "e2")]
+    assert same["setup"]["composition"]["role"] == "tool"
+    # H_Tool's shape: the bare model writes outside the tool spans, the run's policy inside them
+    h_tool = evaluate(c, str(tmp_path / "e4"), ["nq"], opts, compose=("tool", str(tmp_path / "run")))
+    assert h_tool["setup"]["policy"].startswith(f"tool by {tmp_path / 'run'}, reasoning by ")
+    with pytest.raises(ValueError, match="compose role"):
+        evaluate(c, str(tmp_path / "e5"), ["nq"], opts, compose=("answer", str(tmp_path / "run")))
     # DART-Reas: the tool adapter removed at inference (B = 0), the reasoning adapter untouched
     mesh = run_mesh(c)
     full = load_eval_policy(c, mesh, checkpoint=str(tmp_path / "run"))
