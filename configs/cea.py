@@ -1,24 +1,43 @@
 """CEA training variants (METHOD §2): GRPO keeping only one role's token gradients.
 
     python -m launch.train --config=configs/cea.py:reas,qwen2.5-3b-base --config.model.path=...
+    python -m launch.train --config=configs/cea.py:reas,qwen2.5-3b-base,authors    # the authors' roles
 
-variant: reas (M_Reas, reasoning tokens only) | tool (M_Tool, tool tokens only) | unified (M_Unified)
+variant: reas (M_Reas) | tool (M_Tool) | unified (M_Unified)
 model:   as in configs/paper_qa.py (the paper runs Qwen2.5-3B, Qwen2.5-7B and Llama3.1-8B)
+roles:   paper (default): tool = the tokens inside a tool span (the router's tool role), reasoning =
+         every other generated token; authors (the DART authors' code): M_Tool on the search span as
+         well, M_Reas on the final answer span only (`<answer> … </answer>`, tags included:
+         method.role_mask "answer").
 
 Full-parameter GRPO with the Search-R1 protocol and hyper-parameters; the role mask m_t multiplies
 the loss mask, so the masked-out role's tokens carry neither loss nor weight in the token mean.
+H_Tool / H_Reas are not trained: `launch.evaluate --compose-tool / --compose-reasoning` composes
+them from these runs and the base model (rollout.compose).
 """
 
 from configs import base, paper_qa
 
-ROLE_MASK = {"reas": "reasoning", "tool": "tool", "unified": "both"}
+ROLE_MASK = {"paper": {"reas": "reasoning", "tool": "tool", "unified": "both"},
+             "authors": {"reas": "answer", "tool": "tool", "unified": "both"}}
+
+
+def parse(arg: str | None) -> tuple[str, str, str]:
+    parts = [p.strip() for p in (arg or "unified,qwen2.5-3b-base").split(",")]
+    if len(parts) == 2:
+        parts.append("paper")
+    if len(parts) != 3:
+        raise ValueError(f"configs/cea.py:{arg}: expected VARIANT,MODEL[,ROLES]")
+    return parts[0], parts[1], parts[2]
 
 
 def get_config(arg: str | None = None):
-    variant, model = paper_qa.parse(arg, "unified,qwen2.5-3b-base")
-    if variant not in ROLE_MASK:
-        raise ValueError(f"CEA variant {variant!r}; expected one of {sorted(ROLE_MASK)}")
+    variant, model, roles = parse(arg)
+    if roles not in ROLE_MASK:
+        raise ValueError(f"CEA role definitions {roles!r}; expected one of {sorted(ROLE_MASK)}")
+    if variant not in ROLE_MASK[roles]:
+        raise ValueError(f"CEA variant {variant!r}; expected one of {sorted(ROLE_MASK[roles])}")
     c = paper_qa.apply_method(paper_qa.qa_common(base.get(), model), "search_r1")
-    c.method.role_mask = ROLE_MASK[variant]
-    c.output.dir = f"runs/cea-{variant}-{model}"
+    c.method.role_mask = ROLE_MASK[roles][variant]
+    c.output.dir = f"runs/cea-{variant}-{model}" + ("" if roles == "paper" else f"-{roles}")
     return c

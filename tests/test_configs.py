@@ -24,7 +24,7 @@ def _validate(c):
 
 SETUPS = ([(paper_qa, f"{m},{k}") for m in paper_qa.METHODS for k in paper_qa.MODELS]
           + [(paper_sql, m) for m in paper_sql.METHODS]
-          + [(cea, f"{v},qwen2.5-7b-base") for v in cea.ROLE_MASK]
+          + [(cea, f"{v},qwen2.5-7b-base,{r}") for r in cea.ROLE_MASK for v in cea.ROLE_MASK[r]]
           + [(quickstart, None), (quickstart_sql, None)])
 
 
@@ -43,6 +43,10 @@ def test_paper_hyper_parameters():
     s = paper_qa.get_config("search_r1,llama3.1-8b-instruct")
     assert s.method.variant == "full" and s.optim.lr == 1e-6 and s.rollout.invalid_action == "search_r1"
     assert cea.get_config("tool,qwen2.5-3b-base").method.role_mask == "tool"
+    assert cea.get_config("reas,qwen2.5-3b-base").method.role_mask == "reasoning"
+    assert cea.get_config("reas,qwen2.5-3b-base,authors").method.role_mask == "answer"
+    with pytest.raises(ValueError, match="role definitions"):
+        cea.get_config("reas,qwen2.5-3b-base,mine")
     with pytest.raises(ValueError, match="expected one of"):
         paper_qa.get_config("dart,gpt-5")
 

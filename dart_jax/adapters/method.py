@@ -26,7 +26,7 @@ from dart_jax.models.config import ModelConfig
 from dart_jax.roles.router import PAD_ROLE, REASONING, TOOL
 
 VARIANTS = ("full", "lora", "dart")
-ROLE_MASKS = ("both", "reasoning", "tool")
+ROLE_MASKS = ("both", "reasoning", "tool", "answer")
 ISOLATIONS = ("forward", "strict")
 
 
@@ -82,14 +82,21 @@ def routes_for(spec: MethodSpec, roles: jnp.ndarray) -> jnp.ndarray:
     return roles.astype(jnp.int32)
 
 
-def role_token_mask(spec: MethodSpec, token_roles: jnp.ndarray) -> jnp.ndarray:
-    """f32[B, T] m_t: 1 where token t's (loss) role keeps its gradient under `role_mask`."""
+def role_token_mask(spec: MethodSpec, token_roles: jnp.ndarray, answer_span: jnp.ndarray | None = None) -> jnp.ndarray:
+    """f32[B, T] m_t: 1 where token t's (loss) role keeps its gradient under `role_mask`.
+    "answer" (the DART authors' M_Reas: only the final answer span, tags included) needs
+    `answer_span` (bool[B, T], rl.batch.answer_span_mask)."""
     if spec.role_mask == "both":
         keep = token_roles != PAD_ROLE
     elif spec.role_mask == "reasoning":
         keep = token_roles == REASONING
-    else:
+    elif spec.role_mask == "tool":
         keep = token_roles == TOOL
+    else:
+        if answer_span is None:
+            raise ValueError("role_mask 'answer' needs the answer tags' token sequences (the task's protocol) to "
+                             "find the answer span")
+        keep = (token_roles != PAD_ROLE) & answer_span
     return keep.astype(jnp.float32)
 
 

@@ -21,10 +21,53 @@ def round_up(n: int, multiple: int) -> int:
     return ((n + multiple - 1) // multiple) * multiple
 
 
+AnswerTags = tuple  # (opening-tag id sequences, closing-tag id sequences): rollout.protocol.tag_variants
+
+
+def answer_span_mask(tokens: np.ndarray, tags: AnswerTags) -> np.ndarray:
+    """bool[B, T]: tokens of every answer span, from the first token of an opening tag through the
+    last token of the next closing tag (an unclosed span runs to the end). A tag matches as any of
+    its token sequences (BPE writes `<answer>` differently after a space, a newline, a word)."""
+    opens, closes = tags
+    if not opens or not closes:
+        raise ValueError("answer_span_mask needs at least one opening and one closing tag sequence")
+
+    def ends(seqs):  # bool[B, T]: some sequence of `seqs` ends at t; and its length there
+        hit = np.zeros(tokens.shape, bool)
+        length = np.zeros(tokens.shape, np.int64)
+        for seq in sorted(seqs, key=len):
+            k = len(seq)
+            if k > tokens.shape[1]:
+                continue
+            m = np.ones((tokens.shape[0], tokens.shape[1] - k + 1), bool)
+            for j, x in enumerate(seq):
+                m &= tokens[:, j:tokens.shape[1] - k + 1 + j] == x
+            hit[:, k - 1:] |= m
+            length[:, k - 1:] = np.where(m, k, length[:, k - 1:])  # the longest match wins
+        return hit, length
+
+    o_hit, o_len = ends(opens)
+    c_hit, _ = ends(closes)
+    out = np.zeros(tokens.shape, bool)
+    for b in range(tokens.shape[0]):
+        start = -1
+        for t in np.nonzero(o_hit[b] | c_hit[b])[0]:
+            if start < 0 and o_hit[b, t]:
+                start = t - o_len[b, t] + 1
+            elif start >= 0 and c_hit[b, t]:
+                out[b, start:t + 1] = True
+                start = -1
+        if start >= 0:
+            out[b, start:] = True
+    return out
+
+
 def token_arrays(ids: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray, method: MethodSpec,
-                 router: RouterSpec, pad_multiple: int = 64) -> dict[str, np.ndarray]:
+                 router: RouterSpec, pad_multiple: int = 64, answer_tags: AnswerTags | None = None
+                 ) -> dict[str, np.ndarray]:
     """Right-padded id rows -> {tokens, positions, route_ids, loss_roles, loss_mask} padded to a
-    multiple of `pad_multiple`: the part of a batch RL and SFT share."""
+    multiple of `pad_multiple`: the part of a batch RL and SFT share. `answer_tags`: the answer
+    tags' id sequences, needed by role_mask "answer"."""
     width = ids.shape[1]
     length = round_up(width, pad_multiple)
     pad = ((0, 0), (0, length - width))
@@ -34,19 +77,24 @@ def token_arrays(ids: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray, 
     roles = route_roles(jnp.asarray(tokens), router, valid)
     lroles = jnp.where(valid, loss_roles(roles), -1)
     routes = routes_for(method, roles)
-    mask = np.pad(loss_mask, pad) * np.asarray(role_token_mask(method, lroles))
+    span = None
+    if method.role_mask == "answer":
+        if answer_tags is None:
+            raise ValueError("role_mask 'answer' needs answer_tags (the protocol's answer tag sequences)")
+        span = jnp.asarray(answer_span_mask(tokens, answer_tags) & np.asarray(valid))
+    mask = np.pad(loss_mask, pad) * np.asarray(role_token_mask(method, lroles, span))
     return {"tokens": tokens.astype(np.int32), "positions": positions.astype(np.int32),
             "route_ids": np.asarray(routes, np.int32), "loss_roles": np.asarray(lroles, np.int32),
             "loss_mask": mask.astype(np.float32)}
 
 
 def build_batch(tb: TrajectoryBatch, scores: np.ndarray, method: MethodSpec, router: RouterSpec,
-                pad_multiple: int = 64, norm_adv_by_std: bool = True, valid: np.ndarray | None = None
-                ) -> dict[str, np.ndarray]:
+                pad_multiple: int = 64, norm_adv_by_std: bool = True, valid: np.ndarray | None = None,
+                answer_tags: AnswerTags | None = None) -> dict[str, np.ndarray]:
     """-> {tokens, positions, route_ids, loss_roles, loss_mask, sampler_logp [N, L]; advantages,
     scores [N]} as numpy arrays. Rows with `valid` False (their prompt's reference failed) keep their
     place, so the batch layout does not change, but carry no loss: mask and advantage 0."""
-    out = token_arrays(tb.ids, tb.positions, tb.loss_mask, method, router, pad_multiple)
+    out = token_arrays(tb.ids, tb.positions, tb.loss_mask, method, router, pad_multiple, answer_tags)
     pad = ((0, 0), (0, out["tokens"].shape[1] - tb.ids.shape[1]))
     ids, groups = group_index(tb.uids)
     adv = grpo_advantages(jnp.asarray(scores, jnp.float32), jnp.asarray(ids), groups, norm_adv_by_std)

@@ -72,10 +72,11 @@ class Scored:
 
 
 def score(ro: Rollouts, reward: QAReward | SQLReward, method: MethodSpec, router: RouterSpec,
-          pad_multiple: int, norm_adv_by_std: bool = True) -> Scored:
+          pad_multiple: int, norm_adv_by_std: bool = True, answer_tags=None) -> Scored:
     s = reward.score(ro.tb.response_text, ro.metas)
     acc = task_accuracy("qa" if isinstance(reward, QAReward) else "sql", ro.tb.response_text, ro.metas, s.scores)
-    batch = batch_lib.build_batch(ro.tb, s.scores, method, router, pad_multiple, norm_adv_by_std, s.valid)
+    batch = batch_lib.build_batch(ro.tb, s.scores, method, router, pad_multiple, norm_adv_by_std, s.valid,
+                                  answer_tags)
     return Scored(s.scores, s.valid, acc, s.counts, batch)
 
 

@@ -37,7 +37,7 @@ from dart_jax.rl.sections import (
     section,
 )
 from dart_jax.rollout.agent import Agent, RolloutConfig
-from dart_jax.rollout.protocol import PROTOCOLS
+from dart_jax.rollout.protocol import PROTOCOLS, tag_variants
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.run import run_dir
 from dart_jax.run.checkpoint import Checkpointer, checkpoint_steps
@@ -109,6 +109,8 @@ class Trainer:
         self.agent = Agent(cfg, tok, self.protocol, build_tool(config, self.protocol), self.sampling,
                            self.rollout_cfg, config.router.convention)
         self.router = self.agent.spec.router
+        self.answer_tags = (tuple(tag_variants(tok, self.protocol.answer_open)),
+                            tuple(tag_variants(tok, self.protocol.answer_close)))
         self.stream = DataStream(len(self.rows), tc.seed, tc.shuffle)
         self.eval_rows = load_eval_rows(config)
         train_keys = {question_key(r) for r in self.rows}
@@ -130,7 +132,8 @@ class Trainer:
         seed = int(jax.random.randint(jax.random.fold_in(self.key, step), (), 0, 2 ** 31 - 1))
         ro = stages.rollout(self.agent, self.rollout_trees(), rows, tc.group_size, seed)
         t1 = time.perf_counter()
-        sc = stages.score(ro, self.reward, self.method, self.router, tc.pad_multiple, self.config.algo.norm_adv_by_std)
+        sc = stages.score(ro, self.reward, self.method, self.router, tc.pad_multiple, self.config.algo.norm_adv_by_std,
+                          self.answer_tags)
         if self.config.output.get("save_rollouts", False):
             append_rollouts(self.config.output.dir, step + 1, ro.tb, ro.rows, sc.scores, sc.accuracy, sc.valid,
                             self.protocol.name, self.tok)

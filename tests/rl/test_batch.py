@@ -70,3 +70,25 @@ def test_invalid_rows_keep_their_place_but_carry_no_loss():
     assert b["tokens"].shape == ok["tokens"].shape and b["loss_mask"][1].sum() == 0 and b["advantages"][1] == 0
     np.testing.assert_array_equal(b["loss_mask"][0], ok["loss_mask"][0])
     assert b["advantages"][0] == ok["advantages"][0]
+
+
+def test_answer_role_mask_is_the_answer_span_tags_included():
+    """The DART authors' M_Reas trains on the answer span only (configs/cea.py:reas,MODEL,authors).
+    Tags match as any of their token sequences: here <answer> is (60, 61) or (62, 61)."""
+    from dart_jax.rl.batch import answer_span_mask
+    tags = (((60, 61), (62, 61)), ((63,),))
+    # prompt [5, 6]; response: 7 <s> 8 </s> | obs 50 | 10 [62 61 20 21 63] 12
+    resp = {"ids": [7, OPEN, 8, CLOSE, 50, 10, 62, 61, 20, 21, 63, 12], "mask": [1, 1, 1, 1, 0] + [1] * 7,
+            "logprobs": [-1.0] * 12, "routes": [0] * 12}
+    tb = assemble([[5, 6]], [[0, 0]], [resp], ["q1"], ["answer"], [[]], [""])
+    b = build_batch(tb, np.asarray([1.0]), MethodSpec("full", role_mask="answer"), ROUTER, pad_multiple=16,
+                    answer_tags=tags)
+    want = np.zeros(16)
+    want[8:13] = 1  # 62 61 20 21 63
+    np.testing.assert_array_equal(b["loss_mask"][0], want)
+    # an unclosed span runs to the end; an opening sequence's variants; several spans
+    toks = np.array([[1, 60, 61, 2, 3], [62, 61, 4, 63, 5], [60, 61, 63, 60, 61]])
+    np.testing.assert_array_equal(answer_span_mask(toks, tags).astype(int),
+                                  [[0, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    with pytest.raises(ValueError, match="needs answer_tags"):
+        build_batch(tb, np.asarray([1.0]), MethodSpec("full", role_mask="answer"), ROUTER, pad_multiple=16)
