@@ -49,10 +49,10 @@ BATCHES = flags.DEFINE_string("batches", "1,8,32", "sampler: batch sizes", flag_
 NEW_TOKENS = flags.DEFINE_integer("new-tokens", 128, "sampler: tokens decoded per row", flag_values=F)
 TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "sampler: 0 = greedy; > 0 samples (both sides, no top-k / "
                                  "top-p)", flag_values=F)
-TURNS = flags.DEFINE_integer("turns", 4, "resume: tool calls", flag_values=F)
-OBS_LEN = flags.DEFINE_integer("obs-len", 400, "resume: observation tokens per call (3 passages ≈ 400)",
+TURNS = flags.DEFINE_integer("turns", 4, "resume / handoff: tool calls", flag_values=F)
+OBS_LEN = flags.DEFINE_integer("obs-len", 400, "resume / handoff: observation tokens per call (3 passages ≈ 400)",
                                flag_values=F)
-PROMPT_LEN = flags.DEFINE_integer("prompt-len", 256, "resume: prompt tokens", flag_values=F)
+PROMPT_LEN = flags.DEFINE_integer("prompt-len", 256, "resume / handoff: prompt tokens", flag_values=F)
 REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch", "save_qkv_proj"],
                           "train: remat policy", flag_values=F)
 GROUP = flags.DEFINE_integer("group", 4, "prefill: samples per prompt (GRPO group size)", flag_values=F)

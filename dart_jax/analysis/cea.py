@@ -16,9 +16,8 @@ becoming ±9.2 on the logit scale). Questions that no variant ever answers are d
 
 Uncertainty (the paper reports none): a bootstrap over questions (seeded, ≥ 10k resamples) for
 every coefficient's mean, median and share negative, a two-sided sign test; and a two-level
-bootstrap that also redraws each variant's n answers per question (binomial at the observed rate,
-i.e. resampling the n recorded answers with replacement) before re-estimating, so the interval of
-"share of questions with β23 < 0" carries the sampling noise of finite n as well.
+bootstrap that also draws each accuracy from its Jeffreys posterior given the n recorded answers,
+so the interval of "share of questions with β23 < 0" carries the sampling noise of finite n.
 """
 
 from __future__ import annotations
@@ -103,8 +102,12 @@ def logit(y: np.ndarray) -> np.ndarray:
 
 
 def solve(z: np.ndarray) -> np.ndarray:
-    """z f64[..., 6] (variants in `VARIANTS` order) -> β f64[..., 6] (`COEFS` order), exactly."""
-    return np.linalg.solve(DESIGN, np.moveaxis(z, -1, 0).reshape(len(VARIANTS), -1)).T.reshape(z.shape)
+    """z f64[..., 6] (variants in `VARIANTS` order) -> β f64[..., 6] (`COEFS` order): the exact
+    inverse of `DESIGN` written as differences (tested against a linear solve), so a tie between
+    variants gives a coefficient of exactly 0 — a generic solver returns ±1e-16 there, which would
+    land on one side of every sign statistic."""
+    zb, zr, zt, zu, zht, zhr = (z[..., i] for i in range(len(VARIANTS)))
+    return np.stack([zb, zht - zb, zhr - zb, zt - zht, zr - zhr, (zu - zt) - (zr - zb)], axis=-1)
 
 
 def answered(k: np.ndarray) -> np.ndarray:
@@ -168,36 +171,41 @@ def summarize(beta: np.ndarray, n_boot: int = 10_000, seed: int = 0, level: floa
     return out
 
 
-def sampling_bootstrap(counts: Counts, estimator: str = "clip", n_boot: int = 10_000, seed: int = 0,
-                       level: float = 0.95, coef: str = "b23", eps: float = CLIP, chunk: int = 250) -> dict:
-    """Share of questions with β_coef < 0, with a CI that carries both question sampling and the
-    finite-n noise of each accuracy: each resample draws questions with replacement, then each
-    (question, variant)'s k from Binomial(n, k / n) (= resampling its n answers), then applies the
-    drop rule and the estimator again. Needs integer counts (one score in {0, 1} per answer)."""
+def sampling_bootstrap(counts: Counts, n_boot: int = 10_000, seed: int = 0, level: float = 0.95,
+                       coef: str = "b23", chunk: int = 250) -> dict:
+    """Share of questions with β_coef < 0 *at the true accuracies*, with an interval that carries
+    both question sampling and each accuracy's finite-n noise: each resample draws the kept
+    questions with replacement, then every (question, variant)'s accuracy from its Jeffreys
+    posterior Beta(k + ½, n − k + ½) (never 0 or 1, so no clip), and solves β. Reported: the
+    median and percentile interval of the share over resamples. It can sit away from the share of
+    the point estimates: those are noisy (a clipped 0 / n is ±9.2 on the logit scale), and this
+    is about the accuracies the answers were drawn from.
+
+    Caveats: the six variants are resampled independently, but sampled with the same seeds
+    (rollout.sampler keys draws by row and position) their answers are positively correlated
+    (H_Tool follows M_Base until its first tool span), so for contrasts the interval is
+    conservative. Needs integer counts (one score in {0, 1} per answer)."""
     if not np.allclose(counts.k, np.round(counts.k)):
         raise ValueError("sampling_bootstrap needs integer correct counts (binary scores per answer)")
     j = COEFS.index(coef)
+    keep = answered(counts.k)
+    k, n = counts.k[keep], counts.n[keep]
+    q = len(k)
+    if q == 0:
+        raise ValueError("no questions left (every question was dropped)")
     rng = np.random.default_rng(seed)
-    q = len(counts.ids)
-    p = counts.k / counts.n
-    n = counts.n.astype(np.int64)
-    shares, kept = [], []
+    shares = []
     for start in range(0, n_boot, chunk):
         b = min(chunk, n_boot - start)
         idx = rng.integers(0, q, size=(b, q))
-        k = rng.binomial(n[idx], p[idx]).astype(np.float64)  # [b, q, 6]
-        keep = answered(k)
-        beta = solve(logit(accuracy(k, n[idx].astype(np.float64), estimator, eps)))[..., j]
-        m = keep.sum(1)
-        shares.append(np.where(m > 0, ((beta < 0) & keep).sum(1) / np.maximum(m, 1), np.nan))
-        kept.append(m)
+        p = rng.beta(k[idx] + 0.5, n[idx] - k[idx] + 0.5)  # [b, q, 6]
+        beta = solve(logit(np.clip(p, 1e-12, 1 - 1e-12)))[..., j]
+        shares.append((beta < 0).mean(1))
     s = np.concatenate(shares)
-    lo, hi = np.nanquantile(s, [(1 - level) / 2, 1 - (1 - level) / 2])
-    point = estimate(counts, estimator, eps)
-    return {"coef": coef, "estimator": estimator, "share_negative": float((point.beta[:, j] < 0).mean())
-            if len(point.ids) else float("nan"), "ci": [float(lo), float(hi)], "n_boot": n_boot, "seed": seed,
-            "level": level, "mean_kept_questions": float(np.mean(np.concatenate(kept))),
-            "interval": "percentile bootstrap over questions and each variant's answers (binomial at k / n)"}
+    lo, hi = np.quantile(s, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return {"coef": coef, "median": float(np.median(s)), "ci": [float(lo), float(hi)], "n_boot": n_boot,
+            "seed": seed, "level": level, "questions": q,
+            "interval": "percentile bootstrap over questions × Jeffreys posterior draws of each accuracy"}
 
 
 def accuracy_bins(beta: np.ndarray, acc: np.ndarray, coef: str = "b23", bins: int = 10) -> list[dict]:

@@ -72,6 +72,10 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
         if other.tokenizer.get_vocab() != policy.tokenizer.get_vocab():
             raise ValueError(f"compose: {other_dir}'s tokenizer differs from the main policy's; a composition "
                              "shares one token stream")
+        conv = lambda p: p.router_convention or config.router.convention  # noqa: E731
+        if conv(other) != conv(policy):
+            raise ValueError(f"compose: {other_dir} routes its adapters by the {conv(other)!r} router convention and "
+                             f"the main policy by {conv(policy)!r}; one trajectory is routed one way")
         pair = {role: other, ("tool" if role == "reasoning" else "reasoning"): policy}
         composition = tuple(CPolicy(p.cfg, p.base, p.adapters, p.route_mode if p.adapters else "none")
                             for p in (pair["reasoning"], pair["tool"]))

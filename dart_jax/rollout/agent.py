@@ -120,7 +120,8 @@ class Agent:
 
     def run(self, decoder, prompts: list[list[int]], uids: list, meta: list[dict] | None = None) -> TrajectoryBatch:
         """The host loop over turns; `decoder` (SinglePolicy, or compose.TwoPolicies) owns the device
-        state: `segment` decodes one turn, `observe` appends observations, `routes` reports them."""
+        state: `segment` decodes one turn, `observe` appends observations, `final_routes` reports the
+        routes of the finished trajectories."""
         rc = self.rc
         b = len(prompts)
         meta = meta or [{} for _ in range(b)]

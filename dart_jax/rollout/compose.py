@@ -3,8 +3,9 @@
 Semantics (the paper's two-model composition): the *reasoning* policy writes every token outside a
 tool span, including the token that opens one; the *tool* policy writes the span's content through
 its closing tag; the tool's observation follows; control returns to the reasoning policy. Which
-policy writes next is the router's state after the last token of the trajectory (`RouterSpec`),
-so the writer of every token is a function of the ids alone.
+policy writes token t is the router's state after token t − 1 (`RouterSpec`: inside a span → the
+tool policy), so the writer of every token is a function of the ids alone (`writers`). In the
+answer-only segment after the tool budget, a span's closing tag hands control back without a call.
 
 Each policy keeps its own KV cache and sees every token of the shared history exactly once: a
 hand-off appends to the incoming policy's cache only the tokens it has not seen (the other
@@ -15,14 +16,14 @@ gets control again never pays for the tail of the trajectory.
 Sampling keys are (seed, row, position) (rollout.sampler), so two identical policies give exactly
 the single-policy trajectory for the same seed (tested), and each sampled token's log-prob is the
 writer's. The trajectory's `route_ids` are the router's roles over the final ids (what a DART
-policy would have recorded); the writer of token t is the reasoning policy where that role is
-reasoning, the tool policy inside a span (with the opening tag written by the reasoning policy).
+policy would have recorded), whatever the policies' own route modes.
 
 The cheaper `routed` alternative (`routed_adapters`): one forward over one shared base with a
-per-token choice between two LoRA sets — the DART layout. It equals the two-model composition only
-when both policies are LoRA adapters over the *same* frozen base (a full-parameter M_Tool or M_Reas
-cannot be expressed), and it attends with one cache: under the DART router the tag tokens' routes
-follow `router.convention`, while the two-model mode hands off exactly at the tags as above.
+per-token choice between two LoRA sets — the DART layout, valid only when both policies are LoRA
+adapters over the *same* frozen base (a full-parameter M_Tool or M_Reas cannot be expressed). It is
+a different model of the composition, not an approximation of it: with one cache, the keys and
+values of a reasoning token are computed by the reasoning adapter for both roles' later tokens,
+while in the two-model mode each policy reads the whole history through its own weights.
 """
 
 from __future__ import annotations
@@ -105,34 +106,23 @@ class TwoPolicies:
             # every prompt's last token stays pending: a policy's first draw comes from its first sync
             st, _ = prefill(base, pol.adapters, tokens, positions, cache, key, rows, spec=spec, hold_last=True)
             self.states.append(st)
-        # have[w][i]: trajectory tokens (response) policy w holds, its pending token included;
-        # fresh[w][i]: its pending token is its own draw at the end of the trajectory (not yet history)
+        # have[w][i]: response tokens policy w holds for row i, its pending token included (its cache
+        # holds everything before that token); a sync appends the rest and draws w's next token
         self.have = np.zeros((2, b), np.int64)
-        self.fresh = np.zeros((2, b), bool)
         self.inside = np.array(jax.device_get(self.states[0].router), bool)  # router state after the prompt
-        self.prompts = prompts
         self.appends = np.zeros(2, np.int64)  # hand-off appends per policy (for benches and tests)
+        self.events = {"span_opened": 0, "span_closed_no_call": 0, "turn_started_inside": 0}
         # consumed[w][i]: trajectory tokens policy w has run its forward over for row i; each token at
         # most once (the last pending one never): ≤ the trajectory's length − 1
         self.consumed = np.asarray([[len(p) - 1 for p in prompts]] * 2, np.int64)
 
     # -- synchronisation --------------------------------------------------------------------------
     def _sync(self, w: int, rows: np.ndarray, stream: list[list[int]]) -> None:
-        """Bring policy w's cache up to the end of the trajectory for `rows` and draw its next token."""
+        """Append to policy w's cache, for `rows`, the trajectory tokens after its pending one (the other
+        policy's tokens and observations since w last wrote; none at its very first draw) and draw its
+        next token. Every call is followed by a decode of the same rows, which records that draw."""
         b = len(rows)
-        need = np.zeros(b, bool)
-        delta: dict[int, list[int]] = {}
-        for i in np.nonzero(rows)[0]:
-            n = len(stream[i])
-            if self.fresh[w, i]:
-                if self.have[w, i] != n:
-                    raise RuntimeError(f"row {i}: policy {ROLES[w]} holds a draw for position {self.have[w, i]} "
-                                       f"but the trajectory has {n} tokens (composition bookkeeping bug)")
-                continue
-            delta[i] = stream[i][self.have[w, i]:]
-            need[i] = True
-        if not need.any():
-            return
+        delta = {int(i): stream[i][self.have[w, i]:] for i in np.nonzero(rows)[0]}
         width = bucket(max(1, max(len(d) for d in delta.values())))
         obs = np.zeros((b, width), np.int32)
         obs_len = np.zeros(b, np.int32)
@@ -140,11 +130,9 @@ class TwoPolicies:
             obs[i, :len(d)], obs_len[i] = d, len(d)
         st = ensure_capacity(self.states[w], cache_used(self.states[w]) + width + 1 + self.seg_bucket)
         self.states[w], _ = append(self.bases[w], self.pols[w].adapters, st, jnp.asarray(obs), jnp.asarray(obs_len),
-                                   jnp.asarray(need), spec=self.specs[w])
-        for i in delta:
-            self.consumed[w, i] += 1 + len(delta[i])
-            self.have[w, i] = len(stream[i])
-            self.fresh[w, i] = True
+                                   jnp.asarray(rows), spec=self.specs[w])
+        for i, d in delta.items():
+            self.consumed[w, i] += 1 + len(d)
         self.appends[w] += 1
 
     # -- the decoder interface ------------------------------------------------------------------
@@ -156,6 +144,7 @@ class TwoPolicies:
                       finish=np.full(b, RUNNING, np.int32), stop_index=np.full(b, -1, np.int32))
         left = np.where(active, budget, 0).astype(np.int32)
         todo = active.copy()
+        self.events["turn_started_inside"] += int((active & self.inside).sum())
         while todo.any():
             for w in (0, 1):
                 rows = todo & (self.inside == bool(w))
@@ -182,14 +171,15 @@ class TwoPolicies:
                     left[i] -= k
                     self.consumed[w, i] += k - 1
                     self.have[w, i] = len(resp[i]["ids"]) + c + k
-                    self.fresh[w, i] = False
                     self.inside[i] = bool(router[i])
                     stop = int(seg.stop_index[i])
                     stopped = seg.finish[i] == STOPPED
                     if stopped and w == 0 and stop == self.handoff:
                         handoff = True          # the reasoning policy opened a span
+                        self.events["span_opened"] += 1
                     elif stopped and w == 1 and stop in self.tool_stops and not enabled[i, stop]:
                         handoff = True          # a span closed where no tool call is allowed (final segment)
+                        self.events["span_closed_no_call"] += 1
                     else:
                         handoff = False
                     if handoff and left[i] > 0:

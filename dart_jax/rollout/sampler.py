@@ -166,13 +166,14 @@ def _prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache:
     routes = spec.routes(roles)
     enc = (tokens[:, :-1], positions[:, :-1], routes[:, :-1]) if hold_last else (tokens, positions, routes)
     x, cache = hidden_states(base, adapters, *enc, cache, cfg=spec.model, cache_is_empty=True)
-    logits = _last_logits(base, spec.model, x, jnp.full((tokens.shape[0],), enc[0].shape[1] - 1))
+    logits = None if hold_last else _last_logits(base, spec.model, x, jnp.full((tokens.shape[0],), tokens.shape[1] - 1))
     if rows is not None:
         def take(a):
             return jnp.take(a, rows, axis=0)
         cache = KVCache(k=tuple(map(take, cache["k"])), v=tuple(map(take, cache["v"])), pos=take(cache["pos"]),
                         index=cache["index"])
-        tokens, positions, valid, routes, logits = map(take, (tokens, positions, valid, routes, logits))
+        tokens, positions, valid, routes = map(take, (tokens, positions, valid, routes))
+        logits = None if logits is None else take(logits)
     keys = initial_keys(rng, tokens.shape[0])
     if hold_last:  # left padding: every prompt's last token is in the last column
         router, role = route_step(state_after(jnp.where(valid, tokens, -1)[:, :-1], spec.router), tokens[:, -1],

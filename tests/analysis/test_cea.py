@@ -100,22 +100,38 @@ def test_summary_bootstrap_seeded_and_sign_test():
 
 def test_sampling_bootstrap_carries_answer_noise():
     # 40 identical questions: resampling questions alone cannot move the share (its interval is a
-    # point), resampling each variant's answers can; with many answers per question it collapses again
+    # point); drawing each accuracy from its posterior can; with many answers it collapses again
     row = np.array([0.5, 0.75, 0.75, 0.75, 0.625, 0.625])  # β23 = z_U − z_T − z_R + z_B = −logit(.75)
     assert cea.solve(cea.logit(row))[5] < 0
-    shares = {}
+    out = {}
     for n in (8, 5000):
         c = _counts(np.tile(np.round(row * n), (40, 1)), n)
         est = cea.estimate(c)
         assert cea.summarize(est.beta, n_boot=500)["b23"]["share_negative_ci"] == [1.0, 1.0]
         r = cea.sampling_bootstrap(c, n_boot=500, seed=0)
         assert r == cea.sampling_bootstrap(c, n_boot=500, seed=0)  # seeded
-        assert r["share_negative"] == 1.0 and r["mean_kept_questions"] == 40
-        shares[n] = r["ci"]
-    assert shares[8][0] < 0.8  # 8 answers per accuracy: the sign of β23 is a coin toss for many questions
-    assert shares[5000][0] > 0.95
+        assert r["questions"] == 40 and r["ci"][0] <= r["median"] <= r["ci"][1]
+        out[n] = r
+    assert out[8]["ci"][0] < 0.8  # 8 answers per accuracy: the sign of β23 is uncertain for many questions
+    assert out[5000]["ci"][0] > 0.95
+    # the true share is recovered: accuracies drawn per question from known β, β23 < 0 for 3 in 4
+    rng = np.random.default_rng(5)
+    beta = rng.normal(scale=0.5, size=(400, 6))
+    beta[:, 5] = np.where(np.arange(400) % 4 == 0, 1.0, -1.0)
+    y = 1 / (1 + np.exp(-(beta @ cea.DESIGN.T)))
+    r = cea.sampling_bootstrap(_counts(rng.binomial(400, y), 400), n_boot=500, seed=1)
+    assert r["ci"][0] <= 0.75 <= r["ci"][1]
     with pytest.raises(ValueError, match="integer"):
         cea.sampling_bootstrap(_counts(np.full((2, 6), 0.5), 1))
+
+
+def test_ties_give_exact_zeros():
+    z = cea.logit(np.array([[0.3, 0.6, 0.6, 0.3, 0.3, 0.6],     # U = B and T = R: β23 = 2(z.3 − z.6)
+                            [0.3, 0.3, 0.6, 0.6, 0.3, 0.6],     # U = T and R = B: β23 = 0 exactly
+                            [0.7, 0.2, 0.7, 0.2, 0.7, 0.2]]))  # U = R and T = B: 0 exactly
+    b = cea.solve(np.tile(z, (7, 1)))
+    assert (b[1::3, 5] == 0.0).all() and (b[2::3, 5] == 0.0).all() and (b[0::3, 5] < 0).all()
+    np.testing.assert_allclose(cea.solve(z), np.linalg.solve(cea.DESIGN, z.T).T, atol=1e-12)
 
 
 def test_accuracy_bins():
@@ -153,7 +169,7 @@ def test_launch_cea_solve_end_to_end(tmp_path, capsys):
     want = cea.estimate(cea.Counts(tuple(f"nq/{i}" for i in range(30)), k.astype(float), np.full((30, 6), 16.0)))
     assert s["kept"] == 29 and s["dropped"] == 1
     assert s["clip"]["b23"]["mean"] == pytest.approx(want.beta[:, 5].mean(), rel=1e-12)
-    assert set(s["jeffreys"]) >= set(cea.COEFS) and s["clip"]["_sampling_b23"]["n_boot"] == 500
+    assert set(s["jeffreys"]) >= set(cea.COEFS) and s["true_accuracy_b23"]["n_boot"] == 500
     rows = [json.loads(x) for x in open(out / "per_question.jsonl")]
     assert len(rows) == 30 and rows[0]["kept"] is False and "beta_clip" not in rows[0]
     lines = open(out / "beta.csv").read().splitlines()

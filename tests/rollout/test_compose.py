@@ -110,10 +110,39 @@ def test_each_token_is_its_writers_and_no_token_is_encoded_twice(setup):
         np.testing.assert_allclose(tb.sampler_logprobs[b, gen], want, atol=1e-4)
         assert np.mean(np.abs(lp_t - lp_r) > 1e-3) > 0.9  # the two models really differ (near-certain tokens aside)
         n_tool += int((w == 1).sum())
-        # each policy ran its forward over each trajectory token at most once (the last one never)
+        # each policy ran its forward over each trajectory token at most once (the last one never):
+        # its KV cache holds every position < consumed exactly once, and nothing else
         assert dec.consumed[:, b].max() <= n - 1, (dec.consumed[:, b], n)
+        for w in (0, 1):
+            pos = np.asarray(dec.states[w].cache["pos"])[b]
+            pos = np.sort(pos[pos >= 0])
+            np.testing.assert_array_equal(pos, np.arange(dec.consumed[w, b]))
     # hand-offs both ways: the reasoning policy synced at its first draw and again after a span
     assert n_tool >= 4 and dec.appends[0] >= 2 and dec.appends[1] >= 1
+
+
+def test_answer_only_segment_and_a_turn_that_starts_inside_a_span(setup):
+    """One tool call allowed and Search-R1's corrective message for invalid turns: spans close in the
+    answer-only segment (control returns without a call) and turns start inside a span (the tool
+    policy ran out of budget in it); log-probs stay the writer's."""
+    cfg, base, other, tok, prompts = setup
+    rc = RolloutConfig(max_turns=1, max_tokens_per_turn=40, max_response_tokens=240, max_obs_tokens=48,
+                       invalid_action="search_r1")
+    agent = Agent(cfg, tok, FREQUENT, tool_for(SQL, SQLiteTool(timeout_s=5.0)), SamplingConfig(temperature=1.0), rc)
+    seen = []
+    for seed in range(4):  # the events are likely, not certain, for one seed: stop once both occurred
+        dec = TwoPolicies(agent, Policy(cfg, base), Policy(cfg, other), prompts, seed=seed)
+        tb = agent.run(dec, prompts, list(range(len(prompts))), [{"db_path": DB}] * len(prompts))
+        seen.append(dict(dec.events))
+        if dec.events["span_closed_no_call"] and dec.events["turn_started_inside"]:
+            break
+    assert dec.events["span_closed_no_call"] >= 1 and dec.events["turn_started_inside"] >= 1, seen
+    for b in range(tb.batch_size):
+        n = tb.length[b]
+        gen, lp_r = teacher_forced(cfg, base, tb, b)
+        _, lp_t = teacher_forced(cfg, other, tb, b)
+        w = writers(tb.ids[b, :n], int(tb.prompt_len[b]), agent.spec.router)[gen]
+        np.testing.assert_allclose(tb.sampler_logprobs[b, gen], np.where(w == 1, lp_t, lp_r), atol=1e-4)
 
 
 def test_writers_follow_the_hand_off_rule():
