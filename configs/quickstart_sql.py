@@ -34,7 +34,7 @@ def get_config():
     c.train.prompts_per_step = 4
     c.train.group_size = 4
     c.train.mini_batch = 16
-    c.train.micro_batch = 2  # without remat a 1.3k-token trajectory holds ~5 GB of activations
+    c.train.micro_batch = 1  # without remat a ~2k-token trajectory holds ~8 GB of activations (2: ~20 GB peak RSS)
     c.train.pad_multiple = 64
     c.train.old_logp = "sampler"
     c.loss.kl_coef = 0.0

@@ -112,7 +112,9 @@ def test_orbax_checkpoint_and_exported_adapters_evaluate_identically(tiny_smollm
     assert via_orbax["setup"]["step"] == 1 and via_orbax["setup"]["variant"] == "dart"
     assert via_export["setup"]["adapters"].endswith("adapters")
     assert [r["response"] for r in _records(tmp_path / "e1")] == [r["response"] for r in _records(tmp_path / "e2")]
-    # a two-model composition (rollout.compose) of the run's policy with itself is the run's policy
+    # the wiring of launch.evaluate --compose-*: a two-model composition (rollout.compose) of the run's
+    # policy with itself is the run's policy (this greedy tiny model seldom writes a tag, so hand-offs
+    # themselves are tested in tests/rollout/test_compose.py)
     same = evaluate(c, str(tmp_path / "e3"), ["nq"], opts, checkpoint=str(tmp_path / "run"),
                     compose=("tool", str(tmp_path / "run")))
     assert [r["response"] for r in _records(tmp_path / "e3")] == [r["response"] for r in _records(tmp_path / "e2")]
