@@ -2,6 +2,7 @@
 
     python -m launch.train --config=configs/cea.py:reas,qwen2.5-3b-base --config.model.path=...
     python -m launch.train --config=configs/cea.py:reas,qwen2.5-3b-base,authors    # the authors' roles
+    python -m launch.cea --config=configs/cea.py:qwen2.5-3b-base --config.model.path=...  # the whole experiment
 
 variant: reas (M_Reas) | tool (M_Tool) | unified (M_Unified)
 model:   as in configs/paper_qa.py (the paper runs Qwen2.5-3B, Qwen2.5-7B and Llama3.1-8B)
@@ -16,14 +17,25 @@ H_Tool / H_Reas are not trained: `launch.evaluate --compose-tool / --compose-rea
 them from these runs and the base model (rollout.compose).
 """
 
+from ml_collections import ConfigDict
+
 from configs import base, paper_qa
 
 ROLE_MASK = {"paper": {"reas": "reasoning", "tool": "tool", "unified": "both"},
              "authors": {"reas": "answer", "tool": "tool", "unified": "both"}}
 
 
+def role_masks(roles: str) -> dict:
+    """variant -> method.role_mask under the `roles` definitions."""
+    if roles not in ROLE_MASK:
+        raise ValueError(f"CEA role definitions {roles!r}; expected one of {sorted(ROLE_MASK)}")
+    return dict(ROLE_MASK[roles])
+
+
 def parse(arg: str | None) -> tuple[str, str, str]:
     parts = [p.strip() for p in (arg or "unified,qwen2.5-3b-base").split(",")]
+    if parts[0] not in ROLE_MASK["paper"]:  # MODEL[,ROLES]: the whole experiment (launch.cea)
+        parts.insert(0, "unified")
     if len(parts) == 2:
         parts.append("paper")
     if len(parts) != 3:
@@ -39,5 +51,11 @@ def get_config(arg: str | None = None):
         raise ValueError(f"CEA variant {variant!r}; expected one of {sorted(ROLE_MASK[roles])}")
     c = paper_qa.apply_method(paper_qa.qa_common(base.get(), model), "search_r1")
     c.method.role_mask = ROLE_MASK[roles][variant]
-    c.output.dir = f"runs/cea-{variant}-{model}" + ("" if roles == "paper" else f"-{roles}")
+    out = f"runs/cea-{model}" + ("" if roles == "paper" else f"-{roles}")
+    c.output.dir = f"{out}/train/{variant}"
+    # launch.cea: the three trained variants (this config with each role mask, under out/train/), the six
+    # sampled on the paper's sets (first 1,000 questions, 50 samples each at T = 1), β solved
+    c.cea = ConfigDict(dict(out=out, roles=roles, role_masks=role_masks(roles), datasets=["nq", "popqa", "triviaqa"],
+                            limit=1000, n_samples=50, temperature=1.0, batch=64, seed=0,
+                            n_boot=10_000, boot_seed=0, estimator="clip", title=f"CEA on {model}"))
     return c

@@ -1,13 +1,20 @@
-"""Capability Effect Attribution (METHOD §2): solve per-question β from the six variants' sampled
-accuracies and report it with its uncertainty (dart_jax/analysis/cea.py).
+"""Capability Effect Attribution (METHOD §2) end to end: train M_Reas / M_Tool / M_Unified, sample the
+six variants (with H_Tool / H_Reas composed from two models), solve per-question β and report it with
+its uncertainty (dart_jax/analysis/cea*.py).
 
-    python -m launch.cea --stage=solve --inputs=runs/cea/accuracy --out=runs/cea/solve
+    python -m launch.cea --config=configs/cea_quickstart.py                 # every stage still missing
+    python -m launch.cea --config=configs/cea_quickstart.py --stage=train   # one stage (train|sample|solve)
+    python -m launch.cea --config=configs/cea.py:qwen2.5-3b-base --config.model.path=DIR
+    python -m launch.cea --stage=solve --inputs=runs/cea_quickstart/sample --out=DIR   # re-solve saved accuracies
     python -m launch.cea --stage=solve --inputs=base=EVAL_DIR --inputs=reas=EVAL_DIR ... --out=DIR
 
+With --config, every stage writes under config.cea.out (train/<variant>/, sample/<variant>/, solve/,
+stages.json with each stage's wall time); a stage whose output exists is skipped, an interrupted
+training run resumes from its newest checkpoint, so re-running the same command finishes the job.
 --inputs: a directory holding one sub-directory per variant (base, reas, tool, unified, h_tool,
 h_reas), or `variant=PATH` six times; each PATH is `launch.evaluate --n-samples N`'s output
-directory or its per_question_accuracy.jsonl. Writes report.md, summary.json, beta.csv,
-per_question.jsonl and three PNGs to --out.
+directory or its per_question_accuracy.jsonl. The solve stage writes report.md, summary.json,
+beta.csv, per_question.jsonl and three PNGs.
 """
 
 from __future__ import annotations
@@ -18,17 +25,19 @@ from absl import flags
 
 from launch._cli import Command
 
-CLI = Command("launch.cea", __doc__)
+CLI = Command("launch.cea", __doc__, config=True)
 F = CLI.flags
-STAGE = flags.DEFINE_enum("stage", "solve", ["solve"], "the stage to run", flag_values=F)
+STAGE = flags.DEFINE_enum("stage", "all", ["all", "train", "sample", "solve"], "the stage to run (all: every "
+                          "missing one, in order)", flag_values=F)
 INPUTS = flags.DEFINE_multi_string("inputs", [], "a directory of six variant sub-directories, or variant=PATH "
                                    "(repeated)", flag_values=F)
-OUT = flags.DEFINE_string("out", None, "output directory", flag_values=F)
-ESTIMATOR = flags.DEFINE_enum("estimator", "clip", ["clip", "jeffreys"], "accuracy estimator for beta.csv and "
-                              "the figures (summary.json and report.md carry both)", flag_values=F)
-N_BOOT = flags.DEFINE_integer("n-boot", 10_000, "bootstrap resamples", flag_values=F)
-SEED = flags.DEFINE_integer("seed", 0, "bootstrap seed", flag_values=F)
-TITLE = flags.DEFINE_string("title", "CEA", "report title", flag_values=F)
+OUT = flags.DEFINE_string("out", None, "output directory (with --inputs)", flag_values=F)
+ESTIMATOR = flags.DEFINE_enum("estimator", None, ["clip", "jeffreys"], "accuracy estimator for beta.csv and "
+                              "the figures (summary.json and report.md carry both; default clip, or the "
+                              "config's)", flag_values=F)
+N_BOOT = flags.DEFINE_integer("n-boot", None, "bootstrap resamples (default 10,000, or the config's)", flag_values=F)
+SEED = flags.DEFINE_integer("seed", None, "bootstrap seed (default 0, or the config's)", flag_values=F)
+TITLE = flags.DEFINE_string("title", None, "report title", flag_values=F)
 
 
 def parse_inputs(values: list[str]) -> dict[str, str]:
@@ -49,18 +58,44 @@ def parse_inputs(values: list[str]) -> dict[str, str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    CLI.parse(argv)
-    if not INPUTS.value or not OUT.value:
-        raise SystemExit("launch.cea --stage=solve needs --inputs and --out (--help)")
-    from dart_jax.analysis.cea_report import read_inputs, solve_and_report
-    counts = read_inputs(parse_inputs(INPUTS.value))
-    s = solve_and_report(counts, OUT.value, ESTIMATOR.value, N_BOOT.value, SEED.value, TITLE.value)
-    b = s[ESTIMATOR.value]["b23"]
+def _print(s: dict, estimator: str, out: str) -> None:
+    b = s[estimator]["b23"]
     print(f"{s['kept']} questions kept ({s['dropped']} dropped): β23 mean {b['mean']:+.3f} "
           f"[{b['mean_ci'][0]:+.3f}, {b['mean_ci'][1]:+.3f}], {b['share_negative']:.0%} negative "
           f"[{b['share_negative_ci'][0]:.0%}, {b['share_negative_ci'][1]:.0%}], sign test p = {b['sign_test_p']:.3g}")
-    print(f"report: {os.path.join(OUT.value, 'report.md')}")
+    print(f"report: {os.path.join(out, 'report.md')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    CLI.parse(argv)
+    config = CLI.config.value
+    if INPUTS.value:  # re-solve saved accuracies, no config needed
+        if STAGE.value not in ("solve", "all") or not OUT.value:
+            raise SystemExit("launch.cea --inputs solves saved accuracies: give --stage=solve and --out (--help)")
+        from dart_jax.analysis.cea_report import read_inputs, solve_and_report
+        counts = read_inputs(parse_inputs(INPUTS.value))
+        est = ESTIMATOR.value or "clip"
+        s = solve_and_report(counts, OUT.value, est, N_BOOT.value or 10_000, SEED.value or 0, TITLE.value or "CEA")
+        _print(s, est, OUT.value)
+        return 0
+    if config is None:
+        raise SystemExit("launch.cea needs --config=configs/cea_quickstart.py (or cea.py:MODEL), or --stage=solve "
+                         "--inputs ... --out DIR (--help)")
+    if "cea" not in config:
+        raise SystemExit(f"launch.cea: the config has no `cea` section (configs/cea_quickstart.py and configs/cea.py "
+                         "have one)")
+    for field, flag in (("estimator", ESTIMATOR), ("n_boot", N_BOOT), ("boot_seed", SEED), ("title", TITLE)):
+        if flag.value is not None:
+            config.cea[field] = flag.value
+    if OUT.value:
+        config.cea.out = OUT.value
+    from dart_jax.analysis.cea_run import STAGES, Stages
+    stages = Stages(config)
+    s = stages.run(STAGES if STAGE.value == "all" else (STAGE.value,))
+    for stage, items in stages.times().items():
+        print(f"{stage}: " + ", ".join(f"{k} {v['seconds'] / 60:.1f} min" for k, v in items.items()))
+    if s is not None:
+        _print(s, config.cea.estimator, os.path.join(config.cea.out, "solve"))
     return 0
 
 

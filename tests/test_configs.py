@@ -3,7 +3,7 @@ command-line style overrides reach them."""
 
 import pytest
 
-from configs import base, cea, paper_qa, paper_sql, quickstart, quickstart_sql
+from configs import base, cea, cea_quickstart, paper_qa, paper_sql, quickstart, quickstart_sql
 from dart_jax.rl.sections import loss_config, method_spec, optim_config, reward_config
 from dart_jax.rollout.agent import RolloutConfig
 from dart_jax.rollout.sampling import SamplingConfig
@@ -25,6 +25,7 @@ def _validate(c):
 SETUPS = ([(paper_qa, f"{m},{k}") for m in paper_qa.METHODS for k in paper_qa.MODELS]
           + [(paper_sql, m) for m in paper_sql.METHODS]
           + [(cea, f"{v},qwen2.5-7b-base,{r}") for r in cea.ROLE_MASK for v in cea.ROLE_MASK[r]]
+          + [(cea_quickstart, a) for a in ("reas", "tool", "unified", "hotpotqa,tool")]
           + [(quickstart, None), (quickstart_sql, None)])
 
 
@@ -47,6 +48,16 @@ def test_paper_hyper_parameters():
     assert cea.get_config("reas,qwen2.5-3b-base,authors").method.role_mask == "answer"
     with pytest.raises(ValueError, match="role definitions"):
         cea.get_config("reas,qwen2.5-3b-base,mine")
+    # launch.cea's form MODEL[,ROLES]: the whole experiment under one directory, one role mask per variant
+    whole = cea.get_config("qwen2.5-3b-base,authors")
+    assert whole.cea.out == "runs/cea-qwen2.5-3b-base-authors" and whole.cea.roles == "authors"
+    assert dict(whole.cea.role_masks) == {"reas": "answer", "tool": "tool", "unified": "both"}
+    assert cea.get_config("tool,qwen2.5-3b-base").output.dir == "runs/cea-qwen2.5-3b-base/train/tool"
+    q = cea_quickstart.get_config()
+    assert (q.method.variant, q.train.steps, q.cea.n_samples, q.cea.limit) == ("full", 12, 8, 64)
+    assert q.cea.datasets == ["nq_corpus_heldout"] and q.warm_start == cea_quickstart.WARM_START
+    with pytest.raises(ValueError, match="expected"):
+        cea_quickstart.get_config("answer")
     with pytest.raises(ValueError, match="expected one of"):
         paper_qa.get_config("dart,gpt-5")
 

@@ -30,11 +30,17 @@ class EvalSet:
     needs_db_root: bool = False
     note: str = ""
     db_ids: tuple[str, ...] | None = None  # only these databases' questions (the SQL quickstart's split)
+    offset: int = 0                    # rows [offset, …) of the file, after `exclude` (QA only)
+    exclude: tuple[str, ...] = ()      # names of evaluation sets whose questions are removed first
 
     def exclusion_spec(self) -> dict:
         """This set as a `readers.load_rows` entry for `exclude` (questions only, databases not needed):
         a training source listing it never trains on these questions."""
         spec = {"reader": self.reader, "path": os.path.join(DATA, self.path), "data_source": self.name}
+        if self.offset:
+            spec["offset"] = int(self.offset)
+        if self.exclude:
+            spec["exclude"] = [EVAL_SETS[n].exclusion_spec() for n in self.exclude]
         if self.task == "sql":
             spec["db_root"] = [os.path.join(DATA, r) for r in self.db_root]
         if self.db_ids is not None:
@@ -51,6 +57,10 @@ class EvalSet:
             spec["db_root"] = list(([db_root] if db_root else []) + list(self.db_root))
         if self.db_ids is not None:
             spec["db_ids"] = list(self.db_ids)
+        if self.offset:
+            spec["offset"] = int(self.offset)
+        if self.exclude:
+            spec["exclude"] = [EVAL_SETS[n].exclusion_spec() for n in self.exclude]
         if limit:
             spec["limit"] = int(limit)
         return spec
@@ -82,7 +92,17 @@ SQL_SETS = (
 # quickstart, which trains on the other databases, is evaluated on
 HELDOUT_SETS = tuple(dataclasses.replace(s, name=f"{s.name}_heldout", label=f"{s.label} (held-out dbs)",
                                          db_ids=HELDOUT_DBS) for s in SQL_SETS if s.name.startswith("spider"))
-EVAL_SETS = {s.name: s for s in QA_SETS + SQL_SETS + HELDOUT_SETS}
+# questions whose evidence is in the shipped corpus, for studies on the embedded default (CEA's quickstart):
+# nq_oracle rows after the quickstart's GRPO prompts (the first 1,024 eligible) and its warm-start
+# demonstrations (the next 640), with the NQ evaluation slice removed — never trained on; and the HotpotQA
+# questions whose ten paragraphs are in the corpus (a study holds out the first N and trains on the rest)
+CORPUS_SETS = (
+    EvalSet("nq_corpus_heldout", "qa", "NQ (corpus, held-out)", "flashrag", "qa/nq_oracle.jsonl", "general",
+            offset=1024 + 640, exclude=("nq",), note="253 questions"),
+    EvalSet("hotpotqa_corpus", "qa", "HotpotQA (corpus)", "flashrag", "qa/hotpotqa_sample300.jsonl", "multihop",
+            note="300 questions"),
+)
+EVAL_SETS = {s.name: s for s in QA_SETS + SQL_SETS + HELDOUT_SETS + CORPUS_SETS}
 GROUPS = {"Gen-Avg": ("nq", "triviaqa", "popqa"), "MH-Avg": ("hotpotqa", "2wiki", "musique", "bamboogle"),
           "Avg": tuple(s.name for s in QA_SETS)}
 

@@ -17,7 +17,7 @@ from dart_jax.data.paths import DATA
 
 @pytest.mark.parametrize("name,questions,no_db", [
     ("nq", 1000, 0), ("triviaqa", 1000, 0), ("popqa", 1000, 0), ("hotpotqa", 1000, 0), ("2wiki", 1000, 0),
-    ("musique", 1000, 0), ("bamboogle", 125, 0),
+    ("musique", 1000, 0), ("bamboogle", 125, 0), ("nq_corpus_heldout", 253, 0), ("hotpotqa_corpus", 300, 0),
     ("spider_dev", 972, 62), ("spider_dk", 473, 62), ("spider_realistic", 476, 32), ("spider_syn", 972, 62)])
 def test_every_shipped_set_loads_with_its_counts(name, questions, no_db):
     rows, counts = load_set(EVAL_SETS[name])
@@ -26,6 +26,23 @@ def test_every_shipped_set_loads_with_its_counts(name, questions, no_db):
     assert all(r["question"] for r in rows)
     if EVAL_SETS[name].task == "qa":
         assert all(r["golden_answers"] and all(isinstance(a, str) for a in r["golden_answers"]) for r in rows)
+
+
+def test_corpus_sets_are_held_out_from_the_quickstart_and_cea_training():
+    """nq_corpus_heldout = the quickstart's held-out slice (rows after its GRPO prompts and warm-start
+    demonstrations, NQ evaluation questions removed); hotpotqa_corpus's first 64 are what
+    configs/cea_quickstart.py:hotpotqa holds out."""
+    from configs import cea_quickstart, quickstart, sft_quickstart
+    from dart_jax.data.readers import load_rows, question_key
+    held = load_set(EVAL_SETS["nq_corpus_heldout"])[0]
+    assert [r["id"] for r in held[:32]] == [r["id"] for r in load_rows(quickstart.get_config().eval.data[0], DATA)]
+    keys = {question_key(r) for r in held}
+    for spec in (cea_quickstart.get_config().data.train[0], sft_quickstart.get_config().sft.data[0],
+                 *[s.exclusion_spec() for s in (EVAL_SETS["nq"],)]):
+        assert not keys & {question_key(r) for r in load_rows(dict(spec), DATA, require_db=False)}, spec
+    hot = cea_quickstart.get_config("hotpotqa")
+    train = {question_key(r) for r in load_rows(hot.data.train[0], DATA)}
+    assert len(train) == 236 and not train & {question_key(r) for r in load_set(EVAL_SETS["hotpotqa_corpus"], 64)[0]}
 
 
 def test_limit_takes_the_first_questions_then_skips_missing_databases():

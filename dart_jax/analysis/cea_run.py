@@ -1,0 +1,178 @@
+"""CEA end to end (METHOD §2) as resumable stages over one output directory (`config.cea.out`):
+
+    train/<reas|tool|unified>/   the three trained variants: the config with each role mask
+                                 (`cea.role_masks`), same data, steps, seed (rl.trainer; resumed from its
+                                 newest checkpoint when interrupted, skipped when it reached train.steps)
+    sample/<variant>/            the six variants sampled at T = `cea.temperature`, `cea.n_samples` per
+                                 question (eval.job; skipped when its results.json exists)
+    solve/                       β per question, its uncertainty, report.md and the figures (cea_report)
+    stages.json                  each stage's wall time and when it finished
+
+The variants: M_Base = the config's model (+ its warm start); M_Reas / M_Tool / M_Unified = the
+trained runs; H_Tool = reasoning by M_Base, tool spans by M_Tool; H_Reas = reasoning by M_Reas, tool
+spans by M_Base (two models with their own KV caches and append-only hand-offs: rollout.compose).
+Every variant samples with the same seed: the sampler keys each draw by (seed, row, position), so the
+six share their random numbers and their accuracy differences carry less sampling noise.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import time
+
+from dart_jax.analysis import cea
+
+log = logging.getLogger(__name__)
+
+TRAINED = ("reas", "tool", "unified")
+STAGES = ("train", "sample", "solve")
+# variant -> (main policy: a trained variant or None for M_Base, composition: (role, trained variant) or None)
+SOURCES = {
+    "base": (None, None),
+    "reas": ("reas", None),
+    "tool": ("tool", None),
+    "unified": ("unified", None),
+    "h_tool": (None, ("tool", "tool")),
+    "h_reas": (None, ("reasoning", "reas")),
+}
+assert tuple(SOURCES) == cea.VARIANTS
+
+
+def _cea(config):
+    if "cea" not in config:
+        raise ValueError("launch.cea needs a config with a `cea` section (configs/cea.py, configs/cea_quickstart.py)")
+    c = config.cea
+    missing = [v for v in TRAINED if v not in c.role_masks]
+    if missing:
+        raise ValueError(f"config.cea.role_masks lacks {missing}; expected one role mask per trained variant {TRAINED}")
+    return c
+
+
+def train_dir(config, variant: str) -> str:
+    return os.path.join(_cea(config).out, "train", variant)
+
+
+def variant_config(config, variant: str):
+    """The training config of one trained variant: the shared config with its role mask and directory."""
+    c = copy.deepcopy(config)
+    c.method.role_mask = _cea(config).role_masks[variant]
+    c.output.dir = train_dir(config, variant)
+    return c
+
+
+def trained_steps(run: str) -> int:
+    """The newest checkpoint step of a run directory (0: none)."""
+    from dart_jax.run.checkpoint import checkpoint_steps
+    steps = checkpoint_steps(os.path.join(run, "checkpoints"))
+    return max(steps) if steps else 0
+
+
+class Stages:
+    """The stages of one CEA experiment; each skips what its outputs show is done."""
+
+    def __init__(self, config):
+        self.config = config
+        self.c = _cea(config)
+        self.out = self.c.out
+        os.makedirs(self.out, exist_ok=True)
+        self.log_path = os.path.join(self.out, "stages.json")
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+    def _record(self, stage: str, item: str, seconds: float, **extra) -> None:
+        times = self.times()
+        times.setdefault(stage, {})[item] = {"seconds": round(seconds, 1),
+                                             "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
+        tmp = self.log_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(times, f, indent=1)
+        os.replace(tmp, self.log_path)
+
+    def times(self) -> dict:
+        if not os.path.isfile(self.log_path):
+            return {}
+        with open(self.log_path) as f:
+            return json.load(f)
+
+    # -- train -------------------------------------------------------------------------------------
+    def train(self, variants=TRAINED) -> dict:
+        from dart_jax.rl.trainer import Trainer
+        done = {}
+        for v in variants:
+            vc = variant_config(self.config, v)
+            have, want = trained_steps(vc.output.dir), int(vc.train.steps)
+            if have >= want:
+                log.info("CEA train %s: done (%s holds step %d)", v, vc.output.dir, have)
+                done[v] = "skipped"
+                continue
+            log.info("CEA train %s (role mask %r): %s from step %d to %d", v, vc.method.role_mask, vc.output.dir,
+                     have, want)
+            t0 = time.perf_counter()
+            Trainer(vc).run(resume=have > 0)
+            self._record("train", v, time.perf_counter() - t0, steps=want, resumed_from=have)
+            done[v] = "trained"
+        return done
+
+    # -- sample ------------------------------------------------------------------------------------
+    def sample_dir(self, variant: str) -> str:
+        return os.path.join(self.out, "sample", variant)
+
+    def sample(self, variants=cea.VARIANTS) -> dict:
+        from dart_jax.eval.job import evaluate
+        from dart_jax.eval.runner import EvalOptions
+        c = self.c
+        missing = [v for v in TRAINED if trained_steps(train_dir(self.config, v)) < int(self.config.train.steps)]
+        needs = {SOURCES[v][0] for v in variants} | {SOURCES[v][1][1] for v in variants if SOURCES[v][1]}
+        if missing and needs & set(missing):
+            raise FileNotFoundError(f"CEA sample: the trained variants {sorted(needs & set(missing))} have not reached "
+                                    f"train.steps = {self.config.train.steps} under {self.out}/train (run the train "
+                                    "stage first)")
+        options = EvalOptions(n_samples=int(c.n_samples), temperature=float(c.temperature), batch=int(c.batch),
+                              seed=int(c.seed), limit=int(c.limit) if c.limit else None, progress=True)
+        done = {}
+        for v in variants:
+            out = self.sample_dir(v)
+            if os.path.isfile(os.path.join(out, "results.json")):
+                log.info("CEA sample %s: done (%s)", v, out)
+                done[v] = "skipped"
+                continue
+            main, compose = SOURCES[v]
+            t0 = time.perf_counter()
+            log.info("CEA sample %s: %d samples per question at T = %g", v, options.n_samples, options.temperature)
+            results = evaluate(self.config, out, list(c.datasets), options,
+                               checkpoint=train_dir(self.config, main) if main else None,
+                               compose=(compose[0], train_dir(self.config, compose[1])) if compose else None)
+            scores = {k: r.get("score") for k, r in results["datasets"].items()}
+            self._record("sample", v, time.perf_counter() - t0, scores=scores)
+            done[v] = scores
+        return done
+
+    # -- solve -------------------------------------------------------------------------------------
+    def solve(self) -> dict:
+        from dart_jax.analysis.cea_report import read_inputs, solve_and_report
+        c = self.c
+        missing = [v for v in cea.VARIANTS if not os.path.isfile(os.path.join(self.sample_dir(v), "results.json"))]
+        if missing:
+            raise FileNotFoundError(f"CEA solve: variants {missing} have not been sampled under {self.out}/sample "
+                                    "(run the sample stage first)")
+        t0 = time.perf_counter()
+        counts = read_inputs({v: self.sample_dir(v) for v in cea.VARIANTS})
+        s = solve_and_report(counts, os.path.join(self.out, "solve"), c.estimator, int(c.n_boot), int(c.boot_seed),
+                             c.title)
+        self._record("solve", "all", time.perf_counter() - t0)
+        return s
+
+    def run(self, stages=STAGES) -> dict | None:
+        unknown = [s for s in stages if s not in STAGES]
+        if unknown:
+            raise ValueError(f"unknown CEA stages {unknown}; expected some of {STAGES}")
+        summary = None
+        if "train" in stages:
+            self.train()
+        if "sample" in stages:
+            self.sample()
+        if "solve" in stages:
+            summary = self.solve()
+        return summary
