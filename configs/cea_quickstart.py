@@ -18,7 +18,7 @@ with two searches would give the tool role more to learn, but the warm start was
 one-search NQ demonstrations only and never issues a second, bridging query, and 12 GRPO steps of a
 135M model are not expected to teach one; on NQ the quickstart's reward does move within this
 budget. `:hotpotqa` selects the other setting (HotpotQA questions whose paragraphs are in the
-corpus: 236 for training, the first 64 held out, up to two searches) for a machine with the time.
+corpus: the first 64 held out, the rest minus the shipped evaluation questions for training, up to two searches) for a machine with the time.
 
 CPU-sized choices: 12 GRPO steps of 4 prompts × 4 samples per variant (~100 s a step on 2 cores
 with full-parameter updates; the quickstart's LoRA reward moves from 0.09 to 0.28 over 24 such
@@ -32,6 +32,7 @@ from ml_collections import ConfigDict
 from configs import base
 from configs.cea import ROLE_MASK, role_masks
 from configs.sft_quickstart import RL_ROWS, nq_oracle, shared
+from dart_jax.eval.datasets import exclusion_specs
 
 WARM_START = "data/warm_start/smollm2-135m-nq"
 HOTPOT = dict(reader="flashrag", path="data/qa/hotpotqa_sample300.jsonl", data_source="hotpotqa")
@@ -55,7 +56,7 @@ def get_config(arg: str | None = None):
         c.data.train = [nq_oracle(0, RL_ROWS)]
         sample_sets = ["nq_corpus_heldout"]
     else:
-        c.data.train = [dict(HOTPOT, exclude=[dict(HOTPOT, limit=HOTPOT_HELDOUT)])]
+        c.data.train = [dict(HOTPOT, exclude=[dict(HOTPOT, limit=HOTPOT_HELDOUT), *exclusion_specs("qa")])]
         c.rollout.max_turns = 3  # two searches, then the answer
         sample_sets = ["hotpotqa_corpus"]
     c.train.steps = 12

@@ -36,7 +36,8 @@ ESTIMATOR = flags.DEFINE_enum("estimator", None, ["clip", "jeffreys"], "accuracy
                               "the figures (summary.json and report.md carry both; default clip, or the "
                               "config's)", flag_values=F)
 N_BOOT = flags.DEFINE_integer("n-boot", None, "bootstrap resamples (default 10,000, or the config's)", flag_values=F)
-SEED = flags.DEFINE_integer("seed", None, "bootstrap seed (default 0, or the config's)", flag_values=F)
+BOOT_SEED = flags.DEFINE_integer("boot-seed", None, "bootstrap seed (default 0, or the config's cea.boot_seed; the "
+                                 "sampling seed is cea.seed)", flag_values=F)
 TITLE = flags.DEFINE_string("title", None, "report title", flag_values=F)
 
 
@@ -70,12 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     CLI.parse(argv)
     config = CLI.config.value
     if INPUTS.value:  # re-solve saved accuracies, no config needed
-        if STAGE.value not in ("solve", "all") or not OUT.value:
-            raise SystemExit("launch.cea --inputs solves saved accuracies: give --stage=solve and --out (--help)")
+        if STAGE.value not in ("solve", "all") or not OUT.value or config is not None:
+            raise SystemExit("launch.cea --inputs solves saved accuracies: give --stage=solve and --out, without "
+                             "--config (--help)")
         from dart_jax.analysis.cea_report import read_inputs, solve_and_report
         counts = read_inputs(parse_inputs(INPUTS.value))
         est = ESTIMATOR.value or "clip"
-        s = solve_and_report(counts, OUT.value, est, N_BOOT.value or 10_000, SEED.value or 0, TITLE.value or "CEA")
+        s = solve_and_report(counts, OUT.value, est, 10_000 if N_BOOT.value is None else N_BOOT.value,
+                             BOOT_SEED.value or 0, TITLE.value or "CEA")
         _print(s, est, OUT.value)
         return 0
     if config is None:
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if "cea" not in config:
         raise SystemExit(f"launch.cea: the config has no `cea` section (configs/cea_quickstart.py and configs/cea.py "
                          "have one)")
-    for field, flag in (("estimator", ESTIMATOR), ("n_boot", N_BOOT), ("boot_seed", SEED), ("title", TITLE)):
+    for field, flag in (("estimator", ESTIMATOR), ("n_boot", N_BOOT), ("boot_seed", BOOT_SEED), ("title", TITLE)):
         if flag.value is not None:
             config.cea[field] = flag.value
     if OUT.value:

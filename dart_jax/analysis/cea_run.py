@@ -2,10 +2,15 @@
 
     train/<reas|tool|unified>/   the three trained variants: the config with each role mask
                                  (`cea.role_masks`), same data, steps, seed (rl.trainer; resumed from its
-                                 newest checkpoint when interrupted, skipped when it reached train.steps)
+                                 newest finished checkpoint when interrupted, started afresh when it has
+                                 none, skipped when it reached train.steps; a directory written by another
+                                 configuration is refused, field by field)
     sample/<variant>/            the six variants sampled at T = `cea.temperature`, `cea.n_samples` per
-                                 question (eval.job; skipped when its results.json exists)
-    solve/                       β per question, its uncertainty, report.md and the figures (cea_report)
+                                 question from the trained runs' checkpoints at train.steps (eval.job;
+                                 skipped when its results.json records the same samples, seed, data and
+                                 checkpoint steps; sampled again, with a warning naming why, otherwise)
+    solve/                       β per question, its uncertainty, report.md and the figures (cea_report;
+                                 seconds, so it always runs)
     stages.json                  each stage's wall time and when it finished
 
 The variants: M_Base = the config's model (+ its warm start); M_Reas / M_Tool / M_Unified = the
@@ -21,6 +26,7 @@ import copy
 import json
 import logging
 import os
+import shutil
 import time
 
 from dart_jax.analysis import cea
@@ -48,6 +54,8 @@ def _cea(config):
     missing = [v for v in TRAINED if v not in c.role_masks]
     if missing:
         raise ValueError(f"config.cea.role_masks lacks {missing}; expected one role mask per trained variant {TRAINED}")
+    if int(c.n_samples) < 2:
+        raise ValueError(f"config.cea.n_samples = {c.n_samples}: per-question accuracy needs at least 2 samples")
     return c
 
 
@@ -64,10 +72,26 @@ def variant_config(config, variant: str):
 
 
 def trained_steps(run: str) -> int:
-    """The newest checkpoint step of a run directory (0: none)."""
+    """The newest step of a run directory whose checkpoint finished (its integrity manifest was written
+    after the orbax save; 0: none)."""
     from dart_jax.run.checkpoint import checkpoint_steps
-    steps = checkpoint_steps(os.path.join(run, "checkpoints"))
-    return max(steps) if steps else 0
+    ck = os.path.join(run, "checkpoints")
+    done = [s for s in checkpoint_steps(ck) if os.path.isfile(os.path.join(ck, "integrity", f"{s}.json"))]
+    return max(done) if done else 0
+
+
+def _without_cea(d: dict) -> dict:
+    return {k: v for k, v in d.items() if k != "cea"}
+
+
+def config_mismatch(run: str, vc) -> list[str]:
+    """How the configuration that wrote `run` differs from `vc` (besides what a resume may change and
+    the `cea` section): the three variants must differ only in their role masks."""
+    from dart_jax.run.run_dir import RESUMABLE, config_dict, config_differences, saved_config
+    saved = saved_config(run)
+    if saved is None:
+        return []
+    return config_differences(_without_cea(saved), _without_cea(config_dict(vc)), ignore=RESUMABLE)
 
 
 class Stages:
@@ -103,6 +127,11 @@ class Stages:
         for v in variants:
             vc = variant_config(self.config, v)
             have, want = trained_steps(vc.output.dir), int(vc.train.steps)
+            diffs = config_mismatch(vc.output.dir, vc)
+            if diffs:
+                raise ValueError(f"CEA train {v}: {vc.output.dir} was written by another configuration (" +
+                                 "; ".join(diffs) + "): the three variants must share everything but their role "
+                                 "mask. Move that directory aside, or give this experiment another cea.out")
             if have >= want:
                 log.info("CEA train %s: done (%s holds step %d)", v, vc.output.dir, have)
                 done[v] = "skipped"
@@ -110,7 +139,8 @@ class Stages:
             log.info("CEA train %s (role mask %r): %s from step %d to %d", v, vc.method.role_mask, vc.output.dir,
                      have, want)
             t0 = time.perf_counter()
-            Trainer(vc).run(resume=have > 0)
+            # no finished checkpoint: whatever records an interrupted start left are replaced
+            Trainer(vc).run(resume=have > 0, overwrite=have == 0)
             self._record("train", v, time.perf_counter() - t0, steps=want, resumed_from=have)
             done[v] = "trained"
         return done
@@ -119,31 +149,53 @@ class Stages:
     def sample_dir(self, variant: str) -> str:
         return os.path.join(self.out, "sample", variant)
 
+    def sample_mismatch(self, variant: str) -> list[str] | None:
+        """None: not sampled; else how the saved sample differs from what this config asks (empty: reusable)."""
+        path = os.path.join(self.sample_dir(variant), "results.json")
+        if not os.path.isfile(path):
+            return None
+        with open(path) as f:
+            results = json.load(f)
+        setup, c, want = results["setup"], self.c, int(self.config.train.steps)
+        main, compose = SOURCES[variant]
+        expected = {"n_samples": int(c.n_samples), "temperature": float(c.temperature), "seed": int(c.seed),
+                    "limit": int(c.limit) if c.limit else None, "model": self.config.model.path,
+                    "warm_start": self.config.get("warm_start", "") or "",
+                    "datasets": sorted(c.datasets), "step": want if main else None,
+                    "composition step": want if compose else None}
+        got = {**{k: setup.get(k) for k in ("n_samples", "temperature", "seed", "limit", "model", "warm_start")},
+               "datasets": sorted(results["datasets"]), "step": setup.get("step"),
+               "composition step": (setup.get("composition") or {}).get("step")}
+        return [f"{k}: {got[k]!r} → {expected[k]!r}" for k in expected if got[k] != expected[k]]
+
     def sample(self, variants=cea.VARIANTS) -> dict:
         from dart_jax.eval.job import evaluate
         from dart_jax.eval.runner import EvalOptions
-        c = self.c
-        missing = [v for v in TRAINED if trained_steps(train_dir(self.config, v)) < int(self.config.train.steps)]
+        c, want = self.c, int(self.config.train.steps)
         needs = {SOURCES[v][0] for v in variants} | {SOURCES[v][1][1] for v in variants if SOURCES[v][1]}
-        if missing and needs & set(missing):
-            raise FileNotFoundError(f"CEA sample: the trained variants {sorted(needs & set(missing))} have not reached "
-                                    f"train.steps = {self.config.train.steps} under {self.out}/train (run the train "
-                                    "stage first)")
+        missing = sorted(v for v in needs - {None} if trained_steps(train_dir(self.config, v)) < want)
+        if missing:
+            raise FileNotFoundError(f"CEA sample: the trained variants {missing} have no finished checkpoint at "
+                                    f"train.steps = {want} under {self.out}/train (run the train stage first)")
         options = EvalOptions(n_samples=int(c.n_samples), temperature=float(c.temperature), batch=int(c.batch),
                               seed=int(c.seed), limit=int(c.limit) if c.limit else None, progress=True)
         done = {}
         for v in variants:
             out = self.sample_dir(v)
-            if os.path.isfile(os.path.join(out, "results.json")):
+            diffs = self.sample_mismatch(v)
+            if diffs == []:
                 log.info("CEA sample %s: done (%s)", v, out)
                 done[v] = "skipped"
                 continue
+            if diffs:
+                log.warning("CEA sample %s: %s was sampled differently (%s): sampling again", v, out, "; ".join(diffs))
+                shutil.rmtree(out)
             main, compose = SOURCES[v]
             t0 = time.perf_counter()
             log.info("CEA sample %s: %d samples per question at T = %g", v, options.n_samples, options.temperature)
             results = evaluate(self.config, out, list(c.datasets), options,
-                               checkpoint=train_dir(self.config, main) if main else None,
-                               compose=(compose[0], train_dir(self.config, compose[1])) if compose else None)
+                               checkpoint=train_dir(self.config, main) if main else None, step=want if main else None,
+                               compose=(compose[0], train_dir(self.config, compose[1]), want) if compose else None)
             scores = {k: r.get("score") for k, r in results["datasets"].items()}
             self._record("sample", v, time.perf_counter() - t0, scores=scores)
             done[v] = scores

@@ -51,7 +51,7 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
     """-> results (also written to out_dir: results.{md,csv,json}, per_question.jsonl and, with
     n_samples > 1, per_question_accuracy.jsonl).
 
-    `compose` = (role, checkpoint): a two-model composition (rollout.compose) in which the policy
+    `compose` = (role, checkpoint[, step]): a two-model composition (rollout.compose) in which the policy
     loaded from `checkpoint` writes `role`'s tokens ("tool": the tool spans; "reasoning": all else)
     and the main policy (`checkpoint` / `peft` / the base model) writes the other role's — CEA's
     H_Tool is the base model with ("tool", M_Tool), H_Reas the base model with ("reasoning", M_Reas)."""
@@ -65,10 +65,10 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
     policy = load_eval_policy(config, mesh, checkpoint, peft, remove, step, options.seed)
     composition = None
     if compose:
-        role, other_dir = compose
+        role, other_dir, other_step = (*compose, None) if len(compose) == 2 else compose
         if role not in ("reasoning", "tool"):
             raise ValueError(f"compose role {role!r}; expected 'reasoning' or 'tool'")
-        other = load_eval_policy(config, mesh, other_dir, None, None, None, options.seed)
+        other = load_eval_policy(config, mesh, other_dir, None, None, other_step, options.seed)
         if other.tokenizer.get_vocab() != policy.tokenizer.get_vocab():
             raise ValueError(f"compose: {other_dir}'s tokenizer differs from the main policy's; a composition "
                              "shares one token stream")
@@ -101,7 +101,8 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
              "paper_model": paper.model_key(config.model.path), "paper_method": p_method,
              "devices": f"{jax.device_count()} × {jax.devices()[0].platform}", "seconds": 0.0}
     if compose:
-        setup["composition"] = {"role": compose[0], "checkpoint": compose[1], "other_role_by": setup["policy"],
+        setup["composition"] = {"role": compose[0], "checkpoint": compose[1], "step": other.source.get("step"),
+                                "variant": other.source.get("variant"), "other_role_by": setup["policy"],
                                 "mode": "two models, append-only hand-offs (rollout.compose)"}
         setup["policy"] = f"{compose[0]} by {compose[1]}, {'tool' if compose[0] == 'reasoning' else 'reasoning'} " \
                           f"by {setup['policy']}"

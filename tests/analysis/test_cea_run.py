@@ -52,19 +52,38 @@ def test_variant_configs_differ_only_in_role_mask_and_directory(tmp_path):
     assert set(SOURCES) == set(cea.VARIANTS)
 
 
+class Crash(RuntimeError):
+    pass
+
+
 def test_launch_cea_end_to_end_and_resumable(tiny_smollm_dir, tmp_path, capsys):
+    from dart_jax.rl.trainer import Trainer
     out = tmp_path / "cea"
     c = _config(tiny_smollm_dir, out)
     stages = Stages(c)
-    # solving before anything was sampled names what is missing
+    # solving or sampling before their inputs exist names what is missing
     with pytest.raises(FileNotFoundError, match="have not been sampled.*run the sample stage first"):
         stages.solve()
     with pytest.raises(FileNotFoundError, match="run the train stage first"):
-        stages.sample(("reas",))
+        stages.sample(("h_reas",))
+    # M_Reas interrupted after its first step's records, before any checkpoint: the stage starts it afresh
+    def crash(step, metrics):
+        raise Crash
+
+    with pytest.raises(Crash):
+        Trainer(variant_config(c, "reas"), on_step=crash).run()
+    assert (out / "train" / "reas" / "metrics.jsonl").is_file()
     assert stages.train() == {"reas": "trained", "tool": "trained", "unified": "trained"}
     for v in ("reas", "tool", "unified"):
         with open(out / "train" / v / "metrics.jsonl") as f:
             assert [json.loads(line)["step"] for line in f] == [1]
+    assert stages.train() == {v: "skipped" for v in ("reas", "tool", "unified")}
+    # a directory written by another configuration is refused, naming the field
+    other = _config(tiny_smollm_dir, out)
+    other.optim.lr = 5e-4
+    with pytest.raises(ValueError, match="optim.lr"):
+        Stages(other).train()
+
     assert stages.sample() == {v: stages.times()["sample"][v]["scores"] for v in cea.VARIANTS}
     for v in cea.VARIANTS:
         with open(out / "sample" / v / "per_question_accuracy.jsonl") as f:
@@ -74,28 +93,69 @@ def test_launch_cea_end_to_end_and_resumable(tiny_smollm_dir, tmp_path, capsys):
             setup = json.load(f)["setup"]
         main, compose = SOURCES[v]
         assert setup["n_samples"] == 2 and setup["temperature"] == 1.0
-        if compose:
-            assert setup["composition"]["role"] == compose[0]
+        if compose:  # the other role's model: the trained run at its last step
             assert setup["composition"]["checkpoint"].endswith(os.path.join("train", compose[1]))
+            assert setup["composition"]["step"] == 1 and setup["composition"]["variant"] == "full"
         if main:
-            assert setup["variant"] == "full" and setup["checkpoint"].endswith(os.path.join("train", main, "checkpoints"))
+            assert setup["variant"] == "full" and setup["step"] == 1
+            assert setup["checkpoint"].endswith(os.path.join("train", main, "checkpoints"))
         else:
             assert setup["variant"] == "base"
-    # all sampled from the same ids
+        assert stages.sample_mismatch(v) == []
     ids = set()
     for v in cea.VARIANTS:
         with open(out / "sample" / v / "per_question_accuracy.jsonl") as f:
             ids.add(tuple(json.loads(line)["id"] for line in f))
-    assert len(ids) == 1
+    assert len(ids) == 1  # every variant answered the same questions
     # the random model answers nothing: the solve stage says so instead of inventing a β
     with pytest.raises(ValueError, match="all 2 questions were dropped"):
         stages.solve()
     times = stages.times()
     assert set(times) == {"train", "sample"} and set(times["sample"]) == set(cea.VARIANTS)
-    # the command again: train and sample are skipped (their outputs exist); solve re-raises
+
+    # the command again: what exists is skipped; a sample taken differently is taken again
+    with open(out / "sample" / "base" / "results.json") as f:
+        results = json.load(f)
+    results["setup"]["n_samples"] = 3
+    with open(out / "sample" / "base" / "results.json", "w") as f:
+        json.dump(results, f)
+    assert stages.sample_mismatch("base") == ["n_samples: 3 → 2"]
     args = ["--config=configs/cea_quickstart.py", f"--config.model.path={tiny_smollm_dir}", "--config.warm_start=",
             f"--config.cea.out={out}", "--config.train.steps=1", "--config.cea.limit=2", "--config.cea.n_samples=2",
-            "--stage=sample"]
+            "--config.cea.batch=4", "--config.output.checkpoint_every=1", "--config.train.prompts_per_step=2",
+            "--config.train.group_size=2", "--config.train.mini_batch=4", "--config.train.micro_batch=2",
+            "--config.rollout.max_turns=1", "--config.rollout.max_tokens_per_turn=8",
+            "--config.rollout.max_obs_tokens=32", "--config.rollout.max_response_tokens=64",
+            "--config.loss.entropy_coef=0.01", "--config.optim.lr=1e-3", "--config.output.progress=False",
+            "--config.output.tensorboard=False", "--stage=sample"]
     assert launch_cea.main(args) == 0
-    assert Stages(c).times() == times
+    again = Stages(c).times()
+    assert again["train"] == times["train"] and set(again["sample"]) == set(cea.VARIANTS)
+    assert again["sample"]["base"] != times["sample"]["base"]  # base only was sampled again
+    assert all(again["sample"][v] == times["sample"][v] for v in cea.VARIANTS if v != "base")
+    assert Stages(c).sample_mismatch("base") == []
     assert "sample: " in capsys.readouterr().out
+
+    # the solve stage through the command, on counts where questions are answered (a random model
+    # answers none): β is written per question with its report
+    for i, v in enumerate(cea.VARIANTS):
+        path = out / "sample" / v / "per_question_accuracy.jsonl"
+        rows = [json.loads(line) for line in open(path)]
+        for j, r in enumerate(rows):
+            r["correct"] = float((i + j) % 3)
+            r["accuracy"] = r["correct"] / r["n"]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert launch_cea.main(args[:-1] + ["--stage=solve", "--n-boot=50", "--boot-seed=3"]) == 0
+    summary = json.load(open(out / "solve" / "summary.json"))
+    assert summary["questions"] == 2 and summary["kept"] == 2 and summary["clip"]["_setup"]["seed"] == 3
+    assert (out / "solve" / "report.md").is_file() and (out / "solve" / "beta.csv").is_file()
+    assert "β23 mean" in capsys.readouterr().out
+
+
+def test_launch_cea_refuses_unclear_requests(tmp_path):
+    with pytest.raises(SystemExit, match="needs --config"):
+        launch_cea.main([])
+    with pytest.raises(SystemExit, match="without --config"):
+        launch_cea.main(["--config=configs/cea_quickstart.py", f"--inputs={tmp_path}", f"--out={tmp_path}"])
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        launch_cea.main(["--config=configs/cea_quickstart.py", "--config.cea.n_samples=1", "--stage=solve"])

@@ -42,7 +42,7 @@ def test_corpus_sets_are_held_out_from_the_quickstart_and_cea_training():
         assert not keys & {question_key(r) for r in load_rows(dict(spec), DATA, require_db=False)}, spec
     hot = cea_quickstart.get_config("hotpotqa")
     train = {question_key(r) for r in load_rows(hot.data.train[0], DATA)}
-    assert len(train) == 236 and not train & {question_key(r) for r in load_set(EVAL_SETS["hotpotqa_corpus"], 64)[0]}
+    assert len(train) == 207 and not train & {question_key(r) for r in load_set(EVAL_SETS["hotpotqa_corpus"], 64)[0]}
 
 
 def test_limit_takes_the_first_questions_then_skips_missing_databases():
