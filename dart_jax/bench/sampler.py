@@ -234,6 +234,7 @@ def bench_handoff(model: str = "smollm2-135m-instruct", batch: int = 1, prompt_l
             st = ensure_capacity(st, cache_used(st) + lens[w])
             st, seg = decode_segment(bases[w], None, st, ones, stop_on, jnp.full((batch,), lens[w], jnp.int32),
                                      spec=spec, length=bucket(lens[w]))
+            jax.block_until_ready(seg.tokens)  # the next hand-off's clock must not absorb this decode
             states[w] = st
             new = [seg.tokens[:, :lens[w]]] + ([obs[k // 2]] if w == 1 else [])
             unseen[1 - w] += new
@@ -255,6 +256,7 @@ def bench_handoff(model: str = "smollm2-135m-instruct", batch: int = 1, prompt_l
             times.append(time.perf_counter() - t0)
             st, seg = decode_segment(bases[w], None, st, ones, stop_on, jnp.full((batch,), lens[w], jnp.int32),
                                      spec=spec, length=bucket(lens[w]))
+            jax.block_until_ready(seg.tokens)
             history = jnp.concatenate([history, seg.tokens[:, :lens[w]]] + ([obs[k // 2]] if w == 1 else []), axis=1)
         ttft["reencode"] = times
         return jax.block_until_ready(seg.tokens)
