@@ -1,0 +1,195 @@
+"""Gradient alignment (METHOD §2, issue 18): the numbers — angles between gradient trees, their
+aggregation per tensor and per layer, a seeded sketch for many-gradient comparisons, and the DART
+authors' per-layer statistics. No model code and no plotting here.
+
+A gradient is a pytree of arrays (a base tree, an adapter tree, or both). Angles are built from
+per-unit inner products accumulated leaf by leaf, so no flattened copy of a gradient is ever made:
+a unit is one (tensor, layer) — layer-stacked leaves ([L, ...]: the base's `layers`, every adapter
+factor `a` / `b`) give one unit per layer, other leaves (embeddings, final norm, tag rows) one unit
+with layer −1. From the units' (g1·g2, |g1|², |g2|²) follow the angle flattened over all parameters
+(the paper's), per tensor (the authors'), and per layer.
+
+    θ = degrees(arccos(clip(g1·g2 / max(|g1| |g2|, ε), −1, 1)))   ε = 1e-12 (the authors')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+EPS = 1e-12
+_STACKED = re.compile(r"\['layers'\]|\['(a|b)'\]$")
+
+
+def unit_names(tree) -> list[tuple[str, bool]]:
+    """(tensor name, layer-stacked?) per leaf of `tree`, in leaf order."""
+    return [(jax.tree_util.keystr(p), bool(_STACKED.search(jax.tree_util.keystr(p))))
+            for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _leaf_stats(x, y, stacked: bool):
+    """-> (x·y, |x|², |y|²), each [L] for a stacked leaf, else [1]; float32 accumulation."""
+    x, y = jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32)
+    if stacked:
+        x, y = x.reshape(x.shape[0], -1), y.reshape(y.shape[0], -1)
+    else:
+        x, y = x.reshape(1, -1), y.reshape(1, -1)
+    return jnp.sum(x * y, 1), jnp.sum(x * x, 1), jnp.sum(y * y, 1)
+
+
+_leaf_stats_jit = jax.jit(_leaf_stats, static_argnums=2)
+
+
+@dataclasses.dataclass
+class PairStats:
+    """Per unit: tensor name, layer (−1: not layer-stacked), g1·g2, |g1|², |g2|² (float64)."""
+    tensor: np.ndarray
+    layer: np.ndarray
+    dot: np.ndarray
+    n1: np.ndarray
+    n2: np.ndarray
+
+    def angle(self) -> float:
+        """Flattened over every parameter (the paper's θ)."""
+        return float(angle(self.dot.sum(), self.n1.sum(), self.n2.sum()))
+
+    def _grouped(self, keys: np.ndarray) -> dict:
+        out = {}
+        for k in dict.fromkeys(keys.tolist()):
+            m = keys == k
+            out[k] = float(angle(self.dot[m].sum(), self.n1[m].sum(), self.n2[m].sum()))
+        return out
+
+    def per_tensor(self) -> dict[str, float]:
+        """Tensor name -> angle over all its layers."""
+        return self._grouped(self.tensor)
+
+    def per_layer(self) -> dict[int, float]:
+        """Layer -> angle over every tensor of that layer (−1: the non-stacked tensors)."""
+        return self._grouped(self.layer)
+
+    def per_unit(self) -> np.ndarray:
+        """The angle of each (tensor, layer) unit (the authors' per-parameter cosines)."""
+        return angle(self.dot, self.n1, self.n2)
+
+
+def angle(dot, n1, n2, eps: float = EPS):
+    """Degrees between two vectors from their inner product and squared norms."""
+    dot, n1, n2 = (np.asarray(v, np.float64) for v in (dot, n1, n2))
+    cos = dot / np.maximum(np.sqrt(n1 * n2), eps)
+    return np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))
+
+
+def pair_stats(g1, g2) -> PairStats:
+    """Units of two gradient trees of the same structure, accumulated leaf by leaf."""
+    s1, s2 = jax.tree.structure(g1), jax.tree.structure(g2)
+    if s1 != s2:
+        raise ValueError(f"gradient trees differ in structure: {s1} vs {s2}")
+    names = unit_names(g1)
+    cols: list[list] = [[], [], [], [], []]
+    for (name, stacked), x, y in zip(names, jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        if x.shape != y.shape:
+            raise ValueError(f"{name}: shapes {x.shape} and {y.shape} differ")
+        d, a, b = (np.asarray(v, np.float64) for v in _leaf_stats_jit(x, y, stacked))
+        cols[0] += [name] * len(d)
+        cols[1] += list(range(len(d))) if stacked else [-1]
+        cols[2].append(d)
+        cols[3].append(a)
+        cols[4].append(b)
+    return PairStats(np.asarray(cols[0]), np.asarray(cols[1], np.int64), *(np.concatenate(c) for c in cols[2:]))
+
+
+# -- many gradients: a seeded sketch ---------------------------------------------------------------
+class Sketch:
+    """A seeded CountSketch per unit: each coordinate of a unit goes to one of `dim` buckets with a
+    random sign, so ⟨S g1, S g2⟩ is an unbiased estimate of g1·g2 with standard deviation about
+    |g1||g2|/√dim per unit. G gradients are compared pairwise from G sketches (G × units × dim
+    floats) instead of G full gradient trees. Buckets and signs depend only on (seed, tensor name),
+    so sketches taken in different processes compare."""
+
+    def __init__(self, dim: int = 4096, seed: int = 0):
+        if dim < 1:
+            raise ValueError(f"sketch dim {dim}: expected >= 1")
+        self.dim, self.seed = int(dim), int(seed)
+        self._hash: dict[tuple[str, int], tuple[jax.Array, jax.Array]] = {}
+
+    def _buckets(self, name: str, n: int):
+        key = (name, n)
+        if key not in self._hash:
+            k = jax.random.fold_in(jax.random.PRNGKey(self.seed), zlib.crc32(name.encode()) & 0x7FFFFFFF)
+            kb, ks = jax.random.split(k)
+            self._hash[key] = (jax.random.randint(kb, (n,), 0, self.dim, jnp.int32),
+                               jax.random.rademacher(ks, (n,), jnp.float32))
+        return self._hash[key]
+
+    def __call__(self, g) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """-> (tensor names [U], layers [U], sketches [U, dim]) of one gradient tree."""
+        names, layers, rows = [], [], []
+        for (name, stacked), x in zip(unit_names(g), jax.tree.leaves(g)):
+            x = jnp.asarray(x, jnp.float32)
+            x = x.reshape(x.shape[0], -1) if stacked else x.reshape(1, -1)
+            idx, sign = self._buckets(name, x.shape[1])
+            rows.append(np.asarray(_count_sketch(x, idx, sign, self.dim)))
+            names += [name] * x.shape[0]
+            layers += list(range(x.shape[0])) if stacked else [-1]
+        return np.asarray(names), np.asarray(layers, np.int64), np.concatenate(rows)
+
+
+@jax.jit
+def _scatter(x, idx, sign, zeros):
+    return jax.vmap(lambda r: zeros.at[idx].add(r * sign))(x)
+
+
+def _count_sketch(x, idx, sign, dim: int):
+    return _scatter(x, idx, sign, jnp.zeros((dim,), jnp.float32))
+
+
+def sketch_stats(names, layers, s1: np.ndarray, s2: np.ndarray) -> PairStats:
+    """PairStats of two gradients from their sketches (estimates)."""
+    s1, s2 = np.asarray(s1, np.float64), np.asarray(s2, np.float64)
+    return PairStats(np.asarray(names), np.asarray(layers), (s1 * s2).sum(1), (s1 * s1).sum(1), (s2 * s2).sum(1))
+
+
+# -- the authors' statistics (analyze_grad_cos.py) ---------------------------------------------------
+def drop_flat_samples(angles: np.ndarray, eps_deg: float = 1.0) -> np.ndarray:
+    """Keep-mask over samples (rows of [S, U] per-unit angles): a sample whose every angle is ≤ 1°
+    is dropped, as in the authors' `remove_zero_angle_records` (their signal of a zero gradient)."""
+    angles = np.asarray(angles, np.float64)
+    return np.nanmax(angles, axis=1) > eps_deg
+
+
+def layer_summary(angles: np.ndarray, layers: np.ndarray) -> dict[int, dict]:
+    """Per layer over all samples and that layer's units: median and quartiles of the angle."""
+    angles, layers = np.asarray(angles, np.float64), np.asarray(layers)
+    out = {}
+    for layer in sorted(set(layers.tolist())):
+        v = angles[:, layers == layer].ravel()
+        v = v[np.isfinite(v)]
+        q1, med, q3 = np.percentile(v, [25, 50, 75]) if len(v) else (np.nan,) * 3
+        out[layer] = {"median": float(med), "q1": float(q1), "q3": float(q3), "n": int(len(v))}
+    return out
+
+
+def layer_tests(cross: np.ndarray, same: np.ndarray, layers: np.ndarray, min_n: int = 10) -> dict[int, dict]:
+    """Per layer, the one-sided Wilcoxon signed-rank test of cross > same on angles paired by
+    (sample, unit) — [S, U] arrays with the same rows and columns — when at least `min_n` pairs
+    exist (the authors' rule); the median paired difference beside it."""
+    from scipy.stats import wilcoxon
+    cross, same, layers = np.asarray(cross, np.float64), np.asarray(same, np.float64), np.asarray(layers)
+    if cross.shape != same.shape:
+        raise ValueError(f"paired angles need one shape: cross {cross.shape}, same {same.shape}")
+    out = {}
+    for layer in sorted(set(layers.tolist())):
+        c, s = cross[:, layers == layer].ravel(), same[:, layers == layer].ravel()
+        ok = np.isfinite(c) & np.isfinite(s)
+        c, s = c[ok], s[ok]
+        p = float("nan")
+        if len(c) >= min_n and np.any(c != s):
+            p = float(wilcoxon(c, s, alternative="greater").pvalue)
+        out[layer] = {"n": int(len(c)), "delta_median": float(np.median(c - s)) if len(c) else float("nan"), "p": p}
+    return out
