@@ -1,0 +1,81 @@
+"""Per-role gradients for gradient alignment (METHOD §2, issue 18): one backward pass per role, so a
+role's gradient never shares a graph with the other's.
+
+The loss of role r on a set of trajectories is the GRPO surrogate restricted to role-r tokens,
+aggregated as the trainer does (token-mean over the kept tokens), evaluated at the current policy
+(old log-probs = the current ones: ratio 1, nothing clipped), no KL or entropy term:
+
+    L_r = − Σ_t w_t · m_t^r · log π(y_t)  /  Σ_t m_t^r        (gradient of the surrogate at ratio 1)
+
+with w_t = the trajectory's GRPO advantage (`weighting="advantage"`) or 1 (`"loglik"`: the
+log-likelihood gradient, advantage-free). m^r is the role mask of rl.batch (`reasoning`: every
+generated token outside tool spans; `tool`: inside them; `answer`: the final answer span, the DART
+authors' M_Reas role). The gradient is with respect to the trainable tree of `method`: the whole
+backbone (variant `full`: the paper's `params=full`) or the adapters (`dart` / `lora`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dart_jax.adapters.method import MethodSpec
+from dart_jax.rl.batch import token_arrays
+from dart_jax.rl.step import LossConfig, make_accumulate, make_scorer
+
+WEIGHTINGS = ("advantage", "loglik")
+ROLES = ("reasoning", "tool", "answer")
+
+
+def role_loss_config(temperature: float = 1.0, chunk: int = 128) -> LossConfig:
+    """The surrogate at ratio 1: no clipping can bind, no KL, no entropy, token-mean."""
+    return LossConfig(temperature=temperature, clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0,
+                      entropy_coef=0.0, agg_mode="token-mean", micro_mode="global", logprob_chunk=chunk)
+
+
+class RoleGradients:
+    """grads(params, base, ids, positions, loss_mask, advantages, role) -> gradient tree (fp32, like the
+    trainable `params`) of L_role over the given rows (one trajectory: the paper's per-trajectory
+    gradient; a group: the authors' per-group gradient)."""
+
+    def __init__(self, cfg, method: MethodSpec, router, weighting: str = "advantage", temperature: float = 1.0,
+                 chunk: int = 128, pad_multiple: int = 64, answer_tags=None):
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting {weighting!r}; expected one of {WEIGHTINGS}")
+        if method.isolation != "forward":
+            raise ValueError("per-role gradients come from separate passes: use isolation='forward' (a strict "
+                             "method splits each pass again)")
+        self.cfg, self.method, self.router, self.weighting = cfg, method, router, weighting
+        self.pad_multiple, self.answer_tags = pad_multiple, answer_tags
+        self.lc = role_loss_config(temperature, chunk)
+        self._acc = jax.jit(make_accumulate(cfg, dataclasses.replace(method, role_mask="both"), self.lc))
+        self._score = jax.jit(make_scorer(cfg, temperature, chunk))
+
+    def arrays(self, ids: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray, role: str) -> dict:
+        """Token arrays of the rows with the loss mask restricted to `role`."""
+        if role not in ROLES:
+            raise ValueError(f"role {role!r}; expected one of {ROLES}")
+        return token_arrays(ids, positions, loss_mask, dataclasses.replace(self.method, role_mask=role), self.router,
+                            self.pad_multiple, self.answer_tags)
+
+    def __call__(self, params, base, ids: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray,
+                 advantages: np.ndarray, role: str, key: jax.Array | None = None):
+        """-> (gradient tree, number of role tokens). A role with no tokens in these rows has no gradient:
+        (None, 0)."""
+        arr = self.arrays(ids, positions, loss_mask, role)
+        n = float(arr["loss_mask"].sum())
+        if n == 0:
+            return None, 0
+        from dart_jax.rl.step import policy_trees
+        fwd_base, fwd_ads = policy_trees(self.method, params, base)
+        old = self._score(fwd_base, fwd_ads, jnp.asarray(arr["tokens"]), jnp.asarray(arr["positions"]),
+                          jnp.asarray(arr["route_ids"]))
+        adv = np.ones(len(ids), np.float32) if self.weighting == "loglik" else np.asarray(advantages, np.float32)
+        mb = {k: jnp.asarray(arr[k])[None] for k in ("tokens", "positions", "route_ids", "loss_roles", "loss_mask")}
+        mb.update(old_logp=jax.lax.stop_gradient(old)[None], ref_logp=jax.lax.stop_gradient(old)[None],
+                  advantages=jnp.asarray(adv)[None])
+        grads, _ = self._acc(params, base, mb, jax.random.PRNGKey(0) if key is None else key)
+        return grads, int(n)
