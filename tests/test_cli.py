@@ -9,7 +9,7 @@ import pytest
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
 COMMANDS = sorted(n[:-3] for n in os.listdir(os.path.join(ROOT, "launch")) if n.endswith(".py") and not n.startswith("_"))
-WITH_CONFIG = {"train", "sft", "evaluate", "sweep"}
+WITH_CONFIG = {"train", "sft", "evaluate", "sweep", "cea"}
 
 
 def test_the_commands_are_the_ones_expected():
