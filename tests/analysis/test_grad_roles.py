@@ -55,7 +55,7 @@ def _role_mask(ids, loss_mask, role):
     return loss_mask * (r == role)
 
 
-@pytest.mark.parametrize("weighting", ["advantage", "loglik"])
+@pytest.mark.parametrize("weighting", ["advantage", pytest.param("loglik", marks=pytest.mark.slow)])
 def test_full_parameter_role_gradient_is_autodiff_of_the_masked_loss(setup, weighting):
     cfg, base, ids, positions, loss_mask, _ = setup
     method = MethodSpec("full")
