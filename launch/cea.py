@@ -39,6 +39,9 @@ N_BOOT = flags.DEFINE_integer("n-boot", None, "bootstrap resamples (default 10,0
 BOOT_SEED = flags.DEFINE_integer("boot-seed", None, "bootstrap seed (default 0, or the config's cea.boot_seed; the "
                                  "sampling seed is cea.seed)", flag_values=F)
 TITLE = flags.DEFINE_string("title", None, "report title", flag_values=F)
+B23_ONLY = flags.DEFINE_bool("interference-only", False, "solve: β23 alone from M_Base / M_Reas / M_Tool / "
+                             "M_Unified (it never reads the compositions) into OUT/solve_b23, for a study whose "
+                             "H_Tool / H_Reas were not sampled", flag_values=F)
 
 
 def parse_inputs(values: list[str]) -> dict[str, str]:
@@ -94,6 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         config.cea.out = OUT.value
     from dart_jax.analysis.cea_run import STAGES, Stages
     stages = Stages(config)
+    if B23_ONLY.value:
+        if STAGE.value != "solve":
+            raise SystemExit("launch.cea --interference-only goes with --stage=solve")
+        s = stages.solve(interference_only=True)
+        b = s["clip"]["b23"]
+        print(f"{s['kept']} questions kept ({s['dropped']} dropped): β23 mean {b['mean']:+.3f} "
+              f"[{b['mean_ci'][0]:+.3f}, {b['mean_ci'][1]:+.3f}], {b['share_negative']:.0%} negative, "
+              f"sign test p = {b['sign_test_p']:.3g}; report: {os.path.join(config.cea.out, 'solve_b23', 'report.md')}")
+        return 0
     s = stages.run(STAGES if STAGE.value == "all" else (STAGE.value,))
     for stage, items in stages.times().items():
         print(f"{stage}: " + ", ".join(f"{k} {v['seconds'] / 60:.1f} min" for k, v in items.items()))

@@ -143,7 +143,7 @@ def _ci(x: np.ndarray, level: float) -> np.ndarray:
 
 
 def summarize(beta: np.ndarray, n_boot: int = 10_000, seed: int = 0, level: float = 0.95,
-              chunk: int = 500) -> dict[str, dict]:
+              chunk: int = 500, coefs: Sequence[str] = COEFS) -> dict[str, dict]:
     """Per coefficient: mean, median, share negative, their bootstrap CIs over questions (percentile,
     `n_boot` resamples, seeded), and a two-sided sign test (zeros excluded and counted)."""
     q = beta.shape[0]
@@ -157,7 +157,9 @@ def summarize(beta: np.ndarray, n_boot: int = 10_000, seed: int = 0, level: floa
             draws[key].append(v)
     boot = {key: np.concatenate(v) for key, v in draws.items()}
     out = {}
-    for j, c in enumerate(COEFS):
+    if beta.shape[1] != len(coefs):
+        raise ValueError(f"beta has {beta.shape[1]} columns for {len(coefs)} coefficients {tuple(coefs)}")
+    for j, c in enumerate(coefs):
         col = beta[:, j]
         neg, pos = int((col < 0).sum()), int((col > 0).sum())
         row = {"mean": float(col.mean()), "median": float(np.median(col)), "share_negative": neg / q,
@@ -210,8 +212,9 @@ def sampling_bootstrap(counts: Counts, n_boot: int = 10_000, seed: int = 0, leve
 
 def accuracy_bins(beta: np.ndarray, acc: np.ndarray, coef: str = "b23", bins: int = 10) -> list[dict]:
     """The paper's histogram: β_coef in equal-width bins, each with its count and the mean accuracy of
-    its questions (`acc`: f64[Q], e.g. M_Unified's raw k / n)."""
-    col = beta[:, COEFS.index(coef)]
+    its questions (`acc`: f64[Q], e.g. M_Unified's raw k / n). `beta`: f64[Q, 6], or f64[Q] (that
+    coefficient alone)."""
+    col = beta if beta.ndim == 1 else beta[:, COEFS.index(coef)]
     if not len(col):
         return []
     edges = np.histogram_bin_edges(col, bins=bins)
@@ -219,3 +222,49 @@ def accuracy_bins(beta: np.ndarray, acc: np.ndarray, coef: str = "b23", bins: in
     return [{"lo": float(edges[i]), "hi": float(edges[i + 1]), "count": int((which == i).sum()),
              "mean_accuracy": float(acc[which == i].mean()) if (which == i).any() else float("nan")}
             for i in range(bins)]
+
+
+# -- β23 alone: the interference term needs no composition ------------------------------------------
+SINGLE = ("base", "reas", "tool", "unified")  # the variants β23 = (z_U − z_T) − (z_R − z_B) reads
+
+
+def interference(k: np.ndarray, n: np.ndarray, estimator: str = "clip", eps: float = CLIP
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """β23 per question from the four single-model variants only (k, n: f64[Q, 4] in `SINGLE`
+    order) -> (kept bool[Q], β23 f64[kept]): the number `solve` gives, which never reads H_Tool /
+    H_Reas (tested), for a study whose compositions were not sampled. The drop rule is over these
+    four variants, so a question only a composition answered would be kept by the full solve and
+    dropped here."""
+    k, n = np.asarray(k, np.float64), np.asarray(n, np.float64)
+    if k.shape != n.shape or k.ndim != 2 or k.shape[1] != len(SINGLE):
+        raise ValueError(f"interference needs k, n of shape [Q, {len(SINGLE)}] ({SINGLE}); got {k.shape}, {n.shape}")
+    keep = answered(k)
+    z = logit(accuracy(k[keep], n[keep], estimator, eps))
+    zb, zr, zt, zu = (z[:, i] for i in range(len(SINGLE)))
+    return keep, (zu - zt) - (zr - zb)
+
+
+def interference_bootstrap(k: np.ndarray, n: np.ndarray, n_boot: int = 10_000, seed: int = 0,
+                           level: float = 0.95, chunk: int = 250) -> dict:
+    """`sampling_bootstrap`'s share of β23 < 0 at the true accuracies, from the four single-model
+    variants (k, n: f64[Q, 4] in `SINGLE` order, integer counts)."""
+    k, n = np.asarray(k, np.float64), np.asarray(n, np.float64)
+    if not np.allclose(k, np.round(k)):
+        raise ValueError("interference_bootstrap needs integer correct counts (binary scores per answer)")
+    keep = answered(k)
+    k, n = k[keep], n[keep]
+    q = len(k)
+    if q == 0:
+        raise ValueError("no questions left (every question was dropped)")
+    rng = np.random.default_rng(seed)
+    shares = []
+    for start in range(0, n_boot, chunk):
+        b = min(chunk, n_boot - start)
+        idx = rng.integers(0, q, size=(b, q))
+        z = logit(np.clip(rng.beta(k[idx] + 0.5, n[idx] - k[idx] + 0.5), 1e-12, 1 - 1e-12))
+        shares.append((((z[..., 3] - z[..., 2]) - (z[..., 1] - z[..., 0])) < 0).mean(1))
+    s = np.concatenate(shares)
+    lo, hi = np.quantile(s, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return {"coef": "b23", "median": float(np.median(s)), "ci": [float(lo), float(hi)], "n_boot": n_boot,
+            "seed": seed, "level": level, "questions": q,
+            "interval": "percentile bootstrap over questions × Jeffreys posterior draws of each accuracy"}

@@ -19,10 +19,10 @@ def _plt():
     return plt
 
 
-def beta23_histogram(est: Estimate, acc: np.ndarray, path: str, bins: int = 12) -> str:
+def beta23_histogram(b23: np.ndarray, estimator: str, acc: np.ndarray, path: str, bins: int = 12) -> str:
     """The paper's figure: the β23 histogram, with the mean M_Unified accuracy of each bin's questions."""
     plt = _plt()
-    rows = accuracy_bins(est.beta, acc, "b23", bins)
+    rows = accuracy_bins(b23, acc, "b23", bins)
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     lo = [r["lo"] for r in rows]
     width = [r["hi"] - r["lo"] for r in rows]
@@ -35,8 +35,8 @@ def beta23_histogram(est: Estimate, acc: np.ndarray, path: str, bins: int = 12) 
     twin.plot(mids, [r["mean_accuracy"] for r in rows], "o-", color="#dd8452", label="mean M_Unified accuracy")
     twin.set_ylim(0, 1)
     twin.set_ylabel("mean M_Unified accuracy in the bin")
-    neg = float((est.beta[:, COEFS.index("b23")] < 0).mean()) if len(est.ids) else float("nan")
-    ax.set_title(f"β23 over {len(est.ids)} questions ({est.estimator}): {neg:.0%} negative")
+    neg = float((b23 < 0).mean()) if len(b23) else float("nan")
+    ax.set_title(f"β23 over {len(b23)} questions ({estimator}): {neg:.0%} negative")
     twin.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -64,11 +64,10 @@ def interaction_histograms(est: Estimate, path: str, bins: int = 12) -> str:
     return path
 
 
-def beta23_vs_accuracy(est: Estimate, acc: np.ndarray, path: str) -> str:
+def beta23_vs_accuracy(b23: np.ndarray, acc: np.ndarray, path: str) -> str:
     """β23 against M_Unified's accuracy: does interference concentrate on high-accuracy questions?"""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.6, 4.0))
-    b23 = est.beta[:, COEFS.index("b23")]
     jitter = np.random.default_rng(0).uniform(-0.01, 0.01, size=len(acc))
     ax.scatter(acc + jitter, b23, s=14, alpha=0.6, color="#4c72b0")
     ax.axhline(0.0, color="black", lw=0.8)
@@ -84,6 +83,7 @@ def beta23_vs_accuracy(est: Estimate, acc: np.ndarray, path: str) -> str:
 def write_figures(est: Estimate, raw_acc: np.ndarray, out_dir: str) -> dict[str, str]:
     """raw_acc: f64[Q, 6] k / n of the kept questions (`VARIANTS` order)."""
     u = raw_acc[:, VARIANTS.index("unified")]
-    return {"beta23_histogram": beta23_histogram(est, u, os.path.join(out_dir, "beta23_hist.png")),
+    b23 = est.beta[:, COEFS.index("b23")]
+    return {"beta23_histogram": beta23_histogram(b23, est.estimator, u, os.path.join(out_dir, "beta23_hist.png")),
             "interactions": interaction_histograms(est, os.path.join(out_dir, "interactions.png")),
-            "beta23_vs_accuracy": beta23_vs_accuracy(est, u, os.path.join(out_dir, "beta23_vs_accuracy.png"))}
+            "beta23_vs_accuracy": beta23_vs_accuracy(b23, u, os.path.join(out_dir, "beta23_vs_accuracy.png"))}

@@ -127,3 +127,81 @@ def report_markdown(s: dict, title: str = "CEA") -> str:
         if key in s.get("files", {}):
             lines += [f"![{caption}]({s['files'][key]})", ""]
     return "\n".join(lines)
+
+
+def interference_and_report(inputs: Mapping[str, str], out_dir: str, n_boot: int = 10_000, seed: int = 0,
+                            title: str = "CEA interference") -> dict:
+    """β23 alone from the four single-model variants (`cea.SINGLE`: variant -> accuracy file or its
+    directory), for a study whose compositions H_Tool / H_Reas were not sampled: β23 never reads them,
+    so it is the full solve's β23 (up to the drop rule, which here sees four variants). Writes
+    summary.json, beta.csv, per_question.jsonl, report.md and the two β23 figures to `out_dir`."""
+    rows = {}
+    for v in cea.SINGLE:
+        if v not in inputs:
+            raise ValueError(f"β23 needs the variants {cea.SINGLE}; missing {v!r}")
+        f = os.path.join(inputs[v], ACCURACY_FILE) if os.path.isdir(inputs[v]) else inputs[v]
+        with open(f) as fh:
+            rows[v] = {f"{r['dataset']}/{r['id']}": r for r in map(json.loads, filter(str.strip, fh))}
+    ids = sorted(rows["base"])
+    for v in cea.SINGLE[1:]:
+        if set(rows[v]) != set(ids):
+            raise ValueError(f"variant {v!r} covers different questions than 'base': sample every variant on the "
+                             "same questions")
+    k = np.array([[float(rows[v][q]["correct"]) for v in cea.SINGLE] for q in ids], np.float64)
+    n = np.array([[float(rows[v][q]["n"]) for v in cea.SINGLE] for q in ids], np.float64)
+    os.makedirs(out_dir, exist_ok=True)
+    summary = {"questions": len(ids), "variants": {v: float((k[:, i] / n[:, i]).mean()) for i, v in enumerate(cea.SINGLE)},
+               "samples_per_answer": sorted({int(x) for x in np.unique(n)}), "coefficients": ["b23"],
+               "note": "β23 from M_Base, M_Reas, M_Tool, M_Unified only (the compositions were not sampled)"}
+    per_q = {q: {"id": q, "k": dict(zip(cea.SINGLE, k[i].tolist())), "n": dict(zip(cea.SINGLE, n[i].tolist()))}
+             for i, q in enumerate(ids)}
+    kept_b23 = {}
+    for e in cea.ESTIMATORS:
+        keep, b23 = cea.interference(k, n, e)
+        kept_b23[e] = (keep, b23)
+        if not keep.any():
+            raise ValueError(f"all {len(ids)} questions were dropped: none of {cea.SINGLE} answered any of them")
+        summary[e] = cea.summarize(b23[:, None], n_boot=n_boot, seed=seed, coefs=("b23",))
+        for q, b in zip((q for q, kq in zip(ids, keep) if kq), b23):
+            per_q[q][f"beta_{e}"] = {"b23": float(b)}
+    keep, b23 = kept_b23["clip"]
+    summary["kept"], summary["dropped"] = int(keep.sum()), int((~keep).sum())
+    if np.allclose(k, np.round(k)):
+        summary["true_accuracy_b23"] = cea.interference_bootstrap(k, n, n_boot=n_boot, seed=seed)
+    for q, kq in zip(ids, keep):
+        per_q[q]["kept"] = bool(kq)
+    with open(os.path.join(out_dir, "per_question.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in per_q.values())
+    raw_u = k[keep, 3] / n[keep, 3]
+    with open(os.path.join(out_dir, "beta.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "b23_clip", "b23_jeffreys", *(f"acc_{v}" for v in cea.SINGLE)])
+        for q, bc, bj, kk, nn in zip((q for q, kq in zip(ids, keep) if kq), b23, kept_b23["jeffreys"][1],
+                                     k[keep], n[keep]):
+            w.writerow([q, f"{bc:.6g}", f"{bj:.6g}", *(f"{x:.6g}" for x in kk / nn)])
+    from dart_jax.analysis.cea_plots import beta23_histogram, beta23_vs_accuracy
+    files = {"beta23_histogram": beta23_histogram(b23, "clip", raw_u, os.path.join(out_dir, "beta23_hist.png")),
+             "beta23_vs_accuracy": beta23_vs_accuracy(b23, raw_u, os.path.join(out_dir, "beta23_vs_accuracy.png"))}
+    summary["files"] = {key: os.path.basename(v) for key, v in files.items()}
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    lines = [f"# {title}", "", f"{summary['questions']} questions, {summary['kept']} kept, {summary['dropped']} "
+             f"dropped (none of the four single-model variants answered them). β23 only: H_Tool / H_Reas were not "
+             "sampled (β23 = (z_U − z_T) − (z_R − z_B) does not read them). Mean accuracy: "
+             + ", ".join(f"{cea.LABELS[v]} {a:.3f}" for v, a in summary["variants"].items()) + ".", "",
+             "| estimator | β23 mean (95% CI) | median (95% CI) | share < 0 (95% CI) | − / + / 0 | sign test p |",
+             "|---|---|---|---|---|---|"]
+    for e in cea.ESTIMATORS:
+        r = summary[e]["b23"]
+        lines.append(f"| {e} | {r['mean']:+.2f} {_fmt_ci(r['mean_ci'])} | {r['median']:+.2f} {_fmt_ci(r['median_ci'])} "
+                     f"| {r['share_negative']:.2f} [{r['share_negative_ci'][0]:.2f}, {r['share_negative_ci'][1]:.2f}] "
+                     f"| {r['negative']} / {r['positive']} / {r['zero']} | {r['sign_test_p']:.3g} |")
+    t = summary.get("true_accuracy_b23")
+    if t:
+        lines += ["", f"At the true accuracies (Jeffreys posterior draws × question bootstrap, {t['n_boot']} draws): "
+                  f"share β23 < 0 median {t['median']:.2f}, 95% interval [{t['ci'][0]:.2f}, {t['ci'][1]:.2f}]."]
+    lines += ["", "![β23 histogram](beta23_hist.png)", "", "![β23 against M_Unified accuracy](beta23_vs_accuracy.png)",
+              ""]
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write("\n".join(lines))
+    return summary

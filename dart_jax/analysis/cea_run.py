@@ -202,14 +202,23 @@ class Stages:
         return done
 
     # -- solve -------------------------------------------------------------------------------------
-    def solve(self) -> dict:
-        from dart_jax.analysis.cea_report import read_inputs, solve_and_report
+    def solve(self, interference_only: bool = False) -> dict:
+        """β per question from the six sampled variants; with `interference_only`, β23 alone from the
+        four single-model variants (writes solve_b23/: for a study whose compositions were not sampled)."""
+        from dart_jax.analysis.cea_report import interference_and_report, read_inputs, solve_and_report
         c = self.c
-        missing = [v for v in cea.VARIANTS if not os.path.isfile(os.path.join(self.sample_dir(v), "results.json"))]
+        need = cea.SINGLE if interference_only else cea.VARIANTS
+        missing = [v for v in need if not os.path.isfile(os.path.join(self.sample_dir(v), "results.json"))]
         if missing:
             raise FileNotFoundError(f"CEA solve: variants {missing} have not been sampled under {self.out}/sample "
                                     "(run the sample stage first)")
         t0 = time.perf_counter()
+        if interference_only:
+            s = interference_and_report({v: self.sample_dir(v) for v in cea.SINGLE}, os.path.join(self.out, "solve_b23"),
+                                        int(c.n_boot), int(c.boot_seed), c.title + ": β23 from the four single-model "
+                                        "variants")
+            self._record("solve", "b23", time.perf_counter() - t0)
+            return s
         counts = read_inputs({v: self.sample_dir(v) for v in cea.VARIANTS})
         s = solve_and_report(counts, os.path.join(self.out, "solve"), c.estimator, int(c.n_boot), int(c.boot_seed),
                              c.title)

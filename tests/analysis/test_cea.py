@@ -1,6 +1,8 @@
 """CEA estimation (dart_jax/analysis/cea.py): exact recovery, the design's contrasts, drop and clip
 rules, estimators, seeded bootstraps. Tolerances: 1e-9 for exact linear algebra in float64."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -182,3 +184,43 @@ def test_launch_cea_solve_end_to_end(tmp_path, capsys):
     args = [f"--inputs={v}={tmp_path / 'acc' / v}" for v in cea.VARIANTS if v != "h_tool"]
     with pytest.raises(ValueError, match="missing \\['h_tool'\\]"):
         cli.main(args + [f"--out={tmp_path / 'x'}", "--n-boot=100"])
+
+
+def test_interference_from_four_variants_is_the_full_solves_beta23(tmp_path):
+    rng = np.random.default_rng(5)
+    k = rng.integers(1, 8, size=(30, 6)).astype(np.float64)  # every question answered by every variant
+    n = np.full_like(k, 8.0)
+    single = [cea.VARIANTS.index(v) for v in cea.SINGLE]
+    for e in cea.ESTIMATORS:
+        full = cea.estimate(cea.Counts(tuple(f"q{i}" for i in range(30)), k, n), e)
+        keep, b23 = cea.interference(k[:, single], n[:, single], e)
+        assert keep.all()
+        np.testing.assert_allclose(b23, full.beta[:, cea.COEFS.index("b23")], atol=1e-12)
+    # the drop rule sees the four variants: a question only a composition answered is dropped here
+    k2 = np.zeros((2, 6))
+    k2[0, cea.VARIANTS.index("h_tool")] = 3
+    k2[1, cea.VARIANTS.index("unified")] = 3
+    keep, b23 = cea.interference(k2[:, single], np.full((2, 4), 8.0))
+    assert keep.tolist() == [False, True] and len(b23) == 1
+    with pytest.raises(ValueError, match=r"\[Q, 4\]"):
+        cea.interference(k, n)
+    with pytest.raises(ValueError, match="columns"):
+        cea.summarize(np.zeros((3, 2)), n_boot=10)
+    # the report from files: β23 only, both estimators, the true-accuracy interval, two figures
+    from dart_jax.analysis.cea_report import interference_and_report
+    inputs = {}
+    for j, v in enumerate(cea.SINGLE):
+        path = tmp_path / f"{v}.jsonl"
+        path.write_text("".join(json.dumps({"dataset": "nq", "id": f"q{i}", "n": 8, "correct": float(k[i, single[j]])})
+                                + "\n" for i in range(30)))
+        inputs[v] = str(path)
+    s = interference_and_report(inputs, str(tmp_path / "out"), n_boot=200, seed=1)
+    assert s["kept"] == 30 and s["coefficients"] == ["b23"]
+    want = cea.interference(k[:, single], n[:, single])[1]
+    assert s["clip"]["b23"]["mean"] == pytest.approx(want.mean(), rel=1e-12)
+    assert 0 <= s["true_accuracy_b23"]["ci"][0] <= s["true_accuracy_b23"]["ci"][1] <= 1
+    for f in ("report.md", "beta.csv", "per_question.jsonl", "beta23_hist.png", "beta23_vs_accuracy.png"):
+        assert (tmp_path / "out" / f).is_file()
+    del inputs["tool"]
+    with pytest.raises(ValueError, match="missing 'tool'"):
+        interference_and_report(inputs, str(tmp_path / "o2"))

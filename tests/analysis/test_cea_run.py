@@ -150,6 +150,11 @@ def test_launch_cea_end_to_end_and_resumable(tiny_smollm_dir, tmp_path, capsys):
     assert summary["questions"] == 2 and summary["kept"] == 2 and summary["clip"]["_setup"]["seed"] == 3
     assert (out / "solve" / "report.md").is_file() and (out / "solve" / "beta.csv").is_file()
     assert "β23 mean" in capsys.readouterr().out
+    # β23 alone from the four single-model variants (a study whose compositions were not sampled)
+    assert launch_cea.main(args[:-1] + ["--stage=solve", "--interference-only", "--n-boot=50"]) == 0
+    b23 = json.load(open(out / "solve_b23" / "summary.json"))
+    assert b23["coefficients"] == ["b23"] and b23["clip"]["b23"]["mean"] == pytest.approx(summary["clip"]["b23"]["mean"])
+    assert "solve_b23" in capsys.readouterr().out
 
 
 def test_launch_cea_refuses_unclear_requests(tmp_path):
