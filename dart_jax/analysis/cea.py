@@ -187,11 +187,19 @@ def sampling_bootstrap(counts: Counts, n_boot: int = 10_000, seed: int = 0, leve
     (rollout.sampler keys draws by row and position) their answers are positively correlated
     (H_Tool follows M_Base until its first tool span), so for contrasts the interval is
     conservative. Needs integer counts (one score in {0, 1} per answer)."""
-    if not np.allclose(counts.k, np.round(counts.k)):
-        raise ValueError("sampling_bootstrap needs integer correct counts (binary scores per answer)")
     j = COEFS.index(coef)
-    keep = answered(counts.k)
-    k, n = counts.k[keep], counts.n[keep]
+    return _posterior_share(counts.k, counts.n, lambda z: solve(z)[..., j], coef, n_boot, seed, level, chunk)
+
+
+def _posterior_share(k: np.ndarray, n: np.ndarray, coef_of_z, coef: str, n_boot: int, seed: int, level: float,
+                     chunk: int) -> dict:
+    """Share of kept questions with coef_of_z(logit accuracies) < 0, over resamples that draw the
+    questions with replacement and each accuracy from its Jeffreys posterior Beta(k + ½, n − k + ½)."""
+    k, n = np.asarray(k, np.float64), np.asarray(n, np.float64)
+    if not np.allclose(k, np.round(k)):
+        raise ValueError("the true-accuracy bootstrap needs integer correct counts (binary scores per answer)")
+    keep = answered(k)
+    k, n = k[keep], n[keep]
     q = len(k)
     if q == 0:
         raise ValueError("no questions left (every question was dropped)")
@@ -200,9 +208,8 @@ def sampling_bootstrap(counts: Counts, n_boot: int = 10_000, seed: int = 0, leve
     for start in range(0, n_boot, chunk):
         b = min(chunk, n_boot - start)
         idx = rng.integers(0, q, size=(b, q))
-        p = rng.beta(k[idx] + 0.5, n[idx] - k[idx] + 0.5)  # [b, q, 6]
-        beta = solve(logit(np.clip(p, 1e-12, 1 - 1e-12)))[..., j]
-        shares.append((beta < 0).mean(1))
+        p = rng.beta(k[idx] + 0.5, n[idx] - k[idx] + 0.5)  # [b, q, variants]
+        shares.append((coef_of_z(logit(np.clip(p, 1e-12, 1 - 1e-12))) < 0).mean(1))
     s = np.concatenate(shares)
     lo, hi = np.quantile(s, [(1 - level) / 2, 1 - (1 - level) / 2])
     return {"coef": coef, "median": float(np.median(s)), "ci": [float(lo), float(hi)], "n_boot": n_boot,
@@ -248,23 +255,5 @@ def interference_bootstrap(k: np.ndarray, n: np.ndarray, n_boot: int = 10_000, s
                            level: float = 0.95, chunk: int = 250) -> dict:
     """`sampling_bootstrap`'s share of β23 < 0 at the true accuracies, from the four single-model
     variants (k, n: f64[Q, 4] in `SINGLE` order, integer counts)."""
-    k, n = np.asarray(k, np.float64), np.asarray(n, np.float64)
-    if not np.allclose(k, np.round(k)):
-        raise ValueError("interference_bootstrap needs integer correct counts (binary scores per answer)")
-    keep = answered(k)
-    k, n = k[keep], n[keep]
-    q = len(k)
-    if q == 0:
-        raise ValueError("no questions left (every question was dropped)")
-    rng = np.random.default_rng(seed)
-    shares = []
-    for start in range(0, n_boot, chunk):
-        b = min(chunk, n_boot - start)
-        idx = rng.integers(0, q, size=(b, q))
-        z = logit(np.clip(rng.beta(k[idx] + 0.5, n[idx] - k[idx] + 0.5), 1e-12, 1 - 1e-12))
-        shares.append((((z[..., 3] - z[..., 2]) - (z[..., 1] - z[..., 0])) < 0).mean(1))
-    s = np.concatenate(shares)
-    lo, hi = np.quantile(s, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return {"coef": "b23", "median": float(np.median(s)), "ci": [float(lo), float(hi)], "n_boot": n_boot,
-            "seed": seed, "level": level, "questions": q,
-            "interval": "percentile bootstrap over questions × Jeffreys posterior draws of each accuracy"}
+    return _posterior_share(k, n, lambda z: (z[..., 3] - z[..., 2]) - (z[..., 1] - z[..., 0]), "b23", n_boot, seed,
+                            level, chunk)
