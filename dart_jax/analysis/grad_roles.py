@@ -9,8 +9,9 @@ aggregated as the trainer does (token-mean over the kept tokens), evaluated at t
 
 with w_t = the trajectory's GRPO advantage (`weighting="advantage"`) or 1 (`"loglik"`: the
 log-likelihood gradient, advantage-free). m^r is the role mask of rl.batch (`reasoning`: every
-generated token outside tool spans; `tool`: inside them; `answer`: the final answer span, the DART
-authors' M_Reas role). The gradient is with respect to the trainable tree of `method`: the whole
+generated token outside tool spans; `tool`: inside them, the closing tag included; `answer`: the final
+answer span, the DART authors' M_Reas role). `tags_in_tool` adds the opening tag to the tool role (the
+authors' tool-span mask, "tags included"; the router gives it to reasoning, whose position predicts it). The gradient is with respect to the trainable tree of `method`: the whole
 backbone (variant `full`: the paper's `params=full`) or the adapters (`dart` / `lora`).
 """
 
@@ -42,14 +43,14 @@ class RoleGradients:
     gradient; a group: the authors' per-group gradient)."""
 
     def __init__(self, cfg, method: MethodSpec, router, weighting: str = "advantage", temperature: float = 1.0,
-                 chunk: int = 128, pad_multiple: int = 64, answer_tags=None):
+                 chunk: int = 128, pad_multiple: int = 64, answer_tags=None, tags_in_tool: bool = False):
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting {weighting!r}; expected one of {WEIGHTINGS}")
         if method.isolation != "forward":
             raise ValueError("per-role gradients come from separate passes: use isolation='forward' (a strict "
                              "method splits each pass again)")
         self.cfg, self.method, self.router, self.weighting = cfg, method, router, weighting
-        self.pad_multiple, self.answer_tags = pad_multiple, answer_tags
+        self.pad_multiple, self.answer_tags, self.tags_in_tool = pad_multiple, answer_tags, tags_in_tool
         self.lc = role_loss_config(temperature, chunk)
         self._acc = jax.jit(make_accumulate(cfg, dataclasses.replace(method, role_mask="both"), self.lc))
         self._score = jax.jit(make_scorer(cfg, temperature, chunk))
@@ -58,8 +59,15 @@ class RoleGradients:
         """Token arrays of the rows with the loss mask restricted to `role`."""
         if role not in ROLES:
             raise ValueError(f"role {role!r}; expected one of {ROLES}")
-        return token_arrays(ids, positions, loss_mask, dataclasses.replace(self.method, role_mask=role), self.router,
-                            self.pad_multiple, self.answer_tags)
+        arr = token_arrays(ids, positions, loss_mask, dataclasses.replace(self.method, role_mask=role), self.router,
+                           self.pad_multiple, self.answer_tags)
+        if role == "tool" and self.tags_in_tool:
+            # the opening tag is predicted from a reasoning position (the router's loss role); the DART
+            # authors' tool-span mask includes it (their "tags included")
+            opening = np.isin(arr["tokens"], np.asarray(self.router.open_ids))
+            sampled = np.pad(np.asarray(loss_mask, np.float32), ((0, 0), (0, arr["tokens"].shape[1] - ids.shape[1])))
+            arr["loss_mask"] = np.maximum(arr["loss_mask"], (opening & (sampled > 0)).astype(np.float32))
+        return arr
 
     def __call__(self, params, base, ids: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray,
                  advantages: np.ndarray, role: str, key: jax.Array | None = None):

@@ -1,0 +1,265 @@
+"""Gradient alignment's report (issue 18): the per-query statistics written by `grad_run` become
+angles.csv, summary.json, report.md and the figures. Numbers here; drawing in grad_plots.
+
+angles.csv: protocol, params, weighting, query, a, b, kind, tensor, layer, angle — one row per pair
+and granularity: tensor "all" / layer "all" is the angle flattened over every parameter (the paper's),
+tensor "all" / layer L over layer L's tensors, tensor T / layer "all" over T's layers, and (authors'
+protocol) tensor T / layer L per unit (their per-parameter cosines). a, b: trajectory indices in the
+query's group (paper), or "A" / "B" subsets (authors).
+
+Statistics. Pairs of one query are not independent, so comparisons are made across queries: each
+query's median cross-role angle against its median same-role angle, a one-sided Wilcoxon signed-rank
+test (cross > same) over queries and a bootstrap CI (seeded, 10k) of the median paired difference.
+The authors' protocol keeps their own statistic beside it: per layer, one-sided Wilcoxon over (sample,
+unit) pairs when n ≥ 10, after dropping samples whose every angle is ≤ 1°.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import numpy as np
+
+from dart_jax.analysis import grad_angles as ga
+from dart_jax.analysis.grad_run import flip, paper_pairs
+
+KINDS = ("cross", "same_reasoning", "same_tool")
+NEAR_90 = (80.0, 100.0)
+
+
+def _load(d: str) -> list[dict]:
+    if not os.path.isdir(d):
+        return []
+    out = []
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".npz") and not f.endswith(".tmp.npz"):
+            with np.load(os.path.join(d, f), allow_pickle=False) as z:
+                out.append({k: z[k] for k in z.files})
+    return out
+
+
+def _describe(v) -> dict:
+    v = np.asarray(v, np.float64)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return {"n": 0}
+    q1, med, q3 = np.percentile(v, [25, 50, 75])
+    return {"n": int(len(v)), "mean": float(v.mean()), "median": float(med), "q1": float(q1), "q3": float(q3),
+            "share_80_100": float(np.mean((v >= NEAR_90[0]) & (v <= NEAR_90[1])))}
+
+
+def paired_test(cross: np.ndarray, same: np.ndarray, n_boot: int = 10_000, seed: int = 0) -> dict:
+    """Per-query medians, paired: Wilcoxon one-sided (cross > same) and the bootstrap CI of the median
+    difference over queries."""
+    from scipy.stats import wilcoxon
+    c, s = np.asarray(cross, np.float64), np.asarray(same, np.float64)
+    ok = np.isfinite(c) & np.isfinite(s)
+    d = c[ok] - s[ok]
+    out = {"queries": int(len(d))}
+    if not len(d):
+        return out
+    out["median_difference"] = float(np.median(d))
+    out["share_cross_above"] = float(np.mean(d > 0))
+    rng = np.random.default_rng(seed)
+    boots = np.median(d[rng.integers(0, len(d), (n_boot, len(d)))], axis=1)
+    out["ci95"] = [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]
+    out["wilcoxon_p"] = float(wilcoxon(d, alternative="greater").pvalue) if len(d) >= 2 and np.any(d != 0) \
+        else float("nan")
+    return out
+
+
+# -- paper protocol --------------------------------------------------------------------------------
+def paper_tables(records: list[dict], weighting: str):
+    """-> (rows for angles.csv, flattened angles per kind, per-query medians per kind, per-layer angles
+    per kind {layer: [angles]})."""
+    rows, flat = [], {k: [] for k in KINDS}
+    med = {k: [] for k in KINDS}
+    per_layer: dict = {k: {} for k in KINDS}
+    for r in records:
+        uid, gram, names, layers = str(r["uid"]), r["gram"], r["names"], r["layers"]
+        g = len(r["advantages"])
+        pairs = paper_pairs(r["present"], r["advantages"], weighting)
+        tensors = list(dict.fromkeys(names.tolist()))
+        layer_ids = sorted(set(layers.tolist()))
+        for kind in KINDS:
+            ps = pairs[kind]
+            if not ps:
+                med[kind].append(np.nan)
+                continue
+            ij = [(i, j) for i, j, _ in ps]
+            flips = [f for _, _, f in ps]
+            theta = flip(ga_pairs(gram, ij), flips)
+            flat[kind] += theta.tolist()
+            med[kind].append(float(np.median(theta)))
+            for (i, j, _), t in zip(ps, theta):
+                rows.append(("paper", weighting, uid, i % g, j % g, kind, "all", "all", t))
+            for layer in layer_ids:
+                th = flip(ga_pairs(gram, ij, layers == layer), flips)
+                per_layer[kind].setdefault(layer, []).extend(th.tolist())
+                rows += [("paper", weighting, uid, i % g, j % g, kind, "all", layer, t)
+                         for (i, j, _), t in zip(ps, th)]
+            for name in tensors:
+                th = flip(ga_pairs(gram, ij, names == name), flips)
+                rows += [("paper", weighting, uid, i % g, j % g, kind, name, "all", t)
+                         for (i, j, _), t in zip(ps, th)]
+    return rows, flat, med, per_layer
+
+
+def ga_pairs(gram: np.ndarray, ij: list[tuple[int, int]], units: np.ndarray | None = None) -> np.ndarray:
+    g = gram if units is None else gram[units]
+    tot = g.sum(0)
+    i, j = np.asarray(ij).T
+    return ga.angle(tot[i, j], tot[i, i], tot[j, j])
+
+
+# -- authors' protocol -----------------------------------------------------------------------------
+def authors_tables(records: list[dict], weighting: str):
+    """-> (rows, per-unit angle matrices {cross, same} [S, U] after dropping flat samples, layers [U],
+    flattened angle per sample per kind, counts)."""
+    rows, flat = [], {"cross": [], "same": []}
+    mats = {"cross": [], "same": []}
+    layers = names = None
+    for r in records:
+        uid = str(r["uid"])
+        names, layers = r["names"], r["layers"]
+        for kind in ("cross", "same"):
+            dot, n1, n2 = (r[f"{weighting}_{kind}_{x}"] for x in ("dot", "n1", "n2"))
+            mats[kind].append(ga.angle(dot, n1, n2))
+            flat[kind].append(float(ga.angle(dot.sum(), n1.sum(), n2.sum())))
+    if not records:
+        return rows, {}, None, flat, {"samples": 0, "kept": 0}
+    cross, same = np.stack(mats["cross"]), np.stack(mats["same"])
+    keep = ga.drop_flat_samples(cross) & ga.drop_flat_samples(same)
+    for q, (r, c_row, s_row) in enumerate(zip(records, cross, same)):
+        uid = str(r["uid"])
+        for kind, a, b, row in (("cross", "A:tool", "A:answer", c_row), ("same", "A:tool", "B:tool", s_row)):
+            rows.append(("authors", weighting, uid, a, b, kind, "all", "all", flat[kind][q]))
+            rows += [("authors", weighting, uid, a, b, kind, n, int(ly), float(t))
+                     for n, ly, t in zip(names.tolist(), layers.tolist(), row)]
+    return rows, {"cross": cross[keep], "same": same[keep]}, layers, flat, {"samples": len(records),
+                                                                               "kept": int(keep.sum())}
+
+
+def write_report(study_dir: str, out: str, c, times: dict | None = None, n_boot: int = 10_000) -> dict:
+    """Everything under `study_dir`/grads -> `out`/{angles.csv, summary.json, report.md, *.png}."""
+    from dart_jax.analysis import grad_plots
+    os.makedirs(out, exist_ok=True)
+    summary: dict = {"setting": {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in c.items()},
+                     "paper": {}, "authors": {}, "stage_seconds": times or {}}
+    csv_path = os.path.join(out, "angles.csv")
+    paper_figs, layer_figs = {}, {}
+    with open(csv_path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["protocol", "params", "weighting", "query", "a", "b", "kind", "tensor", "layer", "angle"])
+        for params in c.params:
+            for protocol in c.protocols:
+                records = _load(os.path.join(study_dir, "grads", params, protocol))
+                if not records:
+                    continue
+                for weighting in ("advantage", "loglik"):
+                    key = f"{params}/{weighting}"
+                    if protocol == "paper":
+                        rows, flat, med, per_layer = paper_tables(records, weighting)
+                        s = {k: _describe(v) for k, v in flat.items()}
+                        s["queries"] = len(records)
+                        s["exact"] = bool(all(bool(r["exact"]) for r in records))
+                        s["sketch_dim"] = int(max(int(r["sketch_dim"]) for r in records))
+                        for kind in ("same_reasoning", "same_tool"):
+                            s[f"cross_vs_{kind}"] = paired_test(med["cross"], med[kind], n_boot)
+                        s["per_layer"] = {k: {int(ly): _describe(v) for ly, v in per_layer[k].items()} for k in KINDS}
+                        summary["paper"][key] = s
+                        paper_figs[key] = flat
+                        layer_figs[("paper", key)] = ({k: per_layer[k] for k in KINDS}, None)
+                    else:
+                        rows, m, layers, flat, counts = authors_tables(records, weighting)
+                        s = {"flattened": {k: _describe(v) for k, v in flat.items()}, **counts,
+                             "cross_vs_same": paired_test(flat["cross"], flat["same"], n_boot)}
+                        if m:
+                            s["per_layer"] = {"cross": ga.layer_summary(m["cross"], layers),
+                                              "same": ga.layer_summary(m["same"], layers),
+                                              "tests": ga.layer_tests(m["cross"], m["same"], layers,
+                                                                      int(c.get("min_n", 10)))}
+                            layer_figs[("authors", key)] = (
+                                {"cross": {int(ly): m["cross"][:, layers == ly].ravel().tolist()
+                                           for ly in sorted(set(layers.tolist()))},
+                                 "same": {int(ly): m["same"][:, layers == ly].ravel().tolist()
+                                          for ly in sorted(set(layers.tolist()))}},
+                                s["per_layer"]["tests"])
+                        summary["authors"][key] = s
+                    for row in rows:
+                        w.writerow([row[0], params, *row[1:]])
+    files = {"angles": csv_path}
+    if paper_figs:
+        files["histogram"] = grad_plots.cross_vs_same(paper_figs, os.path.join(out, "paper_cross_vs_same.png"))
+    for (protocol, key), (per_layer, tests) in layer_figs.items():
+        name = f"{protocol}_layers_{key.replace('/', '_')}.png"
+        files[f"layers {protocol} {key}"] = grad_plots.per_layer(per_layer, tests, os.path.join(out, name),
+                                                                 f"{protocol} protocol, {key}")
+    summary["files"] = files
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1, default=float)
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(render(summary))
+    return summary
+
+
+def _fmt(d: dict) -> str:
+    if not d.get("n"):
+        return "—"
+    return f"{d['median']:.1f}° [{d['q1']:.1f}, {d['q3']:.1f}] (n {d['n']})"
+
+
+def render(summary: dict) -> str:
+    lines = ["# Gradient alignment: reasoning vs tool", ""]
+    st = summary["setting"]
+    lines += [f"Setting: {st.get('datasets')} (first {st.get('limit')}), G = {st.get('group_size')} at "
+              f"T = {st.get('temperature')}, up to {st.get('queries')} queries with mixed outcomes; "
+              f"params {st.get('params')}; protocols {st.get('protocols')}.", ""]
+    if summary["paper"]:
+        lines += ["## Paper protocol (per trajectory, flattened over all parameters)", "",
+                  "Median angle [IQR] (pairs). Cross = reasoning vs tool gradient of one trajectory; same = one "
+                  "role, two trajectories of a query. Per-query test: each query's median cross angle vs its "
+                  "median same-role angle (Wilcoxon one-sided, cross > same; bootstrap 95% CI of the median "
+                  "difference over queries).", "",
+                  "| params / weighting | queries | cross | same reasoning | same tool | cross in 80–100° | "
+                  "cross − same reas. (CI, p) | cross − same tool (CI, p) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for key, s in summary["paper"].items():
+            tests = []
+            for kind in ("same_reasoning", "same_tool"):
+                t = s[f"cross_vs_{kind}"]
+                tests.append(f"{t['median_difference']:+.1f}° [{t['ci95'][0]:+.1f}, {t['ci95'][1]:+.1f}], "
+                             f"p {t['wilcoxon_p']:.2g}" if t.get("queries") else "—")
+            near = s["cross"].get("share_80_100")
+            how = "" if s["exact"] else f" (sketch {s['sketch_dim']})"
+            lines.append(f"| {key}{how} | {s['queries']} | "
+                         f"{_fmt(s['cross'])} | {_fmt(s['same_reasoning'])} | {_fmt(s['same_tool'])} | "
+                         f"{'—' if near is None else f'{near:.0%}'} | {tests[0]} | {tests[1]} |")
+        lines.append("")
+    if summary["authors"]:
+        lines += ["## Authors' protocol (5-response batches, per parameter tensor)", "",
+                  "Cross = tool-span gradient vs answer-span gradient of subset A; same = tool-span gradients of "
+                  "subsets A and B. Flattened angles per sample, and the layers where the per-layer Wilcoxon "
+                  "(cross > same, n ≥ 10 pairs) gives p < 0.05.", "",
+                  "| params / weighting | samples kept | cross (flattened) | same (flattened) | cross − same (CI, p) "
+                  "| layers p < 0.05 |", "|---|---|---|---|---|---|"]
+        for key, s in summary["authors"].items():
+            t = s["cross_vs_same"]
+            sig = [ly for ly, v in s.get("per_layer", {}).get("tests", {}).items() if v["p"] == v["p"] and v["p"] < 0.05]
+            n_l = len(s.get("per_layer", {}).get("tests", {}))
+            test = (f"{t['median_difference']:+.1f}° [{t['ci95'][0]:+.1f}, {t['ci95'][1]:+.1f}], p {t['wilcoxon_p']:.2g}"
+                    if t.get("queries") else "—")
+            lines.append(f"| {key} | {s['kept']}/{s['samples']} | {_fmt(s['flattened']['cross'])} | "
+                         f"{_fmt(s['flattened']['same'])} | {test} | {len(sig)}/{n_l} |")
+        lines.append("")
+    times = summary.get("stage_seconds") or {}
+    if times:
+        lines += ["## Wall time", ""]
+        for stage, items in times.items():
+            for item, v in items.items():
+                lines.append(f"- {stage} {item}: {v['seconds']:.0f} s")
+        lines.append("")
+    lines += ["Files: " + ", ".join(os.path.basename(p) for p in summary.get("files", {}).values()), ""]
+    return "\n".join(lines)

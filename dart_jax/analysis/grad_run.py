@@ -1,0 +1,459 @@
+"""Gradient alignment end to end (METHOD §2, issue 18) as resumable stages under one directory
+(`config.grad_angles.out`):
+
+    rollouts/chunk_NNN.npz    G samples per query at T = `temperature` by the policy (the config's model
+                              + warm start, or a checkpoint), `chunk` queries at a time, until `queries`
+                              groups with mixed outcomes (some right, some wrong) are in hand or the pool
+                              (`datasets`, first `limit`) ends; settings.json records what sampled them, and
+                              a different setting samples again (with a warning naming why)
+    grads/<params>/<protocol>/<uid>.npz
+                              per mixed query: `paper` — the Gram matrix, per unit (tensor × layer), of the
+                              2G per-trajectory role gradients (reasoning of each trajectory, tool of each);
+                              `authors` — per-unit (g1·g2, |g1|², |g2|²) of tool(A)·answer(A) and
+                              tool(A)·tool(B) for two 5-subsets A, B, per weighting. A query's file is its
+                              checkpoint: an interrupted stage resumes at the next query
+    report/                   angles.csv, summary.json, report.md and the figures (grad_report)
+    stages.json               each stage's wall time
+
+Gradients (analysis.grad_roles): one backward pass per role, the GRPO surrogate at ratio 1 restricted to
+the role's tokens, token-mean; `params=full` differentiates the whole backbone (the paper), `adapters`
+the policy's adapters (a fresh shared LoRA of rank `adapter_rank` when the policy has none: its B = 0,
+so only B receives gradient, g_B = g_W·Aᵀ, a random projection of the backbone's gradient).
+
+Weighting (the paper leaves open whether the advantage weights the per-trajectory gradient): the paper
+protocol computes the log-likelihood gradient g(τ) once per (trajectory, role); the advantage-weighted
+gradient is A_τ·g(τ) exactly (the token-mean's denominator is τ's own), so its angles follow: a
+cross-role angle within τ is unchanged (A_τ² > 0), a same-role angle between τ and τ' is θ when
+A_τ A_τ' > 0 and 180° − θ when < 0, undefined when an advantage is 0 (tested against direct passes).
+The authors' protocol weights inside a 5-response batch, so it runs both weightings as passes.
+
+Same-role pairs need all G gradients of a role at once: exact Gram matrices when 2G gradient trees fit
+in `exact_max_gb`, else a seeded CountSketch of each gradient (`sketch_dim` buckets per unit;
+analysis.grad_angles.Sketch), whose angles the tests hold to exact ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+
+import jax
+import numpy as np
+
+from dart_jax.analysis import grad_angles as ga
+
+log = logging.getLogger(__name__)
+
+STAGES = ("sample", "grads", "report")
+PARAMS = ("full", "adapters")
+PROTOCOLS = ("paper", "authors")
+WEIGHTINGS = ("advantage", "loglik")
+
+
+def _section(config):
+    if "grad_angles" not in config:
+        raise ValueError("launch.grad_angles needs a config with a `grad_angles` section "
+                         "(configs/grad_angles_quickstart.py)")
+    c = config.grad_angles
+    bad = [p for p in c.params if p not in PARAMS] + [p for p in c.protocols if p not in PROTOCOLS]
+    if bad:
+        raise ValueError(f"config.grad_angles: unknown params / protocols {bad}; expected {PARAMS} / {PROTOCOLS}")
+    if int(c.group_size) < 2:
+        raise ValueError(f"config.grad_angles.group_size = {c.group_size}: same-role pairs need at least 2")
+    if "authors" in c.protocols and int(c.group_size) < int(c.authors_k):
+        raise ValueError(f"config.grad_angles.group_size {c.group_size} < authors_k {c.authors_k}")
+    return c
+
+
+def mixed(acc: np.ndarray) -> bool:
+    """A group with at least one right and one wrong answer."""
+    acc = np.asarray(acc)
+    return bool((acc > 0).any() and (acc <= 0).any())
+
+
+def pick_subset(acc: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k indices of a mixed group with ≥ 1 right and ≥ 1 wrong (the authors' 5-response batches): one
+    right and one wrong drawn first, the rest uniformly from the remaining responses; sorted."""
+    acc = np.asarray(acc)
+    right, wrong = np.flatnonzero(acc > 0), np.flatnonzero(acc <= 0)
+    if not len(right) or not len(wrong) or len(acc) < k:
+        raise ValueError(f"a subset of {k} with right and wrong answers needs a mixed group of ≥ {k}")
+    first = [int(rng.choice(right)), int(rng.choice(wrong))]
+    rest = np.setdiff1d(np.arange(len(acc)), first)
+    return np.sort(np.concatenate([first, rng.choice(rest, k - 2, replace=False)])).astype(np.int64)
+
+
+def paper_pairs(present: np.ndarray, advantages: np.ndarray, weighting: str) -> dict[str, list]:
+    """Index pairs into the 2G Gram rows (i < G: reasoning of trajectory i; G + i: its tool) by kind,
+    each with the sign flip its weighting implies: [(i, j, flip)]. Under `advantage` a pair with a zero
+    advantage is undefined (left out); a same-role pair with advantages of opposite signs is flipped."""
+    g = len(advantages)
+    adv = np.asarray(advantages, np.float64)
+    ok = present.astype(bool)
+    usable = lambda i: weighting == "loglik" or adv[i % g] != 0  # noqa: E731
+    out: dict[str, list] = {"cross": [], "same_reasoning": [], "same_tool": []}
+    for i in range(g):
+        if ok[i] and ok[g + i] and usable(i):
+            out["cross"].append((i, g + i, False))
+    for kind, off in (("same_reasoning", 0), ("same_tool", g)):
+        for i in range(g):
+            for j in range(i + 1, g):
+                if ok[off + i] and ok[off + j] and usable(i) and usable(j):
+                    out[kind].append((off + i, off + j, weighting == "advantage" and adv[i] * adv[j] < 0))
+    return out
+
+
+def flip(theta: np.ndarray, flips) -> np.ndarray:
+    theta = np.asarray(theta, np.float64).copy()
+    f = np.asarray(flips, bool)
+    theta[f] = 180.0 - theta[f]
+    return theta
+
+
+def tree_nbytes(tree) -> int:
+    return int(sum(x.size * 4 for x in jax.tree.leaves(tree)))
+
+
+def exact_gram(trees: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """-> (tensor names [U], layers [U], Gram [U, N, N] float64) of N gradient trees (None: a zero
+    gradient), leaf by leaf."""
+    import jax.numpy as jnp
+    ref = next(t for t in trees if t is not None)
+    names, layers, blocks = [], [], []
+    leaves = [jax.tree.leaves(t) if t is not None else None for t in trees]
+    for k, (name, stacked) in enumerate(ga.unit_names(ref)):
+        shape = jax.tree.leaves(ref)[k].shape
+        rows = [jnp.asarray(lv[k], jnp.float32) if lv is not None else jnp.zeros(shape, jnp.float32)
+                for lv in leaves]
+        x = jnp.stack(rows)
+        x = x.reshape(len(rows), shape[0], -1) if stacked else x.reshape(len(rows), 1, -1)
+        blocks.append(np.asarray(_gram(x), np.float64))
+        names += [name] * x.shape[1]
+        layers += list(range(x.shape[1])) if stacked else [-1]
+    return np.asarray(names), np.asarray(layers, np.int64), np.concatenate(blocks)
+
+
+@jax.jit
+def _gram(x):
+    import jax.numpy as jnp
+    return jnp.einsum("iln,jln->lij", x, x, precision=jax.lax.Precision.HIGHEST)
+
+
+def sketch_gram(sketches: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The same from Sketch outputs (None: zero)."""
+    ref = next(s for s in sketches if s is not None)
+    names, layers, rows = ref
+    s = np.stack([x[2] if x is not None else np.zeros_like(rows) for x in sketches]).astype(np.float64)
+    return names, layers, np.einsum("iud,jud->uij", s, s)
+
+
+@dataclasses.dataclass
+class Group:
+    """One query's G trajectories (numpy, as sampled)."""
+    uid: str
+    ids: np.ndarray
+    positions: np.ndarray
+    loss_mask: np.ndarray
+    scores: np.ndarray
+    accuracy: np.ndarray
+
+
+class Study:
+    """The stages of one gradient-alignment experiment; each skips what its outputs show is done."""
+
+    def __init__(self, config, checkpoint: str | None = None, step: int | None = None):
+        self.config, self.checkpoint, self.step = config, checkpoint, step
+        self.c = _section(config)
+        self.out = self.c.out
+        os.makedirs(self.out, exist_ok=True)
+        self._policy = None
+        self._rg: dict = {}
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+    def _record(self, stage: str, item: str, seconds: float, **extra) -> None:
+        path = os.path.join(self.out, "stages.json")
+        times = self.times()
+        times.setdefault(stage, {})[item] = {"seconds": round(seconds, 1),
+                                             "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
+        with open(path + ".tmp", "w") as f:
+            json.dump(times, f, indent=1)
+        os.replace(path + ".tmp", path)
+
+    def times(self) -> dict:
+        path = os.path.join(self.out, "stages.json")
+        if not os.path.isfile(path):
+            return {}
+        with open(path) as f:
+            return json.load(f)
+
+    def policy(self):
+        if self._policy is None:
+            from dart_jax.eval.policy import load_eval_policy
+            from dart_jax.run.policy import run_mesh
+            self._policy = load_eval_policy(self.config, run_mesh(self.config), self.checkpoint, step=self.step,
+                                            seed=int(self.c.seed))
+        return self._policy
+
+    # -- sample ------------------------------------------------------------------------------------
+    def settings(self) -> dict:
+        c = self.c
+        return {"model": self.config.model.path, "warm_start": self.config.get("warm_start", "") or "",
+                "checkpoint": self.checkpoint or "", "step": self.step, "datasets": sorted(c.datasets),
+                "limit": int(c.limit) if c.limit else None, "group_size": int(c.group_size),
+                "temperature": float(c.temperature), "seed": int(c.seed), "chunk": int(c.chunk),
+                "rollout": {k: v for k, v in self.config.rollout.items()}}
+
+    def rollout_dir(self) -> str:
+        return os.path.join(self.out, "rollouts")
+
+    def _chunks(self) -> list[str]:
+        d = self.rollout_dir()
+        if not os.path.isdir(d):
+            return []
+        return sorted(os.path.join(d, f) for f in os.listdir(d) if f.startswith("chunk_") and f.endswith(".npz"))
+
+    def groups(self) -> list[Group]:
+        """Every sampled group, in sampling order."""
+        out = []
+        for path in self._chunks():
+            z = np.load(path, allow_pickle=False)
+            g = int(z["group_size"])
+            for q, uid in enumerate(z["uids"].tolist()):
+                s = slice(q * g, (q + 1) * g)
+                out.append(Group(uid, z["ids"][s], z["positions"][s], z["loss_mask"][s], z["scores"][s],
+                                 z["accuracy"][s]))
+        return out
+
+    def mixed_groups(self) -> list[Group]:
+        return [g for g in self.groups() if mixed(g.accuracy)][:int(self.c.queries)]
+
+    def _pool(self) -> list[dict]:
+        from dart_jax.eval.datasets import load_set, resolve
+        rows = []
+        for s in resolve(list(self.c.datasets), self.config.task):
+            r, _ = load_set(s, int(self.c.limit) if self.c.limit else None)
+            rows += r
+        return rows
+
+    def sample(self) -> dict:
+        from dart_jax.rewards.training import make_reward
+        from dart_jax.rl import stages as rl_stages
+        from dart_jax.rl.sections import reward_config, section
+        from dart_jax.rollout.agent import Agent, RolloutConfig
+        from dart_jax.rollout.protocol import PROTOCOLS as TASKS
+        from dart_jax.rollout.sampling import SamplingConfig
+        from dart_jax.run.held_out import task_accuracy
+        from dart_jax.run.task import build_tool
+
+        c, d = self.c, self.rollout_dir()
+        settings_path = os.path.join(d, "settings.json")
+        want = self.settings()
+        if os.path.isfile(settings_path):
+            with open(settings_path) as f:
+                got = json.load(f)
+            diffs = [f"{k}: {got.get(k)!r} → {want[k]!r}" for k in want if got.get(k) != want[k]]
+            if diffs:
+                log.warning("grad_angles sample: %s was sampled differently (%s): sampling again", d, "; ".join(diffs))
+                for p in self._chunks():
+                    os.remove(p)
+        os.makedirs(d, exist_ok=True)
+        with open(settings_path, "w") as f:
+            json.dump(want, f, indent=1)
+        rows = self._pool()
+        chunks = self._chunks()
+        have = len(self.mixed_groups())
+        start = len(chunks) * int(c.chunk)
+        if have >= int(c.queries) or start >= len(rows):
+            log.info("grad_angles sample: done (%d mixed groups of %d queries sampled)", have, start)
+            return {"mixed": have, "sampled": min(start, len(rows)), "status": "skipped"}
+        pol = self.policy()
+        protocol = TASKS[self.config.task]
+        agent = Agent(pol.cfg, pol.tokenizer, protocol, build_tool(self.config, protocol),
+                      SamplingConfig(temperature=float(c.temperature)),
+                      RolloutConfig(**section(self.config, "rollout"), route_mode=pol.route_mode),
+                      pol.router_convention or self.config.router.convention)
+        reward = make_reward(self.config.task, reward_config(self.config))
+        from tqdm.auto import tqdm
+        bar = tqdm(total=int(c.queries), initial=have, desc="mixed groups", unit="query")
+        t0 = time.perf_counter()
+        k = len(chunks)
+        while have < int(c.queries) and start < len(rows):
+            part = rows[start:start + int(c.chunk)]
+            seed = int(c.seed) * 1_000_003 + k
+            ro = rl_stages.rollout(agent, (pol.base, pol.adapters), part, int(c.group_size), seed)
+            sc = reward.score(ro.tb.response_text, ro.metas)
+            acc = task_accuracy(self.config.task, ro.tb.response_text, ro.metas, sc.scores)
+            tb = ro.tb
+            np.savez(os.path.join(d, f"chunk_{k:03d}.npz"), ids=tb.ids, positions=tb.positions, loss_mask=tb.loss_mask,
+                     scores=sc.scores, accuracy=acc, uids=np.asarray([str(r["id"]) for r in part]),
+                     group_size=int(c.group_size), seed=seed)
+            with open(os.path.join(d, f"chunk_{k:03d}.jsonl"), "w") as f:
+                for i, text in enumerate(tb.response_text):
+                    f.write(json.dumps({"uid": str(tb.uids[i]), "score": float(sc.scores[i]),
+                                        "accuracy": float(acc[i]), "response": text}, ensure_ascii=False) + "\n")
+            new = len(self.mixed_groups())
+            bar.update(new - have)
+            have, start, k = new, start + len(part), k + 1
+        bar.close()
+        self._record("sample", f"chunks_{len(chunks):03d}-{k - 1:03d}", time.perf_counter() - t0, mixed=have,
+                     sampled=min(start, len(rows)))
+        if have < int(c.queries):
+            log.warning("grad_angles sample: the pool (%d queries) gave %d mixed groups of the %d asked", len(rows),
+                        have, int(c.queries))
+        return {"mixed": have, "sampled": min(start, len(rows)), "status": "sampled"}
+
+    # -- gradients ---------------------------------------------------------------------------------
+    def grad_dir(self, params: str, protocol: str) -> str:
+        return os.path.join(self.out, "grads", params, protocol)
+
+    def _role_grads(self, params: str, weighting: str, tags_in_tool: bool = False):
+        """-> (RoleGradients, trainable tree, base) for `params` (built once per (params, weighting): each
+        RoleGradients owns its jitted passes)."""
+        key = (params, weighting, tags_in_tool)
+        if key not in self._rg:
+            self._rg[key] = self._build_role_grads(params, weighting, tags_in_tool)
+        return self._rg[key]
+
+    def _build_role_grads(self, params: str, weighting: str, tags_in_tool: bool):
+        from dart_jax.adapters.method import MethodSpec, init_adapters
+        from dart_jax.analysis.grad_roles import RoleGradients
+        from dart_jax.roles.router import RouterSpec
+        from dart_jax.rollout.protocol import PROTOCOLS as TASKS
+        from dart_jax.rollout.protocol import tag_variants
+        from dart_jax.tokenization.sentinels import sentinel_ids
+        pol = self.policy()
+        protocol = TASKS[self.config.task]
+        tok = pol.tokenizer
+        ids = sentinel_ids(tok, (protocol.tool_open, protocol.tool_close))
+        router = RouterSpec((ids[protocol.tool_open],), (ids[protocol.tool_close],),
+                            pol.router_convention or self.config.router.convention)
+        answer_tags = (tuple(tag_variants(tok, protocol.answer_open)), tuple(tag_variants(tok, protocol.answer_close)))
+        if params == "full":
+            if pol.adapters:
+                raise ValueError("params=full differentiates the backbone of a policy without adapters; this policy "
+                                 f"has {sorted(pol.adapters)} (use params=adapters, or no --checkpoint)")
+            method = MethodSpec("full")
+            tree = pol.base
+        elif pol.adapters:
+            names = sorted(pol.adapters)
+            method = MethodSpec("dart" if len(names) == 2 else "lora", rank=int(self.config.method.rank))
+            tree = pol.adapters
+        else:
+            rank = int(self.c.adapter_rank)
+            method = MethodSpec("lora", rank=rank, alpha=2.0 * rank)
+            tree = init_adapters(method, pol.cfg, jax.random.PRNGKey(int(self.c.seed)))
+        rg = RoleGradients(pol.cfg, method, router, weighting, pad_multiple=int(self.config.train.pad_multiple),
+                           answer_tags=answer_tags, tags_in_tool=tags_in_tool)
+        return rg, tree, pol.base
+
+    def grads(self) -> dict:
+        c = self.c
+        groups = self.mixed_groups()
+        if not groups:
+            raise FileNotFoundError(f"grad_angles grads: no mixed groups under {self.rollout_dir()} (run the sample "
+                                    "stage first)")
+        done = {}
+        from tqdm.auto import tqdm
+        for params in c.params:
+            for protocol in c.protocols:
+                d = self.grad_dir(params, protocol)
+                os.makedirs(d, exist_ok=True)
+                todo = [g for g in groups if not os.path.isfile(os.path.join(d, f"{_safe(g.uid)}.npz"))]
+                if not todo:
+                    done[f"{params}/{protocol}"] = "skipped"
+                    continue
+                t0 = time.perf_counter()
+                fn = self._paper_query if protocol == "paper" else self._authors_query
+                for g in tqdm(todo, desc=f"{params}/{protocol}", unit="query"):
+                    stats = fn(params, g)
+                    path = os.path.join(d, f"{_safe(g.uid)}.npz")
+                    np.savez(path + ".tmp.npz", uid=g.uid, **stats)
+                    os.replace(path + ".tmp.npz", path)
+                self._record("grads", f"{params}/{protocol}", time.perf_counter() - t0, queries=len(todo))
+                done[f"{params}/{protocol}"] = len(todo)
+        return done
+
+    def _paper_query(self, params: str, g: Group) -> dict:
+        """2G log-likelihood gradients (reasoning, then tool, per trajectory) -> their per-unit Gram."""
+        from dart_jax.rl.advantages import grpo_advantages
+        import jax.numpy as jnp
+        rg, tree, base = self._role_grads(params, "loglik")
+        n = len(g.scores)
+        adv = np.asarray(grpo_advantages(jnp.asarray(g.scores), jnp.zeros(n, jnp.int32), 1))
+        exact = 2 * n * tree_nbytes(tree) <= float(self.c.exact_max_gb) * 2 ** 30
+        sketch = None if exact else ga.Sketch(int(self.c.sketch_dim), int(self.c.sketch_seed))
+        held, tokens = [], []
+        for role in ("reasoning", "tool"):
+            for i in range(n):
+                grad, k = rg(tree, base, g.ids[i:i + 1], g.positions[i:i + 1], g.loss_mask[i:i + 1], adv[i:i + 1],
+                             role)
+                tokens.append(k)
+                held.append(grad if exact or grad is None else sketch(grad))
+                del grad
+        names, layers, gram = exact_gram(held) if exact else sketch_gram(held)
+        return {"gram": gram, "names": names, "layers": layers, "present": np.asarray(tokens) > 0,
+                "tokens": np.asarray(tokens), "advantages": adv, "scores": g.scores, "accuracy": g.accuracy,
+                "exact": exact, "sketch_dim": 0 if exact else int(self.c.sketch_dim)}
+
+    def _authors_query(self, params: str, g: Group) -> dict:
+        """Per weighting: tool(A) vs answer(A) (cross) and tool(A) vs tool(B) (same role), per unit."""
+        from dart_jax.rl.advantages import grpo_advantages
+        import jax.numpy as jnp
+        k = int(self.c.authors_k)
+        rng = np.random.default_rng([int(self.c.seed), _stable(g.uid)])
+        a, b = pick_subset(g.accuracy, k, rng), pick_subset(g.accuracy, k, rng)
+        out = {"subset_a": a, "subset_b": b, "accuracy": g.accuracy, "scores": g.scores}
+        for weighting in WEIGHTINGS:
+            rg, tree, base = self._role_grads(params, weighting, tags_in_tool=True)
+            grads = {}
+            for name, idx, role in (("tool_a", a, "tool"), ("answer_a", a, "answer"), ("tool_b", b, "tool")):
+                adv = np.asarray(grpo_advantages(jnp.asarray(g.scores[idx]), jnp.zeros(k, jnp.int32), 1))
+                grads[name], _ = rg(tree, base, g.ids[idx], g.positions[idx], g.loss_mask[idx], adv, role)
+            for kind, (x, y) in (("cross", ("tool_a", "answer_a")), ("same", ("tool_a", "tool_b"))):
+                gx, gy = grads[x], grads[y]
+                if gx is None or gy is None:
+                    ref = next(v for v in grads.values() if v is not None) if any(
+                        v is not None for v in grads.values()) else None
+                    if ref is None:
+                        raise ValueError(f"query {g.uid}: no role tokens in its subsets")
+                    zero = jax.tree.map(jnp.zeros_like, ref)
+                    gx, gy = gx if gx is not None else zero, gy if gy is not None else zero
+                st = ga.pair_stats(gx, gy)
+                out.update({f"{weighting}_{kind}_dot": st.dot, f"{weighting}_{kind}_n1": st.n1,
+                            f"{weighting}_{kind}_n2": st.n2})
+                out["names"], out["layers"] = st.tensor, st.layer
+            del grads
+        return out
+
+    # -- report ------------------------------------------------------------------------------------
+    def report(self) -> dict:
+        from dart_jax.analysis.grad_report import write_report
+        t0 = time.perf_counter()
+        summary = write_report(self.out, os.path.join(self.out, "report"), self.c, self.times())
+        self._record("report", "all", time.perf_counter() - t0)
+        return summary
+
+    def run(self, stages=STAGES) -> dict | None:
+        unknown = [s for s in stages if s not in STAGES]
+        if unknown:
+            raise ValueError(f"unknown grad_angles stages {unknown}; expected some of {STAGES}")
+        summary = None
+        if "sample" in stages:
+            self.sample()
+        if "grads" in stages:
+            self.grads()
+        if "report" in stages:
+            summary = self.report()
+        return summary
+
+
+def _safe(uid: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in str(uid))
+
+
+def _stable(uid: str) -> int:
+    import zlib
+    return zlib.crc32(str(uid).encode()) & 0x7FFFFFFF
