@@ -1,7 +1,10 @@
 """Test session set-up: 8 forced CPU devices (sharding tests), fp32 matmuls, shared fixtures."""
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -13,6 +16,13 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+# One compilation cache for the session: tests that build the same program (a tiny model's train step,
+# a sampler segment) from fresh closures compile it once (measured: test_train_step.py 315 s -> 230 s).
+_CACHE = tempfile.mkdtemp(prefix="dart_jax_test_xla_")
+atexit.register(shutil.rmtree, _CACHE, True)
+jax.config.update("jax_compilation_cache_dir", _CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 @pytest.fixture(scope="session")

@@ -89,6 +89,8 @@ def test_sketch_estimates_angles_within_two_degrees_and_is_seeded():
     # same seed in a fresh sketch object: the same numbers; another seed: different buckets
     np.testing.assert_array_equal(ga.Sketch(dim=16384, seed=0)(g)[2], s0)
     assert not np.array_equal(ga.Sketch(dim=16384, seed=1)(g)[2], s0)
+    # buckets drawn inside the jitted sketch (a tree too big to cache them) give the same sketch
+    np.testing.assert_allclose(ga.Sketch(dim=16384, seed=0, cache_bytes=0)(g)[2], s0, rtol=1e-6, atol=1e-5)
     # a sketch preserves squared norms in expectation: within a few percent here
     np.testing.assert_allclose((s0.astype(np.float64) ** 2).sum(), ga.pair_stats(g, g).n1.sum(), rtol=0.05)
 

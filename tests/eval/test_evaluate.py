@@ -104,6 +104,7 @@ def _train_one_step(model_dir, out):
     return c
 
 
+@pytest.mark.slow  # CI budget: kept out of the default run (python -m pytest -m slow)
 def test_orbax_checkpoint_and_exported_adapters_evaluate_identically(tiny_smollm_dir, tmp_path):
     c = _train_one_step(tiny_smollm_dir, tmp_path / "run")
     opts = EvalOptions(limit=3, batch=3, progress=False)
@@ -137,6 +138,7 @@ def test_orbax_checkpoint_and_exported_adapters_evaluate_identically(tiny_smollm
         load_eval_policy(c, mesh, checkpoint=str(tmp_path / "run"), step=7)
 
 
+@pytest.mark.slow  # CI budget: kept out of the default run (python -m pytest -m slow)
 def test_fixed_retrieval_replays_a_run_on_smollm2_with_the_warm_start(tmp_path):
     """The shipped warm start calls the retriever on every question; replaying its own documents
     reproduces its greedy run exactly, and replaying other documents changes only what it reads."""

@@ -129,6 +129,7 @@ def test_data_stream_is_resumable():
     assert sorted(first[:5]) == list(range(5))  # an epoch is a permutation
 
 
+@pytest.mark.slow  # CI budget: kept out of the default run (python -m pytest -m slow)
 def test_sql_task_trains_on_real_spider_databases(tiny_smollm_dir, tmp_path):
     c = _config(tiny_smollm_dir, tmp_path / "sql", steps=1)
     c.task = "sql"
@@ -170,6 +171,7 @@ def test_a_failing_gold_query_drops_its_prompt_and_the_run_goes_on(tiny_smollm_d
         [("How many singers are there?", True)] * 2
 
 
+@pytest.mark.slow  # CI budget: kept out of the default run (python -m pytest -m slow)
 def test_launch_train_cli_with_overrides_and_resume(tiny_smollm_dir, tmp_path):
     """README's main command path: absl flags, ml_collections overrides, --resume, the summary."""
     import subprocess

@@ -102,6 +102,7 @@ def test_answer_tag_stops_after_a_space_as_bpe_writes_it(setup):
             assert any(ids[-len(s):] == s for s in answer), (text, ids, answer)
 
 
+@pytest.mark.slow  # CI budget: kept out of the default run (python -m pytest -m slow)
 def test_a_groups_shared_prefill_gives_the_same_trajectories(setup):
     """G samples of one prompt: prefilling it once and broadcasting the cache rows is the same rollout
     (ids, routes, masks; log-probs to float rounding of a smaller batch) as prefilling each row."""

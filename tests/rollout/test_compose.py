@@ -121,6 +121,7 @@ def test_each_token_is_its_writers_and_no_token_is_encoded_twice(setup):
     assert n_tool >= 4 and dec.appends[0] >= 2 and dec.appends[1] >= 1
 
 
+@pytest.mark.slow  # CI budget: kept out of the default run (python -m pytest -m slow)
 def test_answer_only_segment_and_a_turn_that_starts_inside_a_span(setup):
     """One tool call allowed and Search-R1's corrective message for invalid turns: spans close in the
     answer-only segment (control returns without a call) and turns start inside a span (the tool

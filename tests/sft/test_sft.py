@@ -77,6 +77,7 @@ def _sft_args(model_dir, out, extra=()):
             "--config.output.tensorboard=False", *extra]
 
 
+@pytest.mark.slow  # CI budget: kept out of the default run (python -m pytest -m slow)
 def test_launch_sft_then_grpo_starts_at_the_warm_started_policy(tiny_smollm_dir, tmp_path):
     out = tmp_path / "sft"
     env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")

@@ -45,6 +45,7 @@ def test_nq_questions_find_their_gold_passage(retriever):
     assert scores == sorted(scores, reverse=True) and all(-1.0 <= s <= 1.0 + 1e-5 for s in scores)
 
 
+@pytest.mark.slow  # CI budget: kept out of the default run (python -m pytest -m slow)
 def test_index_kinds(encoder, tmp_path):
     corpus = tmp_path / "c.jsonl"
     docs = read_corpus(DEFAULT_CORPUS)[:600]
