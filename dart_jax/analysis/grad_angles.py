@@ -15,6 +15,7 @@ with layer −1. From the units' (g1·g2, |g1|², |g2|²) follow the angle flatt
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import zlib
 
@@ -109,44 +110,62 @@ class Sketch:
     """A seeded CountSketch per unit: each coordinate of a unit goes to one of `dim` buckets with a
     random sign, so ⟨S g1, S g2⟩ is an unbiased estimate of g1·g2 with standard deviation about
     |g1||g2|/√dim per unit. G gradients are compared pairwise from G sketches (G × units × dim
-    floats) instead of G full gradient trees. Buckets and signs depend only on (seed, tensor name),
-    so sketches taken in different processes compare."""
+    floats) instead of G full gradient trees. Buckets and signs depend only on (seed, tensor name,
+    layer), so sketches taken in different processes compare.
 
-    def __init__(self, dim: int = 4096, seed: int = 0):
+    Buckets and signs cost 8 bytes per parameter. They are kept between calls while the tree's total
+    stays under `cache_bytes` (SmolLM2-135M: 1.1 GB), else drawn again inside the jitted sketch one
+    layer at a time (a 7B backbone's would be 56 GB); both give the same sketch."""
+
+    def __init__(self, dim: int = 4096, seed: int = 0, cache_bytes: float = 2 * 2 ** 30):
         if dim < 1:
             raise ValueError(f"sketch dim {dim}: expected >= 1")
-        self.dim, self.seed = int(dim), int(seed)
-        self._hash: dict[tuple[str, int], tuple[jax.Array, jax.Array]] = {}
+        self.dim, self.seed, self.cache_bytes = int(dim), int(seed), float(cache_bytes)
+        self._hash: dict[tuple[str, tuple], tuple[jax.Array, jax.Array]] = {}
 
-    def _buckets(self, name: str, n: int):
-        key = (name, n)
-        if key not in self._hash:
-            k = jax.random.fold_in(jax.random.PRNGKey(self.seed), zlib.crc32(name.encode()) & 0x7FFFFFFF)
-            kb, ks = jax.random.split(k)
-            self._hash[key] = (jax.random.randint(kb, (n,), 0, self.dim, jnp.int32),
-                               jax.random.rademacher(ks, (n,), jnp.float32))
-        return self._hash[key]
+    def _key(self, name: str) -> jax.Array:
+        return jax.random.fold_in(jax.random.PRNGKey(self.seed), zlib.crc32(name.encode()) & 0x7FFFFFFF)
 
     def __call__(self, g) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """-> (tensor names [U], layers [U], sketches [U, dim]) of one gradient tree."""
         names, layers, rows = [], [], []
+        cache = 8 * sum(x.size for x in jax.tree.leaves(g)) <= self.cache_bytes
         for (name, stacked), x in zip(unit_names(g), jax.tree.leaves(g)):
             x = jnp.asarray(x, jnp.float32)
             x = x.reshape(x.shape[0], -1) if stacked else x.reshape(1, -1)
-            idx, sign = self._buckets(name, x.shape[1])
-            rows.append(np.asarray(_count_sketch(x, idx, sign, self.dim)))
+            if cache:
+                if (name, x.shape) not in self._hash:
+                    self._hash[(name, x.shape)] = _hashes(self._key(name), x.shape[0], x.shape[1], self.dim)
+                rows.append(np.asarray(_scatter(x, *self._hash[(name, x.shape)], self.dim)))
+            else:
+                rows.append(np.asarray(_sketch_fresh(x, self._key(name), self.dim)))
             names += [name] * x.shape[0]
             layers += list(range(x.shape[0])) if stacked else [-1]
         return np.asarray(names), np.asarray(layers, np.int64), np.concatenate(rows)
 
 
-@jax.jit
-def _scatter(x, idx, sign, zeros):
-    return jax.vmap(lambda r: zeros.at[idx].add(r * sign))(x)
+def _unit_hash(key: jax.Array, layer, n: int, dim: int):
+    kb, ks = jax.random.split(jax.random.fold_in(key, layer))
+    return jax.random.randint(kb, (n,), 0, dim, jnp.int32), jax.random.rademacher(ks, (n,), jnp.float32)
 
 
-def _count_sketch(x, idx, sign, dim: int):
-    return _scatter(x, idx, sign, jnp.zeros((dim,), jnp.float32))
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _hashes(key, layers: int, n: int, dim: int):
+    return jax.vmap(lambda i: _unit_hash(key, i, n, dim))(jnp.arange(layers))
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _scatter(x, idx, sign, dim: int):
+    return jax.vmap(lambda r, i, s: jnp.zeros((dim,), jnp.float32).at[i].add(r * s))(x, idx, sign)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _sketch_fresh(x, key, dim: int):
+    def one(args):
+        r, i = args
+        idx, sign = _unit_hash(key, i, r.shape[0], dim)
+        return jnp.zeros((dim,), jnp.float32).at[idx].add(r * sign)
+    return jax.lax.map(one, (x, jnp.arange(x.shape[0])))
 
 
 def sketch_stats(names, layers, s1: np.ndarray, s2: np.ndarray) -> PairStats:

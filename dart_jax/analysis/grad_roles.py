@@ -3,16 +3,19 @@ role's gradient never shares a graph with the other's.
 
 The loss of role r on a set of trajectories is the GRPO surrogate restricted to role-r tokens,
 aggregated as the trainer does (token-mean over the kept tokens), evaluated at the current policy
-(old log-probs = the current ones: ratio 1, nothing clipped), no KL or entropy term:
+(old log-probs = the current ones: ratio 1, nothing clipped), no KL or entropy term. Its gradient is
+that of
 
-    L_r = − Σ_t w_t · m_t^r · log π(y_t)  /  Σ_t m_t^r        (gradient of the surrogate at ratio 1)
+    L_r = − Σ_t w_t · m_t^r · log π(y_t)  /  Σ_t m_t^r
 
-with w_t = the trajectory's GRPO advantage (`weighting="advantage"`) or 1 (`"loglik"`: the
-log-likelihood gradient, advantage-free). m^r is the role mask of rl.batch (`reasoning`: every
-generated token outside tool spans; `tool`: inside them, the closing tag included; `answer`: the final
-answer span, the DART authors' M_Reas role). `tags_in_tool` adds the opening tag to the tool role (the
-authors' tool-span mask, "tags included"; the router gives it to reasoning, whose position predicts it). The gradient is with respect to the trainable tree of `method`: the whole
-backbone (variant `full`: the paper's `params=full`) or the adapters (`dart` / `lora`).
+computed directly (one forward and one backward; no pass for old log-probs), with w_t = the
+trajectory's GRPO advantage (`weighting="advantage"`) or 1 (`"loglik"`: the log-likelihood gradient,
+advantage-free). m^r is the role mask of rl.batch (`reasoning`: every generated token outside tool
+spans; `tool`: inside them, the closing tag included; `answer`: the final answer span, the DART
+authors' M_Reas role). `tags_in_tool` adds the opening tag to the tool role (the authors' tool-span
+mask, "tags included"; the router gives it to reasoning, whose position predicts it). The gradient is
+with respect to the trainable tree of `method`: the whole backbone (variant `full`: the paper's
+`params=full`) or the adapters (`dart` / `lora`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 
 from dart_jax.adapters.method import MethodSpec
 from dart_jax.rl.batch import token_arrays
-from dart_jax.rl.step import LossConfig, make_accumulate, make_scorer
+from dart_jax.rl.step import LossConfig, policy_trees, sequence_logprobs
 
 WEIGHTINGS = ("advantage", "loglik")
 ROLES = ("reasoning", "tool", "answer")
@@ -52,8 +55,15 @@ class RoleGradients:
         self.cfg, self.method, self.router, self.weighting = cfg, method, router, weighting
         self.pad_multiple, self.answer_tags, self.tags_in_tool = pad_multiple, answer_tags, tags_in_tool
         self.lc = role_loss_config(temperature, chunk)
-        self._acc = jax.jit(make_accumulate(cfg, dataclasses.replace(method, role_mask="both"), self.lc))
-        self._score = jax.jit(make_scorer(cfg, temperature, chunk))
+
+        def loss(params, base, tokens, positions, routes, mask, w):
+            # the surrogate's value at ratio 1 is −Σ w·m / Σ m; its gradient is that of −Σ w·m·log π / Σ m
+            fwd_base, fwd_ads = policy_trees(method, params, base)
+            logp, _ = sequence_logprobs(fwd_base, fwd_ads, tokens, positions, routes, cfg=cfg,
+                                        temperature=temperature, chunk=chunk)
+            return -jnp.sum(w[:, None] * mask * logp) / jnp.sum(mask)
+
+        self._grad = jax.jit(jax.grad(loss))
 
     def arrays(self, ids: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray, role: str) -> dict:
         """Token arrays of the rows with the loss mask restricted to `role`."""
@@ -72,18 +82,12 @@ class RoleGradients:
     def __call__(self, params, base, ids: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray,
                  advantages: np.ndarray, role: str, key: jax.Array | None = None):
         """-> (gradient tree, number of role tokens). A role with no tokens in these rows has no gradient:
-        (None, 0)."""
+        (None, 0). `key` is unused (no dropout in an analysis pass); kept for call compatibility."""
         arr = self.arrays(ids, positions, loss_mask, role)
         n = float(arr["loss_mask"].sum())
         if n == 0:
             return None, 0
-        from dart_jax.rl.step import policy_trees
-        fwd_base, fwd_ads = policy_trees(self.method, params, base)
-        old = self._score(fwd_base, fwd_ads, jnp.asarray(arr["tokens"]), jnp.asarray(arr["positions"]),
-                          jnp.asarray(arr["route_ids"]))
         adv = np.ones(len(ids), np.float32) if self.weighting == "loglik" else np.asarray(advantages, np.float32)
-        mb = {k: jnp.asarray(arr[k])[None] for k in ("tokens", "positions", "route_ids", "loss_roles", "loss_mask")}
-        mb.update(old_logp=jax.lax.stop_gradient(old)[None], ref_logp=jax.lax.stop_gradient(old)[None],
-                  advantages=jnp.asarray(adv)[None])
-        grads, _ = self._acc(params, base, mb, jax.random.PRNGKey(0) if key is None else key)
+        grads = self._grad(params, base, *(jnp.asarray(arr[k]) for k in ("tokens", "positions", "route_ids",
+                                                                         "loss_mask")), jnp.asarray(adv))
         return grads, int(n)

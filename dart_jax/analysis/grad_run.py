@@ -171,6 +171,7 @@ class Study:
         os.makedirs(self.out, exist_ok=True)
         self._policy = None
         self._rg: dict = {}
+        self._sketch = None
 
     # -- bookkeeping -------------------------------------------------------------------------------
     def _record(self, stage: str, item: str, seconds: float, **extra) -> None:
@@ -213,7 +214,8 @@ class Study:
         d = self.rollout_dir()
         if not os.path.isdir(d):
             return []
-        return sorted(os.path.join(d, f) for f in os.listdir(d) if f.startswith("chunk_") and f.endswith(".npz"))
+        return sorted(os.path.join(d, f) for f in os.listdir(d)
+                      if f.startswith("chunk_") and f.endswith(".npz") and not f.endswith(".tmp.npz"))
 
     def groups(self) -> list[Group]:
         """Every sampled group, in sampling order."""
@@ -287,13 +289,15 @@ class Study:
             sc = reward.score(ro.tb.response_text, ro.metas)
             acc = task_accuracy(self.config.task, ro.tb.response_text, ro.metas, sc.scores)
             tb = ro.tb
-            np.savez(os.path.join(d, f"chunk_{k:03d}.npz"), ids=tb.ids, positions=tb.positions, loss_mask=tb.loss_mask,
-                     scores=sc.scores, accuracy=acc, uids=np.asarray([str(r["id"]) for r in part]),
-                     group_size=int(c.group_size), seed=seed)
+            path = os.path.join(d, f"chunk_{k:03d}.npz")
             with open(os.path.join(d, f"chunk_{k:03d}.jsonl"), "w") as f:
                 for i, text in enumerate(tb.response_text):
                     f.write(json.dumps({"uid": str(tb.uids[i]), "score": float(sc.scores[i]),
                                         "accuracy": float(acc[i]), "response": text}, ensure_ascii=False) + "\n")
+            np.savez(path + ".tmp.npz", ids=tb.ids, positions=tb.positions, loss_mask=tb.loss_mask,
+                     scores=sc.scores, accuracy=acc, uids=np.asarray([str(r["id"]) for r in part]),
+                     group_size=int(c.group_size), seed=seed)
+            os.replace(path + ".tmp.npz", path)  # a chunk exists whole or not at all
             new = len(self.mixed_groups())
             bar.update(new - have)
             have, start, k = new, start + len(part), k + 1
@@ -384,7 +388,9 @@ class Study:
         n = len(g.scores)
         adv = np.asarray(grpo_advantages(jnp.asarray(g.scores), jnp.zeros(n, jnp.int32), 1))
         exact = 2 * n * tree_nbytes(tree) <= float(self.c.exact_max_gb) * 2 ** 30
-        sketch = None if exact else ga.Sketch(int(self.c.sketch_dim), int(self.c.sketch_seed))
+        if not exact and self._sketch is None:
+            self._sketch = ga.Sketch(int(self.c.sketch_dim), int(self.c.sketch_seed))
+        sketch = self._sketch
         held, tokens = [], []
         for role in ("reasoning", "tool"):
             for i in range(n):
