@@ -294,7 +294,7 @@ class Study:
                 for i, text in enumerate(tb.response_text):
                     f.write(json.dumps({"uid": str(tb.uids[i]), "score": float(sc.scores[i]),
                                         "accuracy": float(acc[i]), "response": text}, ensure_ascii=False) + "\n")
-            np.savez(path + ".tmp.npz", ids=tb.ids, positions=tb.positions, loss_mask=tb.loss_mask,
+            np.savez_compressed(path + ".tmp.npz", ids=tb.ids, positions=tb.positions, loss_mask=tb.loss_mask,
                      scores=sc.scores, accuracy=acc, uids=np.asarray([str(r["id"]) for r in part]),
                      group_size=int(c.group_size), seed=seed)
             os.replace(path + ".tmp.npz", path)  # a chunk exists whole or not at all

@@ -115,3 +115,38 @@ def test_a_role_without_tokens_and_bad_options(setup):
         rg.arrays(ids, positions, loss_mask, "search")
     with pytest.raises(ValueError, match="separate passes"):
         RoleGradients(cfg, dataclasses.replace(MethodSpec("dart", rank=4), isolation="strict"), ROUTER)
+
+
+def test_role_gradient_matches_pytorch(tiny_smollm_dir):
+    """One case against PyTorch (parity/: transformers + the hook-based routed LoRA of torch_lora):
+    the tool and the reasoning gradient of both DART adapters (B ≠ 0) on the crosscheck's QA
+    trajectories, advantage-weighted. Tolerance: max |Δ| ≤ 1e-4 × max |g| + 1e-7 (fp32)."""
+    import torch
+
+    from dart_jax.parity import loss_check, torch_lora
+    from dart_jax.tokenization.sentinels import router_for_tags
+    setup = loss_check.prepare(tiny_smollm_dir)
+    b, ads = setup.batch, setup.adapters
+    router = router_for_tags(setup.tok, "<search>", "</search>")
+    rg = RoleGradients(setup.cfg, setup.method, router, "advantage", pad_multiple=16)
+    adv = np.array([1.0, -0.5, 0.8, -1.2], np.float32)[:len(b["tokens"])]
+    names = sorted(ads)
+    for role in ("reasoning", "tool"):
+        arr = rg.arrays(b["tokens"], b["positions"], b["loss_mask"], role)
+        ours, n = rg(ads, setup.base, b["tokens"], b["positions"], b["loss_mask"], adv, role)
+        assert n > 0
+        factors = [torch_lora.torch_factors(ads[k]) for k in names]
+        fwd = loss_check._torch_forward(setup, factors, [ads[k].scale for k in names], 1.0)
+        tb = {k: torch.tensor(arr[k]) for k in ("tokens", "positions", "route_ids")}
+        logp, _ = fwd(tb)
+        m = torch.tensor(arr["loss_mask"])
+        loss = -(torch.tensor(adv)[:, None] * m * logp.float()).sum() / m.sum()
+        loss.backward()
+        for i, name in enumerate(names):
+            for target in sorted(ads[name].params):
+                for layer in range(setup.cfg.num_layers):
+                    A, B = factors[i][(layer, target)]
+                    ga_, gb_ = loss_check._our_grads_flat(ours, name, target, layer, ads[name].rank)
+                    for want, got in ((A.grad.numpy(), ga_), (B.grad.numpy(), gb_)):
+                        scale = float(np.abs(want).max())
+                        assert float(np.abs(got - want).max()) <= 1e-4 * scale + 1e-7, (role, name, target, layer)
