@@ -4,9 +4,11 @@
 
 SmolLM2-135M-Instruct with the shipped NQ warm start merged into its weights (the policy the CEA
 quickstart starts from); G = 16 rollouts per query at T = 1 on held-out NQ questions whose gold
-passage is in the shipped corpus (`nq_corpus_heldout`, the CEA quickstart's setting: the queries
-the warm start writes are its own, not a copy of a demonstration), sampled 8 queries at a time
-until `queries` groups have mixed outcomes (some EM right, some wrong). Both protocols, both
+passage is in the shipped corpus (`nq_corpus_heldout`, the CEA quickstart's setting), sampled 8
+queries at a time until `queries` groups have mixed outcomes (some EM right, some wrong). In this
+setting the warm start's search query is the question itself in ~90% of calls (measured on the
+first 512 rollouts), so the tool role's tokens are mostly a copy of the prompt: a limit of the
+setting, reported with the finding (HotpotQA would need a multi-hop warm start). Both protocols, both
 parameter sets: `full` (all 135M backbone parameters; per-trajectory gradients are compared through
 a CountSketch of 16,384 buckets per unit, since 32 full gradient trees do not fit beside the
 model on this machine) and `adapters` (a shared rank-16 LoRA on every linear layer, exact).

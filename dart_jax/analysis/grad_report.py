@@ -107,11 +107,18 @@ def paper_tables(records: list[dict], weighting: str):
     return rows, flat, med, per_layer
 
 
+def defined_angle(dot, n1, n2) -> np.ndarray:
+    """ga.angle, but NaN where both vectors are exactly zero (a LoRA factor A whose B is 0 has no
+    gradient in either pass: its angle says nothing, and the authors' ε would call it 90°)."""
+    n1, n2 = np.asarray(n1, np.float64), np.asarray(n2, np.float64)
+    return np.where((n1 == 0) & (n2 == 0), np.nan, ga.angle(dot, n1, n2))
+
+
 def ga_pairs(gram: np.ndarray, ij: list[tuple[int, int]], units: np.ndarray | None = None) -> np.ndarray:
     g = gram if units is None else gram[units]
     tot = g.sum(0)
     i, j = np.asarray(ij).T
-    return ga.angle(tot[i, j], tot[i, i], tot[j, j])
+    return defined_angle(tot[i, j], tot[i, i], tot[j, j])
 
 
 # -- authors' protocol -----------------------------------------------------------------------------
@@ -126,8 +133,9 @@ def authors_tables(records: list[dict], weighting: str):
         names, layers = r["names"], r["layers"]
         for kind in ("cross", "same"):
             dot, n1, n2 = (r[f"{weighting}_{kind}_{x}"] for x in ("dot", "n1", "n2"))
-            mats[kind].append(ga.angle(dot, n1, n2))
-            flat[kind].append(float(ga.angle(dot.sum(), n1.sum(), n2.sum())))
+            mats[kind].append(defined_angle(dot, n1, n2))
+            flat[kind].append(float(defined_angle(np.nansum(dot), np.nansum(n1), np.nansum(n2))
+                                    if np.isfinite(dot).all() else np.nan))
     if not records:
         return rows, {}, None, flat, {"samples": 0, "kept": 0}
     cross, same = np.stack(mats["cross"]), np.stack(mats["same"])

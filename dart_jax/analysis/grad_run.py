@@ -418,19 +418,19 @@ class Study:
             for name, idx, role in (("tool_a", a, "tool"), ("answer_a", a, "answer"), ("tool_b", b, "tool")):
                 adv = np.asarray(grpo_advantages(jnp.asarray(g.scores[idx]), jnp.zeros(k, jnp.int32), 1))
                 grads[name], _ = rg(tree, base, g.ids[idx], g.positions[idx], g.loss_mask[idx], adv, role)
+            ref = next((v for v in grads.values() if v is not None), None)
+            if ref is None:
+                raise ValueError(f"query {g.uid}: no tool or answer tokens in its subsets")
+            units = ga.pair_stats(ref, ref)
+            out["names"], out["layers"] = units.tensor, units.layer
             for kind, (x, y) in (("cross", ("tool_a", "answer_a")), ("same", ("tool_a", "tool_b"))):
-                gx, gy = grads[x], grads[y]
-                if gx is None or gy is None:
-                    ref = next(v for v in grads.values() if v is not None) if any(
-                        v is not None for v in grads.values()) else None
-                    if ref is None:
-                        raise ValueError(f"query {g.uid}: no role tokens in its subsets")
-                    zero = jax.tree.map(jnp.zeros_like, ref)
-                    gx, gy = gx if gx is not None else zero, gy if gy is not None else zero
-                st = ga.pair_stats(gx, gy)
+                if grads[x] is None or grads[y] is None:  # a role without tokens in a subset: undefined
+                    nan = np.full(len(units.dot), np.nan)
+                    out.update({f"{weighting}_{kind}_{v}": nan for v in ("dot", "n1", "n2")})
+                    continue
+                st = ga.pair_stats(grads[x], grads[y])
                 out.update({f"{weighting}_{kind}_dot": st.dot, f"{weighting}_{kind}_n1": st.n1,
                             f"{weighting}_{kind}_n2": st.n2})
-                out["names"], out["layers"] = st.tensor, st.layer
             del grads
         return out
 

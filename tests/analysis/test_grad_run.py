@@ -57,6 +57,10 @@ def test_helpers_on_hand_made_cases():
     assert [p[:2] for p in loglik["cross"]] == [(0, 3), (2, 5)] and len(loglik["same_reasoning"]) == 3
     assert loglik["same_tool"] == [(3, 5, False)]
     np.testing.assert_allclose(flip([10.0, 30.0], [True, False]), [170.0, 30.0])
+    # two zero vectors have no angle (a LoRA A factor while B = 0); one zero side is the authors' 90°
+    from dart_jax.analysis.grad_report import defined_angle
+    got = defined_angle(np.array([0.0, 0.0, 1.0]), np.array([0.0, 1.0, 1.0]), np.array([0.0, 0.0, 1.0]))
+    assert np.isnan(got[0]) and got[1] == pytest.approx(90.0) and got[2] == pytest.approx(0.0)
 
 
 def _group(tok, n=4):
