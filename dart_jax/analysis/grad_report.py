@@ -71,12 +71,26 @@ def paired_test(cross: np.ndarray, same: np.ndarray, n_boot: int = 10_000, seed:
 
 
 # -- paper protocol --------------------------------------------------------------------------------
+def identical_pairs(gram: np.ndarray, ij: list[tuple[int, int]], rtol: float = 1e-6) -> np.ndarray:
+    """bool per pair: the two gradients are the same vector (equal squared norms and g1·g2 = |g1|²,
+    to rtol) — two trajectories whose tokens agree up to the role's last token (a peaked policy
+    repeats itself). Exact and sketched Gram matrices both show it (a sketch is deterministic)."""
+    tot = gram.sum(0)
+    i, j = np.asarray(ij).T
+    ni, nj, d = tot[i, i], tot[j, j], tot[i, j]
+    scale = np.maximum(np.maximum(ni, nj), 1e-300)
+    return (np.abs(ni - nj) <= rtol * scale) & (np.abs(d - ni) <= rtol * scale) & (ni > 0)
+
+
 def paper_tables(records: list[dict], weighting: str):
     """-> (rows for angles.csv, flattened angles per kind, per-query medians per kind, per-layer angles
-    per kind {layer: [angles]})."""
-    rows, flat = [], {k: [] for k in KINDS}
-    med = {k: [] for k in KINDS}
-    per_layer: dict = {k: {} for k in KINDS}
+    per kind {layer: [angles]}, the share of same-role pairs with identical gradients). Kinds: KINDS
+    and, for the same-role kinds, `<kind>_distinct` (identical gradients left out)."""
+    kinds = KINDS + tuple(f"{k}_distinct" for k in KINDS[1:])
+    rows, flat = [], {k: [] for k in kinds}
+    med = {k: [] for k in kinds}
+    per_layer: dict = {k: {} for k in kinds}
+    identical = {k: [] for k in KINDS[1:]}
     for r in records:
         uid, gram, names, layers = str(r["uid"]), r["gram"], r["names"], r["layers"]
         g = len(r["advantages"])
@@ -87,24 +101,34 @@ def paper_tables(records: list[dict], weighting: str):
             ps = pairs[kind]
             if not ps:
                 med[kind].append(np.nan)
+                if kind != "cross":
+                    med[f"{kind}_distinct"].append(np.nan)
                 continue
             ij = [(i, j) for i, j, _ in ps]
             flips = [f for _, _, f in ps]
+            same = identical_pairs(gram, ij) if kind != "cross" else np.zeros(len(ps), bool)
             theta = flip(ga_pairs(gram, ij), flips)
-            flat[kind] += theta.tolist()
-            med[kind].append(float(np.median(theta)))
-            for (i, j, _), t in zip(ps, theta):
-                rows.append(("paper", weighting, uid, i % g, j % g, kind, "all", "all", t))
-            for layer in layer_ids:
-                th = flip(ga_pairs(gram, ij, layers == layer), flips)
-                per_layer[kind].setdefault(layer, []).extend(th.tolist())
-                rows += [("paper", weighting, uid, i % g, j % g, kind, "all", layer, t)
-                         for (i, j, _), t in zip(ps, th)]
+            views = [(kind, np.ones(len(ps), bool))]
+            if kind != "cross":
+                identical[kind] += same.tolist()
+                views.append((f"{kind}_distinct", ~same))
+            by_layer = {layer: flip(ga_pairs(gram, ij, layers == layer), flips) for layer in layer_ids}
+            for name, keep in views:
+                flat[name] += theta[keep].tolist()
+                med[name].append(float(np.median(theta[keep])) if keep.any() else np.nan)
+                for layer, th in by_layer.items():
+                    per_layer[name].setdefault(layer, []).extend(th[keep].tolist())
+            for (i, j, _), t, dup in zip(ps, theta, same):
+                rows.append(("paper", weighting, uid, i % g, j % g, kind, "all", "all", t, int(dup)))
+            for layer, th in by_layer.items():
+                rows += [("paper", weighting, uid, i % g, j % g, kind, "all", layer, t, int(dup))
+                         for (i, j, _), t, dup in zip(ps, th, same)]
             for name in tensors:
                 th = flip(ga_pairs(gram, ij, names == name), flips)
-                rows += [("paper", weighting, uid, i % g, j % g, kind, name, "all", t)
-                         for (i, j, _), t in zip(ps, th)]
-    return rows, flat, med, per_layer
+                rows += [("paper", weighting, uid, i % g, j % g, kind, name, "all", t, int(dup))
+                         for (i, j, _), t, dup in zip(ps, th, same)]
+    shares = {k: float(np.mean(v)) if v else float("nan") for k, v in identical.items()}
+    return rows, flat, med, per_layer, shares
 
 
 def defined_angle(dot, n1, n2) -> np.ndarray:
@@ -143,8 +167,8 @@ def authors_tables(records: list[dict], weighting: str):
     for q, (r, c_row, s_row) in enumerate(zip(records, cross, same)):
         uid = str(r["uid"])
         for kind, a, b, row in (("cross", "A:tool", "A:answer", c_row), ("same", "A:tool", "B:tool", s_row)):
-            rows.append(("authors", weighting, uid, a, b, kind, "all", "all", flat[kind][q]))
-            rows += [("authors", weighting, uid, a, b, kind, n, int(ly), float(t))
+            rows.append(("authors", weighting, uid, a, b, kind, "all", "all", flat[kind][q], 0))
+            rows += [("authors", weighting, uid, a, b, kind, n, int(ly), float(t), 0)
                      for n, ly, t in zip(names.tolist(), layers.tolist(), row)]
     return rows, {"cross": cross[keep], "same": same[keep]}, layers, flat, {"samples": len(records),
                                                                                "kept": int(keep.sum())}
@@ -160,7 +184,8 @@ def write_report(study_dir: str, out: str, c, times: dict | None = None, n_boot:
     paper_figs, layer_figs = {}, {}
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["protocol", "params", "weighting", "query", "a", "b", "kind", "tensor", "layer", "angle"])
+        w.writerow(["protocol", "params", "weighting", "query", "a", "b", "kind", "tensor", "layer", "angle",
+                    "identical"])
         for params in c.params:
             for protocol in c.protocols:
                 records = _load(os.path.join(study_dir, "grads", params, protocol))
@@ -169,17 +194,21 @@ def write_report(study_dir: str, out: str, c, times: dict | None = None, n_boot:
                 for weighting in ("advantage", "loglik"):
                     key = f"{params}/{weighting}"
                     if protocol == "paper":
-                        rows, flat, med, per_layer = paper_tables(records, weighting)
+                        rows, flat, med, per_layer, shares = paper_tables(records, weighting)
                         s = {k: _describe(v) for k, v in flat.items()}
+                        s["identical_share"] = shares
                         s["queries"] = len(records)
                         s["exact"] = bool(all(bool(r["exact"]) for r in records))
                         s["sketch_dim"] = int(max(int(r["sketch_dim"]) for r in records))
-                        for kind in ("same_reasoning", "same_tool"):
+                        for kind in ("same_reasoning", "same_tool", "same_reasoning_distinct", "same_tool_distinct"):
                             s[f"cross_vs_{kind}"] = paired_test(med["cross"], med[kind], n_boot)
-                        s["per_layer"] = {k: {int(ly): _describe(v) for ly, v in per_layer[k].items()} for k in KINDS}
+                        s["per_layer"] = {k: {int(ly): _describe(v) for ly, v in per_layer[k].items()}
+                                          for k in per_layer}
                         summary["paper"][key] = s
-                        paper_figs[key] = flat
-                        layer_figs[("paper", key)] = ({k: per_layer[k] for k in KINDS}, None)
+                        paper_figs[key] = {k: flat[k] for k in ("cross", "same_reasoning_distinct",
+                                                                  "same_tool_distinct")}
+                        layer_figs[("paper", key)] = ({k: per_layer[k] for k in ("cross", "same_reasoning_distinct",
+                                                                                  "same_tool_distinct")}, None)
                     else:
                         rows, m, layers, flat, counts = authors_tables(records, weighting)
                         s = {"flattened": {k: _describe(v) for k, v in flat.items()}, **counts,
@@ -228,23 +257,28 @@ def render(summary: dict) -> str:
     if summary["paper"]:
         lines += ["## Paper protocol (per trajectory, flattened over all parameters)", "",
                   "Median angle [IQR] (pairs). Cross = reasoning vs tool gradient of one trajectory; same = one "
-                  "role, two trajectories of a query. Per-query test: each query's median cross angle vs its "
-                  "median same-role angle (Wilcoxon one-sided, cross > same; bootstrap 95% CI of the median "
+                  "role, two trajectories of a query: all pairs, and *distinct* pairs (pairs whose two gradients "
+                  "are the same vector — the trajectories agree token for token up to the role's last token — "
+                  "left out; their share is given). Test: each query's median cross angle vs its median "
+                  "distinct same-role angle (Wilcoxon one-sided, cross > same; bootstrap 95% CI of the median "
                   "difference over queries).", "",
-                  "| params / weighting | queries | cross | same reasoning | same tool | cross in 80–100° | "
-                  "cross − same reas. (CI, p) | cross − same tool (CI, p) |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| params / weighting | queries | cross | cross in 80–100° | same reasoning: all / distinct "
+                  "(identical share) | same tool: all / distinct (identical share) | cross − same reas. (CI, p) | "
+                  "cross − same tool (CI, p) |", "|---|---|---|---|---|---|---|---|"]
         for key, s in summary["paper"].items():
             tests = []
-            for kind in ("same_reasoning", "same_tool"):
+            for kind in ("same_reasoning_distinct", "same_tool_distinct"):
                 t = s[f"cross_vs_{kind}"]
                 tests.append(f"{t['median_difference']:+.1f}° [{t['ci95'][0]:+.1f}, {t['ci95'][1]:+.1f}], "
-                             f"p {t['wilcoxon_p']:.2g}" if t.get("queries") else "—")
+                             f"p {t['wilcoxon_p']:.2g} ({t['queries']} q)" if t.get("queries") else "—")
             near = s["cross"].get("share_80_100")
             how = "" if s["exact"] else f" (sketch {s['sketch_dim']})"
-            lines.append(f"| {key}{how} | {s['queries']} | "
-                         f"{_fmt(s['cross'])} | {_fmt(s['same_reasoning'])} | {_fmt(s['same_tool'])} | "
-                         f"{'—' if near is None else f'{near:.0%}'} | {tests[0]} | {tests[1]} |")
+            same = []
+            for kind in ("same_reasoning", "same_tool"):
+                share = s["identical_share"].get(kind, float("nan"))
+                same.append(f"{_fmt(s[kind])} / {_fmt(s[kind + '_distinct'])} ({share:.0%})")
+            lines.append(f"| {key}{how} | {s['queries']} | {_fmt(s['cross'])} | "
+                         f"{'—' if near is None else f'{near:.0%}'} | {same[0]} | {same[1]} | {tests[0]} | {tests[1]} |")
         lines.append("")
     if summary["authors"]:
         lines += ["## Authors' protocol (5-response batches, per parameter tensor)", "",

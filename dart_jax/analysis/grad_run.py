@@ -300,10 +300,11 @@ class Study:
             os.replace(path + ".tmp.npz", path)  # a chunk exists whole or not at all
             new = len(self.mixed_groups())
             bar.update(new - have)
+            self._record("sample", f"chunk_{k:03d}", time.perf_counter() - t0, mixed=new - have,
+                         trajectories=len(tb.response_text))
+            t0 = time.perf_counter()
             have, start, k = new, start + len(part), k + 1
         bar.close()
-        self._record("sample", f"chunks_{len(chunks):03d}-{k - 1:03d}", time.perf_counter() - t0, mixed=have,
-                     sampled=min(start, len(rows)))
         if have < int(c.queries):
             log.warning("grad_angles sample: the pool (%d queries) gave %d mixed groups of the %d asked", len(rows),
                         have, int(c.queries))
