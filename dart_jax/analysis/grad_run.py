@@ -38,6 +38,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import time
 
 import jax
@@ -258,9 +259,11 @@ class Study:
                 got = json.load(f)
             diffs = [f"{k}: {got.get(k)!r} → {want[k]!r}" for k in want if got.get(k) != want[k]]
             if diffs:
-                log.warning("grad_angles sample: %s was sampled differently (%s): sampling again", d, "; ".join(diffs))
+                log.warning("grad_angles sample: %s was sampled differently (%s): sampling again (and the gradients "
+                            "of the old rollouts are removed)", d, "; ".join(diffs))
                 for p in self._chunks():
                     os.remove(p)
+                shutil.rmtree(os.path.join(self.out, "grads"), ignore_errors=True)
         os.makedirs(d, exist_ok=True)
         with open(settings_path, "w") as f:
             json.dump(want, f, indent=1)
@@ -354,6 +357,28 @@ class Study:
                            answer_tags=answer_tags, tags_in_tool=tags_in_tool)
         return rg, tree, pol.base
 
+    def grad_settings(self, params: str, protocol: str) -> dict:
+        """What a (params, protocol) directory's per-query files depend on besides the rollouts."""
+        c = self.c
+        out = {"checkpoint": self.checkpoint or "", "step": self.step, "params": params, "protocol": protocol}
+        if params == "adapters":
+            out["adapter_rank"] = int(c.adapter_rank)
+            out["seed"] = int(c.seed)
+        if protocol == "paper":
+            out.update(exact_max_gb=float(c.exact_max_gb), sketch_dim=int(c.sketch_dim), sketch_seed=int(c.sketch_seed))
+        else:
+            out.update(authors_k=int(c.authors_k), seed=int(c.seed))
+        return out
+
+    def grads_mismatch(self, params: str, protocol: str) -> list[str]:
+        path = os.path.join(self.grad_dir(params, protocol), "settings.json")
+        if not os.path.isfile(path):
+            return []
+        with open(path) as f:
+            got = json.load(f)
+        want = self.grad_settings(params, protocol)
+        return [f"{k}: {got.get(k)!r} → {want[k]!r}" for k in want if got.get(k) != want[k]]
+
     def grads(self) -> dict:
         c = self.c
         groups = self.mixed_groups()
@@ -365,7 +390,14 @@ class Study:
         for params in c.params:
             for protocol in c.protocols:
                 d = self.grad_dir(params, protocol)
+                diffs = self.grads_mismatch(params, protocol)
+                if diffs:
+                    log.warning("grad_angles grads %s/%s: %s was computed differently (%s): computing again",
+                                params, protocol, d, "; ".join(diffs))
+                    shutil.rmtree(d)
                 os.makedirs(d, exist_ok=True)
+                with open(os.path.join(d, "settings.json"), "w") as f:
+                    json.dump(self.grad_settings(params, protocol), f, indent=1)
                 todo = [g for g in groups if not os.path.isfile(os.path.join(d, f"{_safe(g.uid)}.npz"))]
                 if not todo:
                     done[f"{params}/{protocol}"] = "skipped"

@@ -184,6 +184,12 @@ def test_grads_and_report_match_direct_passes_and_resume(studied, capsys):
     assert Study(c).grads() == {"adapters/paper": "skipped", "adapters/authors": "skipped", "full/paper": 1,
                                 "full/authors": "skipped"}
 
+    # gradients computed under other settings are computed again, naming the setting
+    c3 = c.copy_and_resolve_references()
+    c3.grad_angles.authors_k = 4
+    assert Study(c3).grads_mismatch("adapters", "authors") == ["authors_k: 3 → 4"]
+    assert Study(c3).grads_mismatch("adapters", "paper") == []
+
     # report, through the command
     assert launch_ga.main(["--config=configs/grad_angles_quickstart.py", f"--config.model.path={c.model.path}",
                            "--config.warm_start=", f"--out={c.grad_angles.out}", "--config.grad_angles.group_size=4",
