@@ -3,7 +3,7 @@ command-line style overrides reach them."""
 
 import pytest
 
-from configs import base, cea, cea_quickstart, paper_qa, paper_sql, quickstart, quickstart_sql
+from configs import base, cea, cea_quickstart, grad_angles_quickstart, paper_qa, paper_sql, quickstart, quickstart_sql
 from dart_jax.rl.sections import loss_config, method_spec, optim_config, reward_config
 from dart_jax.rollout.agent import RolloutConfig
 from dart_jax.rollout.sampling import SamplingConfig
@@ -127,3 +127,14 @@ def test_paper_sql_needs_its_training_file_and_excludes_every_evaluation_set(tmp
         Trainer(c)
     qa = paper_qa.get_config("dart,qwen2.5-3b-base")
     assert {e["data_source"] for e in qa.data.train[0]["exclude"]} >= {"nq", "triviaqa", "popqa", "bamboogle"}
+
+
+def test_grad_angles_quickstart_section():
+    from dart_jax.analysis.grad_run import _section
+    c = grad_angles_quickstart.get_config()
+    g = _section(c)
+    assert g.group_size == 16 and set(g.params) == {"full", "adapters"} and set(g.protocols) == {"paper", "authors"}
+    assert g.datasets == ["nq_corpus_heldout"] and c.warm_start
+    c.grad_angles.params = ["everything"]
+    with pytest.raises(ValueError, match="unknown params"):
+        _section(c)
