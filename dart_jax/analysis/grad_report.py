@@ -191,6 +191,9 @@ def write_report(study_dir: str, out: str, c, times: dict | None = None, n_boot:
                 records = _load(os.path.join(study_dir, "grads", params, protocol))
                 if not records:
                     continue
+                secs = [float(r["seconds"]) for r in records if "seconds" in r]
+                summary.setdefault("query_seconds", {})[f"{params}/{protocol}"] = {
+                    "queries": len(records), "timed": len(secs), "total": round(sum(secs), 1)}
                 for weighting in ("advantage", "loglik"):
                     key = f"{params}/{weighting}"
                     if protocol == "paper":
@@ -297,8 +300,13 @@ def render(summary: dict) -> str:
                          f"{_fmt(s['flattened']['same'])} | {test} | {len(sig)}/{n_l} |")
         lines.append("")
     times = summary.get("stage_seconds") or {}
-    if times:
+    qs = summary.get("query_seconds") or {}
+    if times or qs:
         lines += ["## Wall time", ""]
+        for key, v in qs.items():
+            if v["timed"]:
+                lines.append(f"- grads {key}: {v['total'] / 60:.1f} min over {v['timed']} of {v['queries']} queries "
+                             f"({v['total'] / v['timed']:.0f} s a query)")
         for stage, items in times.items():
             for item, v in items.items():
                 lines.append(f"- {stage} {item}: {v['seconds']:.0f} s")

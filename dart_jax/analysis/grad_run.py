@@ -405,7 +405,9 @@ class Study:
                 t0 = time.perf_counter()
                 fn = self._paper_query if protocol == "paper" else self._authors_query
                 for g in tqdm(todo, desc=f"{params}/{protocol}", unit="query"):
+                    tq = time.perf_counter()
                     stats = fn(params, g)
+                    stats["seconds"] = time.perf_counter() - tq  # so an interrupted stage still has its time
                     path = os.path.join(d, f"{_safe(g.uid)}.npz")
                     np.savez(path + ".tmp.npz", uid=g.uid, **stats)
                     os.replace(path + ".tmp.npz", path)
