@@ -52,7 +52,8 @@ def cross_vs_same(panels: dict[str, dict[str, list]], path: str) -> str:
     return path
 
 
-def per_layer(per_kind: dict[str, dict[int, list]], tests: dict | None, path: str, title: str) -> str:
+def per_layer(per_kind: dict[str, dict[int, list]], tests: dict | None, path: str, title: str,
+              labels: dict | None = None) -> str:
     """Median and IQR of the angle per layer for each pair kind (layer −1: the tensors outside the
     layer stack: embeddings, final norm); '*' over a layer where the one-sided Wilcoxon (cross > same)
     gives p < 0.05."""
@@ -67,7 +68,8 @@ def per_layer(per_kind: dict[str, dict[int, list]], tests: dict | None, path: st
                                [25, 50, 75]) if len(per_kind[kind][ly]) else (np.nan,) * 3 for ly in layers]
         q1, med, q3 = (np.asarray(s) for s in zip(*stats)) if stats else ([], [], [])
         x = np.asarray(layers, np.float64) + (k - (len(kinds) - 1) / 2) * width
-        ax.errorbar(x, med, yerr=[med - q1, q3 - med], fmt="o", ms=3, color=COLORS[kind], label=LABELS[kind],
+        ax.errorbar(x, med, yerr=[med - q1, q3 - med], fmt="o", ms=3, color=COLORS[kind],
+                    label=(labels or LABELS).get(kind, LABELS.get(kind, kind)),
                     capsize=2, lw=1)
         finite = np.asarray(q3, np.float64)[np.isfinite(q3)] if len(q3) else np.zeros(0)
         top = max(top, float(finite.max()) if len(finite) else 0.0)

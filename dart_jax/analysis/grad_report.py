@@ -235,8 +235,9 @@ def write_report(study_dir: str, out: str, c, times: dict | None = None, n_boot:
         files["histogram"] = grad_plots.cross_vs_same(paper_figs, os.path.join(out, "paper_cross_vs_same.png"))
     for (protocol, key), (per_layer, tests) in layer_figs.items():
         name = f"{protocol}_layers_{key.replace('/', '_')}.png"
+        labels = {"cross": "tool(A) vs answer(A)", "same": "tool(A) vs tool(B)"} if protocol == "authors" else None
         files[f"layers {protocol} {key}"] = grad_plots.per_layer(per_layer, tests, os.path.join(out, name),
-                                                                 f"{protocol} protocol, {key}")
+                                                                 f"{protocol} protocol, {key}", labels)
     summary["files"] = files
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1, default=float)
