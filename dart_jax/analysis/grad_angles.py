@@ -212,3 +212,84 @@ def layer_tests(cross: np.ndarray, same: np.ndarray, layers: np.ndarray, min_n: 
             p = float(wilcoxon(c, s, alternative="greater").pvalue)
         out[layer] = {"n": int(len(c)), "delta_median": float(np.median(c - s)) if len(c) else float("nan"), "p": p}
     return out
+
+
+# -- the gradient-alignment stages' helpers (grad_run) -----------------------------------------------
+def mixed(acc: np.ndarray) -> bool:
+    """A group with at least one right and one wrong answer."""
+    acc = np.asarray(acc)
+    return bool((acc > 0).any() and (acc <= 0).any())
+
+
+def pick_subset(acc: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k indices of a mixed group with ≥ 1 right and ≥ 1 wrong (the authors' 5-response batches): one
+    right and one wrong drawn first, the rest uniformly from the remaining responses; sorted."""
+    acc = np.asarray(acc)
+    right, wrong = np.flatnonzero(acc > 0), np.flatnonzero(acc <= 0)
+    if not len(right) or not len(wrong) or len(acc) < k:
+        raise ValueError(f"a subset of {k} with right and wrong answers needs a mixed group of ≥ {k}")
+    first = [int(rng.choice(right)), int(rng.choice(wrong))]
+    rest = np.setdiff1d(np.arange(len(acc)), first)
+    return np.sort(np.concatenate([first, rng.choice(rest, k - 2, replace=False)])).astype(np.int64)
+
+
+def paper_pairs(present: np.ndarray, advantages: np.ndarray, weighting: str) -> dict[str, list]:
+    """Index pairs into the 2G Gram rows (i < G: reasoning of trajectory i; G + i: its tool) by kind,
+    each with the sign flip its weighting implies: [(i, j, flip)]. Under `advantage` a pair with a zero
+    advantage is undefined (left out); a same-role pair with advantages of opposite signs is flipped."""
+    g = len(advantages)
+    adv = np.asarray(advantages, np.float64)
+    ok = present.astype(bool)
+    usable = lambda i: weighting == "loglik" or adv[i % g] != 0  # noqa: E731
+    out: dict[str, list] = {"cross": [], "same_reasoning": [], "same_tool": []}
+    for i in range(g):
+        if ok[i] and ok[g + i] and usable(i):
+            out["cross"].append((i, g + i, False))
+    for kind, off in (("same_reasoning", 0), ("same_tool", g)):
+        for i in range(g):
+            for j in range(i + 1, g):
+                if ok[off + i] and ok[off + j] and usable(i) and usable(j):
+                    out[kind].append((off + i, off + j, weighting == "advantage" and adv[i] * adv[j] < 0))
+    return out
+
+
+def flip(theta: np.ndarray, flips) -> np.ndarray:
+    theta = np.asarray(theta, np.float64).copy()
+    f = np.asarray(flips, bool)
+    theta[f] = 180.0 - theta[f]
+    return theta
+
+
+def tree_nbytes(tree) -> int:
+    return int(sum(x.size * 4 for x in jax.tree.leaves(tree)))
+
+
+def exact_gram(trees: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """-> (tensor names [U], layers [U], Gram [U, N, N] float64) of N gradient trees (None: a zero
+    gradient), leaf by leaf."""
+    ref = next(t for t in trees if t is not None)
+    names, layers, blocks = [], [], []
+    leaves = [jax.tree.leaves(t) if t is not None else None for t in trees]
+    for k, (name, stacked) in enumerate(unit_names(ref)):
+        shape = jax.tree.leaves(ref)[k].shape
+        rows = [jnp.asarray(lv[k], jnp.float32) if lv is not None else jnp.zeros(shape, jnp.float32)
+                for lv in leaves]
+        x = jnp.stack(rows)
+        x = x.reshape(len(rows), shape[0], -1) if stacked else x.reshape(len(rows), 1, -1)
+        blocks.append(np.asarray(_gram(x), np.float64))
+        names += [name] * x.shape[1]
+        layers += list(range(x.shape[1])) if stacked else [-1]
+    return np.asarray(names), np.asarray(layers, np.int64), np.concatenate(blocks)
+
+
+@jax.jit
+def _gram(x):
+    return jnp.einsum("iln,jln->lij", x, x, precision=jax.lax.Precision.HIGHEST)
+
+
+def sketch_gram(sketches: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The same from Sketch outputs (None: zero)."""
+    ref = next(s for s in sketches if s is not None)
+    names, layers, rows = ref
+    s = np.stack([x[2] if x is not None else np.zeros_like(rows) for x in sketches]).astype(np.float64)
+    return names, layers, np.einsum("iud,jud->uij", s, s)

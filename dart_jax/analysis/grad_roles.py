@@ -28,16 +28,10 @@ import numpy as np
 
 from dart_jax.adapters.method import MethodSpec
 from dart_jax.rl.batch import token_arrays
-from dart_jax.rl.step import LossConfig, policy_trees, sequence_logprobs
+from dart_jax.rl.step import policy_trees, sequence_logprobs
 
 WEIGHTINGS = ("advantage", "loglik")
 ROLES = ("reasoning", "tool", "answer")
-
-
-def role_loss_config(temperature: float = 1.0, chunk: int = 128) -> LossConfig:
-    """The surrogate at ratio 1: no clipping can bind, no KL, no entropy, token-mean."""
-    return LossConfig(temperature=temperature, clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0,
-                      entropy_coef=0.0, agg_mode="token-mean", micro_mode="global", logprob_chunk=chunk)
 
 
 class RoleGradients:
@@ -54,8 +48,6 @@ class RoleGradients:
                              "method splits each pass again)")
         self.cfg, self.method, self.router, self.weighting = cfg, method, router, weighting
         self.pad_multiple, self.answer_tags, self.tags_in_tool = pad_multiple, answer_tags, tags_in_tool
-        self.lc = role_loss_config(temperature, chunk)
-
         def loss(params, base, tokens, positions, routes, mask, w):
             # the surrogate's value at ratio 1 is −Σ w·m / Σ m; its gradient is that of −Σ w·m·log π / Σ m
             fwd_base, fwd_ads = policy_trees(method, params, base)
