@@ -6,6 +6,10 @@ tools; prints the tables and writes results.{md,csv,json} and per_question.jsonl
     python -m launch.evaluate --model=smollm2-135m-instruct --task=sql --dataset=spider_dev --limit=50
     python -m launch.evaluate --config=configs/quickstart.py --checkpoint=runs/quickstart --n-samples=50
     python -m launch.evaluate --config=configs/quickstart.py --compose-tool=runs/cea-tool --n-samples=8   # H_Tool
+
+Run again into the same --out (e.g. after an interruption, or with a larger --limit), an evaluation
+reuses the batches already sampled with the same settings and samples only the rest; the records are
+the ones a single uninterrupted run writes (dart_jax/eval/resume.py).
 """
 
 from __future__ import annotations
@@ -54,6 +58,9 @@ COMPOSE_TOOL = flags.DEFINE_string("compose-tool", None, "two-model composition:
 COMPOSE_REASONING = flags.DEFINE_string("compose-reasoning", None, "two-model composition: this checkpoint's policy "
                                         "writes everything outside the tool spans, the main policy the spans (CEA's "
                                         "H_Reas)", flag_values=F)
+RESUME = flags.DEFINE_bool("resume", True, "when --out holds an evaluation with the same settings (all but --limit), "
+                           "reuse the batches it sampled and sample only the rest (--noresume: all afresh)",
+                           flag_values=F)
 QUIET = flags.DEFINE_bool("quiet", False, "no progress bar", flag_values=F)
 
 
@@ -84,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                ("reasoning", COMPOSE_REASONING.value) if COMPOSE_REASONING.value else None)
     results = evaluate(config, out, datasets, options, checkpoint=CHECKPOINT.value, peft=PEFT.value,
                        remove=REMOVE.value, step=STEP.value, fixed_retrieval=FIXED.value,
-                       compare=COMPARE.value or None, compose=compose)
+                       compare=COMPARE.value or None, compose=compose, resume_run=RESUME.value)
     print(markdown(results))
     for name, path in results["files"].items():
         print(f"{name}: {path}")

@@ -8,7 +8,10 @@
     sample/<variant>/            the six variants sampled at T = `cea.temperature`, `cea.n_samples` per
                                  question from the trained runs' checkpoints at train.steps (eval.job;
                                  skipped when its results.json records the same samples, seed, data and
-                                 checkpoint steps; sampled again, with a warning naming why, otherwise)
+                                 checkpoint steps; an interrupted sample, or one of fewer questions
+                                 (`cea.limit` raised), is continued — eval.resume reuses the batches that
+                                 one uninterrupted run would sample identically; sampled again, with a
+                                 warning naming why, otherwise)
     solve/                       β per question, its uncertainty, report.md and the figures (cea_report;
                                  seconds, so it always runs)
     stages.json                  each stage's wall time and when it finished
@@ -187,9 +190,13 @@ class Stages:
                 log.info("CEA sample %s: done (%s)", v, out)
                 done[v] = "skipped"
                 continue
-            if diffs:
+            if diffs and all(d.startswith("limit:") for d in diffs):  # eval.resume keeps the questions sampled
+                log.info("CEA sample %s: %s (%s): sampling the questions not sampled yet", v, out, diffs[0])
+            elif diffs:
                 log.warning("CEA sample %s: %s was sampled differently (%s): sampling again", v, out, "; ".join(diffs))
                 shutil.rmtree(out)
+            elif os.path.isdir(out):
+                log.info("CEA sample %s: resuming the interrupted sample in %s", v, out)
             main, compose = SOURCES[v]
             t0 = time.perf_counter()
             log.info("CEA sample %s: %d samples per question at T = %g", v, options.n_samples, options.temperature)

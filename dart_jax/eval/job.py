@@ -9,7 +9,7 @@ import time
 import jax
 
 from dart_jax.data.paths import repo_path
-from dart_jax.eval import paper
+from dart_jax.eval import paper, resume
 from dart_jax.eval.datasets import default_sets, resolve
 from dart_jax.eval.fixed import FixedRetrieval
 from dart_jax.eval.policy import load_eval_policy
@@ -47,14 +47,19 @@ def policy_name(source: dict) -> str:
 def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: EvalOptions = EvalOptions(),
              checkpoint: str | None = None, peft: str | None = None, remove: str | None = None,
              step: int | None = None, fixed_retrieval: str | None = None,
-             compare: list[str] | None = None, compose: tuple[str, str] | None = None) -> dict:
+             compare: list[str] | None = None, compose: tuple[str, str] | None = None,
+             resume_run: bool = True) -> dict:
     """-> results (also written to out_dir: results.{md,csv,json}, per_question.jsonl and, with
     n_samples > 1, per_question_accuracy.jsonl).
 
     `compose` = (role, checkpoint[, step]): a two-model composition (rollout.compose) in which the policy
     loaded from `checkpoint` writes `role`'s tokens ("tool": the tool spans; "reasoning": all else)
     and the main policy (`checkpoint` / `peft` / the base model) writes the other role's — CEA's
-    H_Tool is the base model with ("tool", M_Tool), H_Reas the base model with ("reasoning", M_Reas)."""
+    H_Tool is the base model with ("tool", M_Tool), H_Reas the base model with ("reasoning", M_Reas).
+
+    `resume_run`: when out_dir holds an evaluation with the same setup (all but `limit`), the batches
+    it sampled are reused and only the rest is sampled (eval.resume: the result is the same as one
+    uninterrupted run); setup["resumed"] counts what was reused."""
     task = config.task
     if task not in PROTOCOLS:
         raise ValueError(f"task {task!r}; expected one of {sorted(PROTOCOLS)}")
@@ -86,15 +91,11 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
     rollout = RolloutConfig(**section(config, "rollout"), route_mode=policy.route_mode)
     convention = policy.router_convention or config.router.convention
     evaluator = Evaluator(policy.cfg, policy.tokenizer, protocol, tool, rollout, convention, options)
-    os.makedirs(out_dir, exist_ok=True)
-    records = os.path.join(out_dir, "per_question.jsonl")
-    t0 = time.perf_counter()
-    per_set = evaluator.run(sets, policy.base, policy.adapters, records, composition)
     variant = policy.source.get("variant")
     p_method = paper.method_key(task, variant, int(config.method.rank)) if variant in ("dart", "lora", "full") else None
     setup = {"task": task, "policy": policy_name(policy.source), **{k: v for k, v in policy.source.items()},
              "n_samples": options.n_samples, "temperature": options.temperature, "top_p": options.top_p,
-             "top_k": options.top_k, "limit": options.limit, "seed": options.seed,
+             "top_k": options.top_k, "limit": options.limit, "seed": options.seed, "batch": options.batch,
              "fixed_retrieval": fixed_retrieval or "", "rollout": section(config, "rollout"),
              "router_convention": convention,
              "retriever": section(config, "retriever") if task == "qa" and not fixed_retrieval else {},
@@ -106,6 +107,15 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
                                 "mode": "two models, append-only hand-offs (rollout.compose)"}
         setup["policy"] = f"{compose[0]} by {compose[1]}, {'tool' if compose[0] == 'reasoning' else 'reasoning'} " \
                           f"by {setup['policy']}"
+    os.makedirs(out_dir, exist_ok=True)
+    records = os.path.join(out_dir, "per_question.jsonl")
+    earlier = resume.prior(out_dir, setup, options.batch) if resume_run else {}
+    t0 = time.perf_counter()
+    per_set = evaluator.run(sets, policy.base, policy.adapters, records, composition, earlier,
+                            on_plan=lambda items: resume.write_progress(out_dir, setup, options.batch, items))
+    if evaluator.resumed:
+        setup["resumed"] = evaluator.resumed
+        log.info("evaluate: reused %s trajectories sampled earlier in %s", evaluator.resumed, out_dir)
     results = {"setup": setup, "datasets": per_set, "groups": group_scores(task, per_set)}
     if fixed_retrieval:
         results["fixed_retrieval_stats"] = dict(tool.stats)

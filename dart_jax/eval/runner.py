@@ -90,35 +90,52 @@ class Evaluator:
 
     # -- rollouts ----------------------------------------------------------------------------------
     def run(self, sets: list[EvalSet], base, adapters, records_path: str | None = None,
-            composition: tuple | None = None) -> dict:
+            composition: tuple | None = None, earlier: dict | None = None,
+            on_plan=None) -> dict:
         """`composition`: (reasoning, tool) rollout.compose.Policy pair — the two-model composition
-        (CEA's H_Tool / H_Reas) instead of one policy (`base`, `adapters` are then unused)."""
+        (CEA's H_Tool / H_Reas) instead of one policy (`base`, `adapters` are then unused).
+        `earlier`: {set: (planned items, records)} of an earlier run with the same setup (eval.resume):
+        the batches it sampled that this run would sample identically are reused, not sampled.
+        `on_plan({set: items})` is called once the sets are loaded, before any sampling."""
         self.composition = composition
         from tqdm.auto import tqdm
 
+        from dart_jax.eval.resume import reusable, write_records
+
         loaded = [(s, *self.load(s)) for s in sets]
-        n = self.options.n_samples
-        total = sum(len(rows) * n for _, rows, _ in loaded)
-        out = open(records_path, "w") if records_path else None
-        bar = tqdm(total=total, desc="evaluate", unit="traj", disable=not self.options.progress)
-        results = {}
+        n, b = self.options.n_samples, self.options.batch
+        items = {s.name: [(r, k) for r in rows for k in range(n)] for s, rows, _ in loaded}
+        kept = {name: reusable(its, (earlier or {}).get(name), b) for name, its in items.items()}
+        self.resumed = {name: len(recs) for name, recs in kept.items() if recs}
+        if on_plan:
+            on_plan({name: len(its) for name, its in items.items()})
+        out = None
+        if records_path:  # what is reused is rewritten first (atomically), new batches appended
+            write_records(records_path, [r for recs in kept.values() for r in recs])
+            out = open(records_path, "a")
+        bar = tqdm(total=sum(len(its) for its in items.values()), desc="evaluate", unit="traj",
+                   disable=not self.options.progress)
+        bar.update(sum(self.resumed.values()))
+        results, done = {}, {}
         try:
             for s, rows, counts in loaded:
                 t0 = time.perf_counter()
-                recs = self._run_set(s, rows, base, adapters, bar, out)
-                results[s.name] = summarize(s, rows, recs, counts, n, time.perf_counter() - t0)
+                done[s.name] = self._run_set(s, items[s.name], kept[s.name], base, adapters, bar, out)
+                results[s.name] = summarize(s, rows, done[s.name], counts, n, time.perf_counter() - t0)
         finally:
             bar.close()
             if out:
                 out.close()
+        if records_path and self.resumed:  # each set's records together, in item order
+            write_records(records_path, [r for name in items for r in done[name]])
         return results
 
-    def _run_set(self, s: EvalSet, rows: list[dict], base, adapters, bar, out) -> list[dict]:
-        n, b = self.options.n_samples, self.options.batch
+    def _run_set(self, s: EvalSet, items: list[tuple[dict, int]], kept: list[dict], base, adapters, bar,
+                 out) -> list[dict]:
+        b = self.options.batch
         task_fn = qa_task if s.task == "qa" else sql_task
-        items = [(r, k) for r in rows for k in range(n)]
-        recs = []
-        for start in range(0, len(items), b):
+        recs = list(kept)
+        for start in range(len(kept), len(items), b):
             chunk = items[start:start + b]
             prompts, uids, metas = task_fn(self.tok, [r for r, _ in chunk], self.agent.rc.prompt_tags)
             metas = [dict(m, uid=r["id"], sample=k, question=r["question"], db_id=r.get("db_id", ""))

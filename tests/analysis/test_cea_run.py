@@ -156,6 +156,18 @@ def test_launch_cea_end_to_end_and_resumable(tiny_smollm_dir, tmp_path, capsys):
     assert b23["coefficients"] == ["b23"] and b23["clip"]["b23"]["mean"] == pytest.approx(summary["clip"]["b23"]["mean"])
     assert "solve_b23" in capsys.readouterr().out
 
+    # more questions (cea.limit raised): the questions sampled are kept (eval.resume), the new one sampled
+    before = [json.loads(line) for line in open(out / "sample" / "h_tool" / "per_question.jsonl")]
+    more = _config(tiny_smollm_dir, out)
+    more.cea.limit = 3
+    assert Stages(more).sample_mismatch("h_tool") == ["limit: 2 → 3"]
+    Stages(more).sample(("h_tool",))
+    after = [json.loads(line) for line in open(out / "sample" / "h_tool" / "per_question.jsonl")]
+    assert after[:4] == before and len(after) == 6 and after[4]["id"] not in {r["id"] for r in before}
+    setup = json.load(open(out / "sample" / "h_tool" / "results.json"))["setup"]
+    assert setup["limit"] == 3 and setup["resumed"] == {"nq_corpus_heldout": 4}
+    assert Stages(more).sample_mismatch("h_tool") == []
+
 
 def test_launch_cea_refuses_unclear_requests(tmp_path):
     with pytest.raises(SystemExit, match="needs --config"):
