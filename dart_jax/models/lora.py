@@ -105,7 +105,7 @@ def with_dropout(adapters: Mapping[str, LoraAdapter] | None, key: jax.Array | No
     """Attach per-layer dropout keys for one training step (no-op when a rate is 0 or key None)."""
     if not adapters or key is None:
         return adapters
-    out = {}
+    out = dict(adapters)  # MixLoRA experts (models.mixlora) pass through
     for i, name in enumerate(adapter_names(adapters)):
         ad = adapters[name]
         if ad.dropout_rate > 0:
@@ -116,15 +116,16 @@ def with_dropout(adapters: Mapping[str, LoraAdapter] | None, key: jax.Array | No
 
 
 def adapter_names(adapters: Mapping[str, LoraAdapter] | None) -> tuple[str, ...]:
-    """Route id i <-> adapter_names(adapters)[i]."""
-    return tuple(sorted(adapters)) if adapters else ()
+    """Route id i <-> adapter_names(adapters)[i] (the LoRA adapters, sorted; MixLoRA's experts, which
+    a router mixes instead, take no route id)."""
+    return tuple(sorted(n for n, a in adapters.items() if isinstance(a, LoraAdapter))) if adapters else ()
 
 
 def layer_slice(adapters: Mapping[str, LoraAdapter] | None) -> dict | None:
-    """The per-layer view used inside the layer loop: name -> (params, scale)."""
+    """The per-layer view used inside the layer loop: every adapter (LoRA and MixLoRA experts) by name."""
     if not adapters:
         return None
-    return {name: adapters[name] for name in adapter_names(adapters)}
+    return {name: adapters[name] for name in sorted(adapters)}
 
 
 def routed_delta(x: jnp.ndarray, layer_adapters: Mapping[str, LoraAdapter] | None, target: str,
@@ -141,10 +142,11 @@ def routed_delta(x: jnp.ndarray, layer_adapters: Mapping[str, LoraAdapter] | Non
     """
     if not layer_adapters or route_ids is None:
         return None
-    names = [n for n in sorted(layer_adapters) if target in layer_adapters[n].params]
+    routed = adapter_names(layer_adapters)
+    names = [n for n in routed if target in layer_adapters[n].params]
     if not names:
         return None
-    ids = [sorted(layer_adapters).index(n) for n in names]
+    ids = [routed.index(n) for n in names]
     ads = [layer_adapters[n] for n in names]
     if any(a.dropout_rate > 0 and a.dropout_key is not None for a in ads):
         return _routed_delta_with_dropout(x, ads, ids, target, route_ids)

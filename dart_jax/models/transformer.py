@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from dart_jax.models import cache as cache_lib, lora as lora_lib, rope
+from dart_jax.models import cache as cache_lib, lora as lora_lib, mixlora as mixlora_lib, rope
 from dart_jax.models.cache import KVCache
 from dart_jax.models.config import ModelConfig
 
@@ -108,7 +108,9 @@ def _proj(x, w, spec, layer_adapters, target, route_ids):
 
 def _layer(cfg: ModelConfig, x, p, layer_adapters, attend, cos, sin, route_ids):
     """One pre-norm block. `attend(q, k, v) -> (attn, aux)` attends the chunk's queries (to the
-    chunk itself, or to a KV cache the chunk's keys are written into); returns (x, aux)."""
+    chunk itself, or to a KV cache the chunk's keys are written into); returns (x, aux, router):
+    router = the MixLoRA router statistics of this layer (models.mixlora) when the adapters hold
+    MixLoRA experts (the FFN is then their mixture), else None."""
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
     q = _proj(h, p["q"], "btd,dnh->btnh", layer_adapters, "q", route_ids)
     k = _proj(h, p["k"], "btd,dkh->btkh", layer_adapters, "k", route_ids)
@@ -129,10 +131,14 @@ def _layer(cfg: ModelConfig, x, p, layer_adapters, attend, cos, sin, route_ids):
     attn_out = _proj(attn, p["o"], "btnh,nhd->btd", layer_adapters, "o", route_ids)
     x = x + attn_out
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+    experts = mixlora_lib.find(layer_adapters)
+    if experts is not None:
+        mlp, router = mixlora_lib.moe_ffn(h, p, experts, route_ids >= 0)
+        return x + mlp, aux, router
     gate = _proj(h, p["gate"], "btd,df->btf", layer_adapters, "gate", route_ids)
     up = _proj(h, p["up"], "btd,df->btf", layer_adapters, "up", route_ids)
     mlp = _proj(jax.nn.silu(gate) * up, p["down"], "btf,fd->btd", layer_adapters, "down", route_ids)
-    return x + mlp, aux
+    return x + mlp, aux, None
 
 
 def self_attention(cfg: ModelConfig, mask: jnp.ndarray):
@@ -218,7 +224,19 @@ _REMAT = {
 def hidden_states(base: Params, adapters, tokens: jnp.ndarray, positions: jnp.ndarray,
                   route_ids: jnp.ndarray | None, cache: KVCache | None, *, cfg: ModelConfig,
                   cache_is_empty: bool = False) -> tuple[jnp.ndarray, KVCache | None]:
-    """Final-normed hidden states [B, T, D] (compute dtype) and the updated cache.
+    """Final-normed hidden states [B, T, D] (compute dtype) and the updated cache (see
+    `hidden_states_and_router`, which also returns MixLoRA's router statistics)."""
+    h, cache, _ = hidden_states_and_router(base, adapters, tokens, positions, route_ids, cache, cfg=cfg,
+                                           cache_is_empty=cache_is_empty)
+    return h, cache
+
+
+def hidden_states_and_router(base: Params, adapters, tokens: jnp.ndarray, positions: jnp.ndarray,
+                             route_ids: jnp.ndarray | None, cache: KVCache | None, *, cfg: ModelConfig,
+                             cache_is_empty: bool = False) -> tuple[jnp.ndarray, KVCache | None, dict | None]:
+    """Final-normed hidden states [B, T, D] (compute dtype), the updated cache, and the MixLoRA
+    router statistics stacked over layers ({name: [L, ...]}; None without MixLoRA experts) — the
+    load-balancing loss's input (models.mixlora.load_balancing_loss).
     `cache_is_empty` (static): the cache holds nothing yet (a prefill), so attention skips it and
     only the chunk's keys are written.
 
@@ -239,41 +257,55 @@ def hidden_states(base: Params, adapters, tokens: jnp.ndarray, positions: jnp.nd
         layers = layer_list(base["layers"], cfg.num_layers)
         ads = [_adapters_at(layer_adapters, i) for i in range(cfg.num_layers)]
         if cache_is_empty:  # prefill: attend the chunk only, then write it
-            kvs = []
+            kvs, routers = [], []
             for i in range(cfg.num_layers):
-                x, kv = _layer(cfg, x, layers[i], ads[i], self_attention(cfg, self_mask), cos, sin, route_ids)
+                x, kv, router = _layer(cfg, x, layers[i], ads[i], self_attention(cfg, self_mask), cos, sin,
+                                       route_ids)
                 kvs.append(kv)
-            return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), cache_lib.write(cache, kvs, positions)
+                routers.append(router)
+            return (rms_norm(x, base["final_norm"], cfg.rms_norm_eps), cache_lib.write(cache, kvs, positions),
+                    _stack(routers))
         w = cache["index"]
         pos = jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32), w, axis=1)
         mask = attention_mask(positions, pos)
-        ks, vs = [], []
+        ks, vs, routers = [], [], []
         for i in range(cfg.num_layers):
             attend = cached_attention(cfg, cache["k"][i], cache["v"][i], w, mask)
-            x, (kb, vb) = _layer(cfg, x, layers[i], ads[i], attend, cos, sin, route_ids)
+            x, (kb, vb), router = _layer(cfg, x, layers[i], ads[i], attend, cos, sin, route_ids)
             ks.append(kb)
             vs.append(vb)
+            routers.append(router)
         new_cache = KVCache(k=tuple(ks), v=tuple(vs), pos=pos, index=w + tokens.shape[1])
-        return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), new_cache
+        return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), new_cache, _stack(routers)
 
     attend = self_attention(cfg, self_mask)
 
     def body(x, xs):
         p, ad = xs
-        x, _ = _layer(cfg, x, p, ad, attend, cos, sin, route_ids)
-        return x, None
+        x, _, router = _layer(cfg, x, p, ad, attend, cos, sin, route_ids)
+        return x, router
 
     if cfg.remat_policy != "none":
         body = jax.checkpoint(body, policy=_REMAT[cfg.remat_policy](), prevent_cse=not cfg.scan_layers)
 
     xs = (base["layers"], layer_adapters)
     if cfg.scan_layers and not isinstance(base["layers"], (list, tuple)):
-        x, _ = jax.lax.scan(body, x, xs)
+        x, routers = jax.lax.scan(body, x, xs)
     else:
         layers = layer_list(base["layers"], cfg.num_layers)
+        outs = []
         for i in range(cfg.num_layers):
-            x, _ = body(x, (layers[i], _adapters_at(layer_adapters, i)))
-    return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), None
+            x, router = body(x, (layers[i], _adapters_at(layer_adapters, i)))
+            outs.append(router)
+        routers = _stack(outs)
+    return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), None, routers
+
+
+def _stack(routers: list) -> dict | None:
+    """Per-layer router statistics (all None, or all dicts) -> {name: [L, ...]} or None."""
+    if not routers or routers[0] is None:
+        return None
+    return jax.tree.map(lambda *a: jnp.stack(a), *routers)
 
 
 def _adapters_at(layer_adapters, i: int):
