@@ -18,7 +18,8 @@ def get() -> ConfigDict:
     c.method = ConfigDict(dict(variant="dart", rank=8, alpha=16.0,
                                targets=("q", "k", "v", "o", "gate", "up", "down"), init="normal",
                                init_std=0.02, rslora=False, dropout=0.0, isolation="forward",
-                               role_mask="both", adapter_dtype="float32"))
+                               role_mask="both", adapter_dtype="float32",
+                               experts=2, top_k=2, router_aux_coef=0.001))  # experts..: MixLoRA only
     c.router = ConfigDict(dict(convention="dart_jax"))
     c.algo = ConfigDict(dict(norm_adv_by_std=True))
     c.loss = ConfigDict(dict(temperature=1.0, clip_low=0.2, clip_high=0.2, dual_clip=3.0, kl_coef=0.001,

@@ -4,7 +4,8 @@
         --config.data.train[0].path=/data/SkyRL-SQL-653-data-newfmt/train.parquet \
         --config.data.train[0].db_root=/data/sql/db_files/data
 
-method: dart | lora | full (Sky-SQL's full-parameter GRPO)
+method: dart | lora | full (Sky-SQL's full-parameter GRPO) | mixlora (DART's budget: rank-8 attention
+LoRAs, 2 FFN experts of rank 8, top-2, router aux 0.001)
 
 Training data (required; a clear error names what is missing): SkyRL-SQL-653 as published, newfmt or
 verl-format parquet; `db_root` is SkyRL's `db_path` (OmniSQL's data/ folder, holding
@@ -18,7 +19,7 @@ turns, observation tables truncated to 50 rows, 5 s tool timeout, 30 s reward ti
 from configs import base
 from dart_jax.eval.datasets import exclusion_specs
 
-METHODS = ("dart", "lora", "full")
+METHODS = ("dart", "lora", "full", "mixlora")
 
 
 def get_config(arg: str | None = None):
@@ -48,6 +49,9 @@ def get_config(arg: str | None = None):
         c.method.variant, c.method.rank, c.method.alpha, c.optim.lr = "dart", 8, 16.0, 1e-5
     elif method == "lora":
         c.method.variant, c.method.rank, c.method.alpha, c.optim.lr = "lora", 16, 32.0, 1e-5
+    elif method == "mixlora":
+        c.method.variant, c.method.rank, c.method.alpha, c.optim.lr = "mixlora", 8, 16.0, 1e-5
+        c.method.experts, c.method.top_k, c.method.router_aux_coef = 2, 2, 0.001
     else:
         c.method.variant, c.optim.lr = "full", 1e-6
     c.output.dir = f"runs/sql-{method}-qwen2.5-coder-7b"

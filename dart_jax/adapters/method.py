@@ -5,12 +5,15 @@
 | full    | none                | −1 everywhere                  | the base tree              |
 | lora    | {"shared"}          | 0 on every real position       | the shared adapter only    |
 | dart    | {"reasoning","tool"}| router role (0 reas., 1 tool)  | both adapters only         |
+| mixlora | {"shared" (q,k,v,o LoRA), "experts" (FFN LoRA experts + router)} | 0 on every real position; the FFN mixes its experts by a learned top-k router (models.mixlora) | adapters, experts, routers |
 
 `role_mask` ("both" | "reasoning" | "tool") keeps only that role's tokens in the policy gradient
 (CEA's M_Unified / M_Reas / M_Tool: m_t of METHOD §2). `isolation` ("forward" | "strict") applies
-to dart (see `dart_jax.adapters.isolation`). Seams for later variants: a soft router (MixLoRA)
-replaces `routes_for` with per-token mixing weights; two-model routing (2-Agent, H_Tool, H_Reas)
-routes roles to two (base, adapters) pairs instead of two adapters of one base.
+to dart (see `dart_jax.adapters.isolation`). MixLoRA (`experts`, `top_k` of rank `rank` each,
+`router_aux_coef` for the load-balancing loss) puts a plain LoRA on the attention projections
+among `targets` and LoRA experts on the FFN; the paper's comparison at DART's budget is E = 2
+experts of rank 8, top-2; E = 8, top-2, rank 16 is MoE-PEFT's template. Two-model routing
+(2-Agent, H_Tool, H_Reas) routes roles to two (base, adapters) pairs (rollout.compose).
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from dart_jax.models import lora as lora_lib
+from dart_jax.models import lora as lora_lib, mixlora as mixlora_lib
 from dart_jax.models.config import ModelConfig
 from dart_jax.roles.router import PAD_ROLE, REASONING, TOOL
 
-VARIANTS = ("full", "lora", "dart")
+VARIANTS = ("full", "lora", "dart", "mixlora")
+ATTENTION = ("q", "k", "v", "o")
 ROLE_MASKS = ("both", "reasoning", "tool", "answer")
 ISOLATIONS = ("forward", "strict")
 
@@ -43,11 +47,20 @@ class MethodSpec:
     isolation: str = "forward"
     role_mask: str = "both"
     adapter_dtype: str = "float32"
+    experts: int = 2                # mixlora: FFN experts, each a LoRA of `rank` on gate, up and down
+    top_k: int = 2                  # mixlora: experts mixed per token
+    router_aux_coef: float = 0.001  # mixlora: load-balancing loss coefficient (MoE-PEFT's default)
 
     def __post_init__(self):
         for field, allowed in (("variant", VARIANTS), ("role_mask", ROLE_MASKS), ("isolation", ISOLATIONS)):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"method.{field}={getattr(self, field)!r}; expected one of {allowed}")
+        if self.variant == "mixlora" and not 1 <= self.top_k <= self.experts:
+            raise ValueError(f"method.top_k={self.top_k} with method.experts={self.experts}; expected "
+                             "1 ≤ top_k ≤ experts")
+        if self.variant == "mixlora" and self.dropout > 0:
+            raise ValueError("method.dropout > 0 with mixlora: the FFN experts take no LoRA dropout here; set "
+                             "method.dropout = 0")
         if self.isolation == "strict" and self.variant != "dart":
             raise ValueError(f"isolation='strict' needs two role adapters (variant 'dart'), got {self.variant!r}")
         bad = set(self.targets) - set(lora_lib.TARGETS)
@@ -56,7 +69,8 @@ class MethodSpec:
 
     @property
     def adapter_names(self) -> tuple[str, ...]:
-        return {"full": (), "lora": ("shared",), "dart": ("reasoning", "tool")}[self.variant]
+        return {"full": (), "lora": ("shared",), "dart": ("reasoning", "tool"),
+                "mixlora": ("experts", "shared")}[self.variant]
 
     @property
     def trains_base(self) -> bool:
@@ -66,6 +80,17 @@ class MethodSpec:
 def init_adapters(spec: MethodSpec, cfg: ModelConfig, key: jax.Array) -> dict[str, lora_lib.LoraAdapter] | None:
     if not spec.adapter_names:
         return None
+    if spec.variant == "mixlora":
+        attn = tuple(t for t in spec.targets if t in ATTENTION)
+        experts = mixlora_lib.init_experts(cfg, jax.random.fold_in(key, 1), spec.experts, spec.top_k, spec.rank,
+                                           spec.alpha, spec.init, spec.init_std, jnp.dtype(spec.adapter_dtype),
+                                           spec.rslora)
+        out = {"experts": experts}
+        if attn:
+            out["shared"] = lora_lib.init_lora(cfg, jax.random.fold_in(key, 0), spec.rank, spec.alpha, attn,
+                                               spec.init, spec.init_std, spec.rslora, spec.dropout,
+                                               jnp.dtype(spec.adapter_dtype))
+        return out
     return {name: lora_lib.init_lora(cfg, jax.random.fold_in(key, i), spec.rank, spec.alpha,
                                      spec.targets, spec.init, spec.init_std, spec.rslora,
                                      spec.dropout, jnp.dtype(spec.adapter_dtype))
@@ -76,7 +101,7 @@ def routes_for(spec: MethodSpec, roles: jnp.ndarray) -> jnp.ndarray:
     """Router roles i32[B, T] (−1 padding) -> adapter route ids for the forward pass."""
     if spec.variant == "full":
         return jnp.full(roles.shape, -1, jnp.int32)
-    if spec.variant == "lora":
+    if spec.variant in ("lora", "mixlora"):
         return jnp.where(roles == PAD_ROLE, -1, 0).astype(jnp.int32)
     # sorted adapter names give reasoning = 0, tool = 1: the same ids as the roles
     return roles.astype(jnp.int32)

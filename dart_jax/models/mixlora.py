@@ -59,7 +59,8 @@ class MixLoraExperts:
 
 
 def init_experts(cfg: ModelConfig, key: jax.Array, num_experts: int, top_k: int, rank: int, alpha: float,
-                 init: str = "normal", init_std: float = 0.02, dtype=jnp.float32) -> MixLoraExperts:
+                 init: str = "normal", init_std: float = 0.02, dtype=jnp.float32, rslora: bool = False
+                 ) -> MixLoraExperts:
     """Router ~ N(0, 0.02²) in fp32; each expert's A as LoRA's `init` (N(0, init_std²) or PEFT's
     kaiming-uniform), B = 0 — so the layer starts as the frozen FFN."""
     if not 1 <= top_k <= num_experts:
@@ -82,15 +83,18 @@ def init_experts(cfg: ModelConfig, key: jax.Array, num_experts: int, top_k: int,
         else:
             raise ValueError(f"LoRA init {init!r}; expected 'normal' or 'kaiming_uniform'")
         params[t] = {"a": a.astype(dtype), "b": jnp.zeros((L, num_experts, rank, d_out), dtype)}
-    return MixLoraExperts(params=params, scale=alpha / rank, top_k=top_k)
+    return MixLoraExperts(params=params, scale=alpha / math.sqrt(rank) if rslora else alpha / rank, top_k=top_k)
 
 
-def logical_axes(target: str) -> tuple[tuple[str, ...], tuple[str, ...]] | tuple[str, ...]:
-    """Logical axis names of a MixLoRA leaf (experts replicated, the FFN dims sharded as the base's)."""
-    if target == "router":
-        return ("layers", "embed", "experts")
-    d_in, d_out = {"gate": ("embed", "mlp"), "up": ("embed", "mlp"), "down": ("mlp", "embed")}[target]
-    return ("layers", "experts", d_in, "lora_rank"), ("layers", "experts", "lora_rank", d_out)
+def logical_shapes(experts: MixLoraExperts) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """Flat 'router' / 'target/a' / 'target/b' -> (shape, logical axes): the expert axis replicated,
+    the FFN dims sharded as the base's, the rank replicated (as a LoRA's)."""
+    out = {"router": (tuple(experts.params["router"].shape), ("layers", "embed", "experts"))}
+    for t in FFN:
+        d_in, d_out = {"gate": ("embed", "mlp"), "up": ("embed", "mlp"), "down": ("mlp", "embed")}[t]
+        out[f"{t}/a"] = (tuple(experts.params[t]["a"].shape), ("layers", "experts", d_in, "lora_rank"))
+        out[f"{t}/b"] = (tuple(experts.params[t]["b"].shape), ("layers", "experts", "lora_rank", d_out))
+    return out
 
 
 def routing(x: jnp.ndarray, router: jnp.ndarray, top_k: int) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:

@@ -46,12 +46,19 @@ def sharded_forward(cfg: ModelConfig, mesh: Mesh, batch_shape: tuple[int, int],
 
 
 def adapter_shardings(adapters, cfg: ModelConfig, mesh: Mesh, rules: LogicalRules = DEFAULT_RULES):
-    """The adapters' tree (dict name -> LoraAdapter) with a NamedSharding at every leaf: A follows
-    the projection's input dims, B its output dims, the rank axis is replicated."""
+    """The adapters' tree (dict name -> LoraAdapter | MixLoraExperts) with a NamedSharding at every
+    leaf: A follows the projection's input dims, B its output dims, the rank axis is replicated."""
     from dart_jax.models.lora import lora_logical_shapes
+    from dart_jax.models.mixlora import MixLoraExperts, logical_shapes
 
     out = {}
     for name, ad in adapters.items():
+        if isinstance(ad, MixLoraExperts):  # router and experts: the FFN dims as the base's
+            flat = tree_shardings(logical_shapes(ad), mesh, rules)
+            out[name] = ad.replace(params={"router": flat["router"],
+                                           **{t: {"a": flat[f"{t}/a"], "b": flat[f"{t}/b"]}
+                                              for t in ad.params if t != "router"}})
+            continue
         logical = lora_logical_shapes(cfg, ad.rank, tuple(ad.params))
         flat = tree_shardings(logical, mesh, rules)
         params = {t: {"a": flat[f"{t}/a"], "b": flat[f"{t}/b"]} for t in ad.params}

@@ -35,6 +35,7 @@ DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
     "layers": None,
     "norm": None,
     "lora_rank": None,
+    "experts": None,
     "cache_length": None,
 }
 

@@ -198,7 +198,10 @@ def step_metrics(ro: Rollouts, sc: Scored, upd: list[dict], task: str, with_kl: 
         m["rollout/logprob_gap_mean"] = float(diff.mean()) if diff.size else 0.0
         m["rollout/logprob_gap_max"] = float(diff.max()) if diff.size else 0.0
     m["advantage/abs_mean"] = float(np.abs(batch["advantages"]).mean())
-    for k in UPDATE_KEYS if with_kl else tuple(k for k in UPDATE_KEYS if k != "kl"):  # no reference, no KL
+    keys = UPDATE_KEYS if with_kl else tuple(k for k in UPDATE_KEYS if k != "kl")  # no reference, no KL
+    if upd and "router_aux" in upd[0]:  # MixLoRA's load-balancing term (already inside actor/loss)
+        keys += ("router_aux",)
+    for k in keys:
         vals = [float(u[k]) for u in upd if math.isfinite(float(u[k]))]
         m[f"actor/{k}"] = float(np.mean(vals)) if vals else float("nan")
     m["actor/skipped_updates"] = float(sum(float(u["skipped"]) for u in upd))

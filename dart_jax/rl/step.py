@@ -33,9 +33,9 @@ import optax
 
 from dart_jax.adapters.isolation import isolated_loss
 from dart_jax.adapters.method import MethodSpec, model_trees
-from dart_jax.models import lora as lora_lib
+from dart_jax.models import lora as lora_lib, mixlora as mixlora_lib
 from dart_jax.models.config import ModelConfig
-from dart_jax.models.transformer import hidden_states, output_head
+from dart_jax.models.transformer import hidden_states_and_router, output_head
 from dart_jax.rl import losses
 from dart_jax.rl.logprobs import token_logprobs
 from dart_jax.rl.optim import (
@@ -110,34 +110,59 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
 def sequence_logprobs(base, adapters, tokens, positions, route_ids, *, cfg: ModelConfig, temperature: float,
                       chunk: int) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Teacher-forced (logp, entropy) f32[B, T], token-aligned, at the rollout temperature."""
-    h, _ = hidden_states(base, adapters, tokens, positions, route_ids, None, cfg=cfg)
-    return token_logprobs(h, output_head(base, cfg), tokens, temperature, chunk)
+    logp, ent, _ = sequence_logprobs_and_router(base, adapters, tokens, positions, route_ids, cfg=cfg,
+                                                temperature=temperature, chunk=chunk)
+    return logp, ent
+
+
+def sequence_logprobs_and_router(base, adapters, tokens, positions, route_ids, *, cfg: ModelConfig,
+                                 temperature: float, chunk: int):
+    """(logp, entropy, MixLoRA router statistics or None): see `sequence_logprobs`."""
+    h, _, router = hidden_states_and_router(base, adapters, tokens, positions, route_ids, None, cfg=cfg)
+    logp, ent = token_logprobs(h, output_head(base, cfg), tokens, temperature, chunk)
+    return logp, ent, router
 
 
 def batch_keys(lc: LossConfig) -> tuple[str, ...]:
     return SFT_KEYS if lc.objective == "sft" else BATCH_KEYS
 
 
-def metric_keys(lc: LossConfig) -> tuple[str, ...]:
+def metric_keys(lc: LossConfig, router_aux: bool = False) -> tuple[str, ...]:
+    extra = ("router_aux",) if router_aux else ()
     if lc.objective == "sft":
-        return ("loss", "nll", "entropy")
-    return ("loss", "pg_loss", "kl", "entropy", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")
+        return ("loss", "nll", "entropy") + extra
+    return ("loss", "pg_loss", "kl", "entropy", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl") + extra
 
 
-def per_token_terms(base, adapters, mb: dict, *, cfg: ModelConfig, lc: LossConfig) -> tuple[jnp.ndarray, dict]:
+def per_token_terms(base, adapters, mb: dict, *, cfg: ModelConfig, lc: LossConfig,
+                    router_aux_coef: float = 0.0) -> tuple[jnp.ndarray, dict]:
     """ℓ f32[b, T] and per-token metric values for one micro-batch, 0 outside the loss mask.
+
+    With MixLoRA experts in `adapters`, the micro-batch's load-balancing loss (models.mixlora, over
+    all its real tokens and layers, × `router_aux_coef`) is added to ℓ at every loss token, so the
+    aggregation weights w (Σ_t w_t ℓ_t) weight it exactly as they weight the policy loss: the
+    mini-batch's aux term is the aggregation-weighted mean of its micro-batches' (metric
+    "router_aux").
 
     Inputs are masked *before* they are used (as verl zeroes values outside the mask): an old /
     reference log-prob or an advantage that is NaN or ±inf where the mask is 0 (padding,
     observations, a dropped prompt's rows) must not poison the sum — 0·NaN is NaN — nor its
     gradient, which would reach the masked position through exp / clip even with a zero cotangent."""
-    logp, ent = sequence_logprobs(base, adapters, mb["tokens"], mb["positions"], mb["route_ids"], cfg=cfg,
-                                  temperature=lc.temperature, chunk=lc.logprob_chunk)
+    logp, ent, router = sequence_logprobs_and_router(base, adapters, mb["tokens"], mb["positions"],
+                                                     mb["route_ids"], cfg=cfg, temperature=lc.temperature,
+                                                     chunk=lc.logprob_chunk)
     keep = mb["loss_mask"] > 0
     masked = lambda v: jnp.where(keep, v, 0.0)  # noqa: E731
+    aux = {}
+    if router is not None:
+        aux = {"router_aux": jnp.broadcast_to(mixlora_lib.load_balancing_loss(router, router_aux_coef), keep.shape)}
     if lc.objective == "sft":
         # supervised warm start: ℓ_t = −log p(token_t); observation tokens carry loss_mask 0 exactly as in RL
-        return masked(-logp), {"nll": masked(-logp), "entropy": masked(ent)}
+        nll = masked(-logp)
+        if aux:
+            return masked(-logp + aux["router_aux"]), {"nll": nll, "entropy": masked(ent),
+                                                       "router_aux": masked(aux["router_aux"])}
+        return nll, {"nll": nll, "entropy": masked(ent)}
     safe = jax.lax.stop_gradient(logp)  # a finite stand-in at masked positions
     old = jnp.where(keep, mb["old_logp"], safe)
     ref = jnp.where(keep, mb["ref_logp"], safe)
@@ -149,9 +174,11 @@ def per_token_terms(base, adapters, mb: dict, *, cfg: ModelConfig, lc: LossConfi
         loss = loss + lc.kl_coef * kl
     if lc.entropy_coef:  # a zero coefficient must not pull a backward pass through the entropy
         loss = loss - lc.entropy_coef * ent
+    if aux:
+        loss = loss + aux["router_aux"]
     return masked(loss), {"pg_loss": masked(pg), "kl": masked(kl), "entropy": masked(ent),
                           "pg_clipfrac": masked(ind["clipped"]), "pg_clipfrac_lower": masked(ind["clipped_lower"]),
-                          "ppo_kl": masked(ind["ppo_kl"])}
+                          "ppo_kl": masked(ind["ppo_kl"]), **{k: masked(v) for k, v in aux.items()}}
 
 
 def policy_trees(method: MethodSpec, params, base, row_ids: tuple[int, ...] = ()):
@@ -173,7 +200,8 @@ def make_accumulate(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, row_id
         base_, ads = policy_trees(method, params, base, row_ids)
 
         def per_token(adapters):
-            return per_token_terms(base_, lora_lib.with_dropout(adapters, key), mb, cfg=cfg, lc=lc)
+            return per_token_terms(base_, lora_lib.with_dropout(adapters, key), mb, cfg=cfg, lc=lc,
+                                   router_aux_coef=method.router_aux_coef)
 
         w, _ = losses.aggregation_weights(mb["loss_mask"], lc.agg_mode, lc.norm_length)
         w = w * scale
@@ -203,7 +231,7 @@ def make_accumulate(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, row_id
             sums = jax.tree.map(jnp.add, sums, metrics)
             return (grads, sums), None
 
-        metric0 = {k: jnp.zeros((), jnp.float32) for k in metric_keys(lc)}
+        metric0 = {k: jnp.zeros((), jnp.float32) for k in metric_keys(lc, method.variant == "mixlora")}
         if n_micro == 1:  # no loop: lets XLA schedule the single micro-batch freely
             (grads, sums), _ = body((zeros, metric0), (jax.tree.map(lambda v: v[0], batch), scales[0], 0))
         else:

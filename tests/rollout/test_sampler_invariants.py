@@ -30,9 +30,9 @@ def model(tmp_path_factory):
     return cfg, base, ads
 
 
-def run_episode(cfg, base, ads, sampling, seed=0):
+def run_episode(cfg, base, ads, sampling, seed=0, route_mode="role"):
     """prompt -> segment -> append obs -> segment -> append -> segment; returns host lists."""
-    spec = SamplerSpec(cfg, RouterSpec((OPEN,), (CLOSE,)), sampling, stops=((CLOSE,), (7, 8)))
+    spec = SamplerSpec(cfg, RouterSpec((OPEN,), (CLOSE,)), sampling, stops=((CLOSE,), (7, 8)), route_mode=route_mode)
     prompts = [[5, 6, OPEN, 9, 10], [11, 12, 13, 14, 15, 16, 17, 18], [30, 31]]
     tokens, positions = left_pad(prompts, 0)
     b = len(prompts)
@@ -165,3 +165,22 @@ def test_draws_keyed_by_row_and_position_not_by_schedule(model):
     assert len(one[0]) == 12 and one[0] != one[1]
     assert run([[5, 6, 7, 9], [11, 12, 13]], [6, 6]) == one
     assert run([[5, 6, 7, 9], [40, 41, 42, 43, 44, 45]], [12])[0] == one[0]
+
+
+def test_mixlora_decode_equals_teacher_forced_forward(model):
+    """MixLoRA routes per token in decode as in training: the router mixes each generated token's
+    experts from its own hidden state, through pauses and appends (shared route mode)."""
+    cfg, base, _ = model
+    ads = init_adapters(MethodSpec("mixlora", rank=4, experts=3, top_k=2), cfg, jax.random.PRNGKey(1))
+    ads = {n: a.replace(params=jax.tree_util.tree_map(lambda x: x + 0.05, a.params)) for n, a in ads.items()}
+    sampling = SamplingConfig(temperature=1.0)
+    spec, rows, _ = run_episode(cfg, base, ads, sampling, route_mode="shared")
+    for r in rows[:2]:
+        ids = jnp.asarray([r["ids"]])
+        routes = spec.routes(route_roles(ids, spec.router))
+        np.testing.assert_array_equal(np.asarray(routes)[0], np.asarray(r["routes"]))
+        logits, _ = forward(base, ads, ids, jnp.arange(len(r["ids"]))[None], routes, None, cfg=cfg)
+        lp = np.asarray(jax.nn.log_softmax(logits[0].astype(jnp.float32)), np.float64)
+        gen = np.nonzero(r["gen"])[0]
+        assert len(gen) >= 8
+        np.testing.assert_allclose(np.asarray(r["lp"])[gen], lp[gen - 1, np.asarray(r["ids"])[gen]], atol=2e-5)
