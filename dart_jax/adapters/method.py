@@ -6,6 +6,7 @@
 | lora    | {"shared"}          | 0 on every real position       | the shared adapter only    |
 | dart    | {"reasoning","tool"}| router role (0 reas., 1 tool)  | both adapters only         |
 | mixlora | {"shared" (q,k,v,o LoRA), "experts" (FFN LoRA experts + router)} | 0 on every real position; the FFN mixes its experts by a learned top-k router (models.mixlora) | adapters, experts, routers |
+| 2agent  | none: two full models {"reasoning", "tool"} (`TwoModels`) | router role picks the *model* whose log-prob a token gets | both models' every weight |
 
 `role_mask` ("both" | "reasoning" | "tool") keeps only that role's tokens in the policy gradient
 (CEA's M_Unified / M_Reas / M_Tool: m_t of METHOD §2). `isolation` ("forward" | "strict") applies
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -28,7 +30,7 @@ from dart_jax.models import lora as lora_lib, mixlora as mixlora_lib
 from dart_jax.models.config import ModelConfig
 from dart_jax.roles.router import PAD_ROLE, REASONING, TOOL
 
-VARIANTS = ("full", "lora", "dart", "mixlora")
+VARIANTS = ("full", "lora", "dart", "mixlora", "2agent")
 ATTENTION = ("q", "k", "v", "o")
 ROLE_MASKS = ("both", "reasoning", "tool", "answer")
 ISOLATIONS = ("forward", "strict")
@@ -70,11 +72,11 @@ class MethodSpec:
     @property
     def adapter_names(self) -> tuple[str, ...]:
         return {"full": (), "lora": ("shared",), "dart": ("reasoning", "tool"),
-                "mixlora": ("experts", "shared")}[self.variant]
+                "mixlora": ("experts", "shared"), "2agent": ()}[self.variant]
 
     @property
     def trains_base(self) -> bool:
-        return self.variant == "full"
+        return self.variant in ("full", "2agent")
 
 
 def init_adapters(spec: MethodSpec, cfg: ModelConfig, key: jax.Array) -> dict[str, lora_lib.LoraAdapter] | None:
@@ -125,11 +127,27 @@ def role_token_mask(spec: MethodSpec, token_roles: jnp.ndarray, answer_span: jnp
     return keep.astype(jnp.float32)
 
 
+@flax.struct.dataclass
+class TwoModels:
+    """The 2-Agent policy: two independent models (each a whole base tree), one per role. Token t's
+    log-prob is the model in control after token t − 1 (its loss role: rl.step), each model runs
+    its forward over the whole trajectory with its own weights, and rollouts go through the
+    two-model composition (rollout.compose)."""
+    reasoning: Any
+    tool: Any
+
+
 def trainable(spec: MethodSpec, base: Any, adapters: Any) -> Any:
-    """The tree the optimizer sees (and gradients are taken w.r.t.)."""
+    """The tree the optimizer sees (and gradients are taken w.r.t.); 2agent: both models, each
+    starting from the base."""
+    if spec.variant == "2agent":
+        return {"reasoning": base, "tool": base}
     return base if spec.trains_base else adapters
 
 
 def model_trees(spec: MethodSpec, params: Any, base: Any, adapters: Any) -> tuple[Any, Any]:
-    """(base, adapters) for the forward pass, with `params` (the trainable tree) substituted."""
+    """(base, adapters) for the forward pass, with `params` (the trainable tree) substituted
+    (2agent: (TwoModels, None))."""
+    if spec.variant == "2agent":
+        return TwoModels(params["reasoning"], params["tool"]), None
     return (params, adapters) if spec.trains_base else (base, params)

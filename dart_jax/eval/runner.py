@@ -22,7 +22,7 @@ from dart_jax.eval.datasets import GROUPS, EvalSet, load_set
 from dart_jax.rewards.qa import em, extract_answer, retrieval_correct
 from dart_jax.rewards.sql import execution_match, extract_solution
 from dart_jax.rollout.agent import Agent, RolloutConfig
-from dart_jax.rollout.compose import compose_rollout
+from dart_jax.rollout.compose import compose_rollout, rollout_policy
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.tasks import qa_task, sql_task
 from dart_jax.tools.sqlite_exec import execute
@@ -146,7 +146,7 @@ class Evaluator:
             if getattr(self, "composition", None):
                 tb = compose_rollout(self.agent, *self.composition, prompts, uids, metas, seed=seed)
             else:
-                tb = self.agent.rollout(base, adapters, prompts, uids, metas, seed=seed)
+                tb = rollout_policy(self.agent, base, adapters, prompts, uids, metas, seed=seed)
             for i, (row, k) in enumerate(chunk):
                 rec = self._record(s, row, k, tb, i)
                 recs.append(rec)

@@ -35,6 +35,7 @@ from dart_jax.rl.step import (
 )
 from dart_jax.roles.router import REASONING, TOOL, RouterSpec
 from dart_jax.rollout.agent import Agent
+from dart_jax.rollout.compose import rollout_policy
 from dart_jax.rollout.tasks import qa_task, sql_task
 from dart_jax.rollout.trajectory import TrajectoryBatch
 from dart_jax.run.held_out import task_accuracy
@@ -51,13 +52,14 @@ class Rollouts:
 
 
 def rollout(agent: Agent, trees: tuple[Any, Any], rows: list[dict], group_size: int, seed: int) -> Rollouts:
-    """G samples of each row's prompt with the policy `trees` = (base, adapters)."""
+    """G samples of each row's prompt with the policy `trees` = (base, adapters) (2-Agent: the
+    two-model composition)."""
     task_fn = qa_task if agent.protocol.name == "qa" else sql_task
     prompts, uids, metas = task_fn(agent.tok, rows, agent.rc.prompt_tags)
     g = group_size
     prompts, uids = [p for p in prompts for _ in range(g)], [u for u in uids for _ in range(g)]
     metas = [dict(m, data_source=r.get("data_source", "data")) for m, r in zip(metas, rows) for _ in range(g)]
-    tb = agent.rollout(trees[0], trees[1], prompts, uids, metas, seed=seed)
+    tb = rollout_policy(agent, trees[0], trees[1], prompts, uids, metas, seed=seed)
     return Rollouts(tb, [r for r in rows for _ in range(g)], metas)
 
 

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import optax
 
 from dart_jax.adapters.isolation import isolated_loss
-from dart_jax.adapters.method import MethodSpec, model_trees
+from dart_jax.adapters.method import MethodSpec, TwoModels, model_trees
 from dart_jax.models import lora as lora_lib, mixlora as mixlora_lib
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import hidden_states_and_router, output_head
@@ -45,6 +45,7 @@ from dart_jax.rl.optim import (
     learning_rate,
     make_optimizer,
 )
+from dart_jax.roles.router import TOOL, loss_roles
 from dart_jax.tokenization.sentinels import with_token_rows
 
 BATCH_KEYS = ("tokens", "positions", "route_ids", "loss_roles", "loss_mask", "old_logp", "ref_logp", "advantages")
@@ -117,7 +118,18 @@ def sequence_logprobs(base, adapters, tokens, positions, route_ids, *, cfg: Mode
 
 def sequence_logprobs_and_router(base, adapters, tokens, positions, route_ids, *, cfg: ModelConfig,
                                  temperature: float, chunk: int):
-    """(logp, entropy, MixLoRA router statistics or None): see `sequence_logprobs`."""
+    """(logp, entropy, MixLoRA router statistics or None): see `sequence_logprobs`. With `base` a
+    TwoModels (2-Agent), each model runs its forward over the whole trajectory and token t takes the
+    log-prob of the model in control after token t − 1 (its loss role, from the roles in
+    `route_ids`), so each model's gradient comes from its own role's tokens only."""
+    if isinstance(base, TwoModels):
+        writer = loss_roles(route_ids)
+        reas = sequence_logprobs(base.reasoning, None, tokens, positions, None, cfg=cfg, temperature=temperature,
+                                 chunk=chunk)
+        tool = sequence_logprobs(base.tool, None, tokens, positions, None, cfg=cfg, temperature=temperature,
+                                 chunk=chunk)
+        pick = writer == TOOL
+        return jnp.where(pick, tool[0], reas[0]), jnp.where(pick, tool[1], reas[1]), None
     h, _, router = hidden_states_and_router(base, adapters, tokens, positions, route_ids, None, cfg=cfg)
     logp, ent = token_logprobs(h, output_head(base, cfg), tokens, temperature, chunk)
     return logp, ent, router

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dart_jax.adapters.method import TwoModels
 from dart_jax.models.cache import init_cache
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import per_layer_params
@@ -81,6 +82,17 @@ def compose_rollout(agent: Agent, reasoning: Policy, tool: Policy, prompts: list
     `agent` supplies the tokenizer, protocol, tool, sampling and rollout budgets; the policies must
     share its tokenizer."""
     return agent.run(TwoPolicies(agent, reasoning, tool, prompts, seed), prompts, uids, meta)
+
+
+def rollout_policy(agent: Agent, base, adapters, prompts: list[list[int]], uids: list, meta: list[dict] | None = None,
+                   seed: int = 0) -> TrajectoryBatch:
+    """A rollout of one policy (`agent.rollout`), or of the 2-Agent policy through the two-model
+    composition when `base` is a TwoModels (adapters.method): its reasoning model writes outside the
+    tool spans, its tool model inside them."""
+    if isinstance(base, TwoModels):
+        cfg = agent.spec.model
+        return compose_rollout(agent, Policy(cfg, base.reasoning), Policy(cfg, base.tool), prompts, uids, meta, seed)
+    return agent.rollout(base, adapters, prompts, uids, meta, seed=seed)
 
 
 class TwoPolicies:

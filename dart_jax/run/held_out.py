@@ -12,6 +12,7 @@ import numpy as np
 from dart_jax.rewards.qa import em_reward
 from dart_jax.rewards.training import make_reward
 from dart_jax.rollout.agent import Agent, RolloutConfig
+from dart_jax.rollout.compose import rollout_policy
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.tasks import qa_task, sql_task
 
@@ -38,7 +39,8 @@ def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, rout
     out = {"n": len(rows), "answer_rate": 0.0, "invalid_rate": 0.0, "tool_calls": 0.0, "reward": 0.0, "correct": 0}
     scored_rows = 0
     for s in range(0, len(rows), batch):
-        tb = agent.rollout(base, adapters, prompts[s:s + batch], uids[s:s + batch], metas[s:s + batch], seed=seed + s)
+        tb = rollout_policy(agent, base, adapters, prompts[s:s + batch], uids[s:s + batch], metas[s:s + batch],
+                            seed=seed + s)
         out["answer_rate"] += sum(f == "answer" for f in tb.finish_reason)
         out["invalid_rate"] += sum(f == "invalid" for f in tb.finish_reason)
         out["tool_calls"] += float(tb.tool_calls().sum())

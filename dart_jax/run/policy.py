@@ -31,7 +31,7 @@ from dart_jax.parallel.mesh import make_mesh
 log = logging.getLogger(__name__)
 
 # how tokens route to adapters, per method variant (the sampler's and the trainer's route mode)
-ROUTE_MODE = {"dart": "role", "lora": "shared", "mixlora": "shared", "full": "none"}
+ROUTE_MODE = {"dart": "role", "lora": "shared", "mixlora": "shared", "full": "none", "2agent": "none"}
 
 
 def model_overrides(config) -> dict:
