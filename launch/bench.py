@@ -7,6 +7,7 @@
     python -m launch.bench resume --obs-len=400       KV-cache resume vs re-prefilling the history per turn
     python -m launch.bench prefill --batch=2          a GRPO group's shared prompt prefill vs one per row (SQL schemas)
     python -m launch.bench handoff --turns=4          two-model rollout: append-only hand-offs vs re-encoding the history
+    python -m launch.bench methods                    training state and update time: DART, LoRA-16, full, MixLoRA, 2-Agent
     python -m launch.bench retrieval --clients=64     load on the retrieval service (or --url=another server)
 
 Every side-by-side benchmark interleaves its sides (A B A B …, `--repeats` rounds after a warm-up,
@@ -31,11 +32,12 @@ from launch._cli import Command
 # spin on the cores the next (JAX) side needs. Passive waiting must be set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-BENCHES = ("forward", "adapters", "sampler", "resume", "train", "prefill", "handoff", "retrieval")
+BENCHES = ("forward", "adapters", "sampler", "resume", "train", "prefill", "handoff", "retrieval", "methods")
 DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(batch=4, length=256, repeats=5),
             "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4), "train": dict(batch=4, length=512,
                                                                                           repeats=5),
-            "prefill": dict(batch=2, repeats=3), "handoff": dict(batch=1, repeats=3), "retrieval": dict(repeats=1)}
+            "prefill": dict(batch=2, repeats=3), "handoff": dict(batch=1, repeats=3), "retrieval": dict(repeats=1),
+            "methods": dict(batch=4, length=256, repeats=3)}
 CLI = Command("launch.bench", __doc__)
 F = CLI.flags
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
@@ -130,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{res['prompts']} SQL schema prompts ({res['prompt_tokens']} tokens) x {res['group']} samples, prefill + "
               f"{res['gen']} decoded tokens: shared prefill {res['shared_s']:.2f} s, one per row {res['per_row_s']:.2f} s; "
               f"per row / shared {fmt_ratio(res['ratio'])}")
+    if args.which == "methods":
+        from dart_jax.bench.methods import bench_methods, table
+        res = bench_methods(args.model, args.batch, args.length, args.repeats,
+                            dtype="bfloat16" if DTYPE.value == "bfloat16" or not DTYPE.present else DTYPE.value)
+        print(table(res))
     if args.which == "handoff":
         from dart_jax.bench.sampler import bench_handoff
         res = bench_handoff(args.model, args.batch, args.prompt_len, args.turns, obs_len=args.obs_len,
