@@ -9,12 +9,12 @@ import pytest
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
 COMMANDS = sorted(n[:-3] for n in os.listdir(os.path.join(ROOT, "launch")) if n.endswith(".py") and not n.startswith("_"))
-WITH_CONFIG = {"train", "sft", "evaluate", "sweep", "cea", "grad_angles"}
+WITH_CONFIG = {"train", "sft", "evaluate", "sweep", "cea", "grad_angles", "methods"}
 
 
 def test_the_commands_are_the_ones_expected():
     assert set(COMMANDS) == {"bench", "build_corpus", "build_index", "cea", "crosscheck", "evaluate", "grad_angles",
-                             "init_adapters", "rollout", "serve_retriever", "sft", "sweep", "train"}
+                             "init_adapters", "methods", "rollout", "serve_retriever", "sft", "sweep", "train"}
 
 
 @pytest.mark.parametrize("name", COMMANDS)

@@ -28,7 +28,7 @@ from dart_jax.data.readers import question_key
 from dart_jax.rewards.training import make_reward
 from dart_jax.rl import stages
 from dart_jax.rl.optim import make_optimizer
-from dart_jax.rl.placement import place_state
+from dart_jax.rl.placement import place_state, state_bytes_per_device
 from dart_jax.rl.sections import (
     loss_config,
     method_spec,
@@ -141,9 +141,11 @@ class Trainer:
         t2 = time.perf_counter()
         self.state, upd = self.updater(self.state, self.base, sc.batch, step, jax.random.fold_in(self.key, 10_000 + step))
         t3 = time.perf_counter()
-        return stages.step_metrics(ro, sc, upd, self.protocol.name, bool(self.loss_cfg.kl_coef),
-                                   self.updater.plan.old_logp == "recompute",
-                                   {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2})
+        m = stages.step_metrics(ro, sc, upd, self.protocol.name, bool(self.loss_cfg.kl_coef),
+                                self.updater.plan.old_logp == "recompute",
+                                {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2})
+        m.update(memory_metrics(self.state, self.base))
+        return m
 
     def evaluate(self) -> dict:
         """Greedy (eval.temperature) rollouts of the held-out questions with the current policy."""
@@ -215,6 +217,22 @@ class Trainer:
                                           self.router.convention, base_model=self.config.model.path,
                                           extra={"kind": "dart", "warm_start": self.config.get("warm_start", "")})
         return out
+
+
+def memory_metrics(state, base) -> dict:
+    """What the run holds: one device's share of the train state (fp32 masters + optimiser moments)
+    and of the frozen base, read from the live arrays; the process's peak resident memory so far
+    (host RAM: on CPU the devices' memory too) and, where the backend reports it, the device's
+    peak allocation."""
+    import resource
+    shard = lambda tree: sum(max(s.data.nbytes for s in x.addressable_shards)  # noqa: E731
+                             for x in jax.tree.leaves(tree) if hasattr(x, "addressable_shards"))
+    out = {"memory/train_state_mib": state_bytes_per_device(state) / 2 ** 20, "memory/base_mib": shard(base) / 2 ** 20,
+           "memory/peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        out["memory/device_peak_mib"] = stats["peak_bytes_in_use"] / 2 ** 20
+    return out
 
 
 def held_out_line(a: dict, b: dict) -> str:

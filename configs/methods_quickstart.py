@@ -1,0 +1,70 @@
+"""The paper's methods compared on the embedded default (issue 19, METHOD §4): DART, LoRA-16, full
+fine-tuning with Search-R1's settings, MixLoRA and 2-Agent, each trained from the shipped warm start
+with the same data, steps and seeds, then evaluated greedily on held-out questions.
+
+    python -m launch.methods --config=configs/methods_quickstart.py                  # every missing stage
+    python -m launch.methods --config=configs/methods_quickstart.py --stage=train    # train | eval | report
+    python -m launch.train --config=configs/methods_quickstart.py:mixlora,1          # one run alone
+
+Every run is the quickstart (configs/quickstart.py: SmolLM2-135M-Instruct + NQ warm start, 24 GRPO
+steps of 4 prompts × 4 samples, the MiniLM retriever over the shipped corpus, 2 CPU cores) with only
+the method changed; train.seed = the run's seed drives the data order, the initialisation of new
+adapters and the sampler. Methods (`METHODS`):
+
+    dart     two routed rank-8 LoRAs (the quickstart), lr 2e-4
+    lora16   one rank-16 LoRA (alpha 32: the same scale), lr 2e-4
+    full     full-parameter GRPO, Search-R1's invalid-action message, lr 2e-5 (the quickstart's LoRA
+             lr scaled by the paper's full / LoRA ratio 1e-6 / 1e-5, as configs/cea_quickstart.py)
+    mixlora  rank-8 attention LoRAs + 2 FFN experts of rank 8, top-2, load-balancing 0.001, lr 2e-4
+    2agent   two full models routed by role, lr 2e-5 (full-parameter, as `full`)
+
+Evaluation: greedy, the first `limit` questions of `nq_corpus_heldout` (NQ rows whose gold passage
+is in the shipped corpus, never trained on) and `hotpotqa_corpus` (HotpotQA questions whose
+paragraphs are in the corpus). Cost on 2 cores: the quickstart's ~18 min per LoRA-sized run; the
+full-parameter runs pay ~2× (full) and ~4× (2agent) per update — every run is its own resumable
+stage.
+"""
+
+from ml_collections import ConfigDict
+
+from configs import quickstart
+
+METHODS = {
+    "dart": dict(variant="dart", rank=8, alpha=16.0, lr=2e-4),
+    "lora16": dict(variant="lora", rank=16, alpha=32.0, lr=2e-4),
+    "full": dict(variant="full", lr=2e-5, invalid_action="search_r1"),
+    "mixlora": dict(variant="mixlora", rank=8, alpha=16.0, experts=2, top_k=2, router_aux_coef=0.001, lr=2e-4),
+    "2agent": dict(variant="2agent", lr=2e-5),
+}
+OUT = "runs/methods_quickstart"
+
+
+def apply_method(c, method: str, seed: int):
+    """The quickstart config `c` turned into one run of the comparison (in place; returns it)."""
+    if method not in METHODS:
+        raise ValueError(f"method {method!r}; expected one of {sorted(METHODS)}")
+    m = dict(METHODS[method])
+    c.optim.lr = m.pop("lr")
+    if "invalid_action" in m:
+        c.rollout.invalid_action = m.pop("invalid_action")
+    for k, v in m.items():
+        c.method[k] = v
+    c.train.seed = int(seed)
+    c.output.dir = f"{c.methods.out}/train/{method}_s{seed}"
+    c.output.export_adapters = method == "dart"
+    return c
+
+
+def get_config(arg: str | None = None):
+    """arg: "" (the comparison: DART, seed 0, as the default run) | METHOD[,SEED] (that run)."""
+    parts = [p.strip() for p in (arg or "").split(",") if p.strip()]
+    if len(parts) > 2:
+        raise ValueError(f"configs/methods_quickstart.py:{arg}: expected METHOD[,SEED]")
+    c = quickstart.get_config()
+    # lists as comma-separated strings, so the command line can set them (--config.methods.methods=dart,full)
+    c.methods = ConfigDict(dict(out=OUT, methods=",".join(METHODS), seeds="0,1",
+                                datasets="nq_corpus_heldout,hotpotqa_corpus", limit=64, batch=16))
+    c.eval.n = 0  # the eval stage is the held-out evaluation
+    method = parts[0] if parts else "dart"
+    seed = int(parts[1]) if len(parts) > 1 else 0
+    return apply_method(c, method, seed)

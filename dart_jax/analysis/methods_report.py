@@ -1,0 +1,144 @@
+"""The method comparison's report: held-out EM per method (each seed's count with its Wilson interval,
+the mean and the spread over seeds), training reward curves overlaid, step time and memory per
+method, and the paper's 3B-Base numbers beside them for orientation (a different backbone, corpus
+and budget: never a comparison)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+
+import numpy as np
+
+from dart_jax.eval.paper import METHOD_NAMES, PAPER_QA
+from dart_jax.run.metrics import read_metrics, wilson_interval
+
+PAPER_KEY = {"dart": "dart", "lora16": "lora16", "full": "search_r1", "mixlora": "mixlora", "2agent": "2agent"}
+
+
+def _eval_counts(eval_dir: str, datasets: list[str]) -> dict:
+    """{dataset: (correct, questions)} from an evaluation's per_question.jsonl (greedy: one record each)."""
+    out = {d: [0, 0] for d in datasets}
+    with open(os.path.join(eval_dir, "per_question.jsonl")) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                if r["dataset"] in out:
+                    out[r["dataset"]][0] += int(r["score"] > 0)
+                    out[r["dataset"]][1] += 1
+    return {d: tuple(v) for d, v in out.items()}
+
+
+def _median(rows: list[dict], key: str) -> float:
+    vals = [r[key] for r in rows if key in r]
+    return float(statistics.median(vals)) if vals else float("nan")
+
+
+def write_report(runs: dict, out: str, datasets: list[str], times: dict | None = None) -> dict:
+    """runs: {name: {method, seed, train (run dir), eval (evaluation dir)}} -> summary (also written:
+    report.md, summary.json, results.csv, reward_curves.png under `out`)."""
+    os.makedirs(out, exist_ok=True)
+    per_run, curves = {}, {}
+    for name, r in runs.items():
+        rows = [x for x in read_metrics(os.path.join(r["train"], "metrics.jsonl")) if "reward/mean" in x]
+        counts = _eval_counts(r["eval"], datasets)
+        per_run[name] = {"method": r["method"], "seed": r["seed"], "counts": counts,
+                         "em": {d: k / n if n else float("nan") for d, (k, n) in counts.items()},
+                         "step_s": _median(rows, "time/step_s"), "update_s": _median(rows, "time/update_s"),
+                         "rollout_s": _median(rows, "time/rollout_s"),
+                         "train_state_mib": max((x.get("memory/train_state_mib", float("nan")) for x in rows),
+                                                default=float("nan")),
+                         "peak_rss_mib": max((x.get("memory/peak_rss_mib", float("nan")) for x in rows),
+                                             default=float("nan")),
+                         "steps": len(rows)}
+        per_run[name]["em"]["avg"] = float(np.mean([per_run[name]["em"][d] for d in datasets]))
+        curves[name] = ([x["step"] for x in rows], [x["reward/mean"] for x in rows])
+    methods = list(dict.fromkeys(r["method"] for r in per_run.values()))
+    summary = {"datasets": datasets, "runs": per_run, "methods": {}}
+    for m in methods:
+        rs = [r for r in per_run.values() if r["method"] == m]
+        entry = {"seeds": [r["seed"] for r in rs]}
+        for d in datasets + ["avg"]:
+            vals = [r["em"][d] for r in rs]
+            entry[d] = {"mean": float(np.mean(vals)), "min": float(min(vals)), "max": float(max(vals)),
+                        "per_seed": vals}
+        for k in ("step_s", "update_s", "rollout_s", "train_state_mib", "peak_rss_mib"):
+            entry[k] = float(np.nanmedian([r[k] for r in rs]))
+        summary["methods"][m] = entry
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(out, "results.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["method", "seed", "dataset", "correct", "questions", "em", "wilson_lo", "wilson_hi",
+                    "step_s", "update_s", "train_state_mib", "peak_rss_mib"])
+        for name, r in per_run.items():
+            for d, (k, n) in r["counts"].items():
+                lo, hi = wilson_interval(k, n) if n else (float("nan"), float("nan"))
+                w.writerow([r["method"], r["seed"], d, k, n, f"{r['em'][d]:.4f}", f"{lo:.4f}", f"{hi:.4f}",
+                            f"{r['step_s']:.1f}", f"{r['update_s']:.1f}", f"{r['train_state_mib']:.0f}",
+                            f"{r['peak_rss_mib']:.0f}"])
+    plot = _plot(curves, per_run, os.path.join(out, "reward_curves.png"))
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(_markdown(summary, per_run, datasets, times or {}))
+    summary["files"] = {"report": os.path.join(out, "report.md"), "plot": plot}
+    return summary
+
+
+def _markdown(summary: dict, per_run: dict, datasets: list[str], times: dict) -> str:
+    lines = ["# Method comparison", "",
+             "Greedy EM on held-out questions: each seed's count (Wilson 95%), then the mean and the range over "
+             "seeds. Step time = median seconds per GRPO step (rollout + update); memory = one device's train "
+             "state (fp32 masters + AdamW moments) and the process's peak resident memory.", "",
+             "| run | " + " | ".join(datasets) + " | steps |", "|---|" + "---|" * (len(datasets) + 1)]
+    for name, r in per_run.items():
+        cells = []
+        for d in datasets:
+            k, n = r["counts"][d]
+            lo, hi = wilson_interval(k, n) if n else (float("nan"), float("nan"))
+            cells.append(f"{k}/{n} = {r['em'][d]:.3f} ({lo:.2f}–{hi:.2f})")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['steps']} |")
+    lines += ["", "| method | " + " | ".join(f"{d} mean [range]" for d in datasets) +
+              " | avg | step (s) | update (s) | train state (MiB) | peak RSS (MiB) | paper 3B-Base Avg |",
+              "|---|" + "---|" * (len(datasets) + 6)]
+    for m, e in summary["methods"].items():
+        paper = PAPER_QA.get((PAPER_KEY.get(m, m), "qwen2.5-3b-base"), {}).get("Avg")
+        cells = [f"{e[d]['mean']:.3f} [{e[d]['min']:.3f}, {e[d]['max']:.3f}]" for d in datasets]
+        lines.append(f"| {METHOD_NAMES.get(PAPER_KEY.get(m, m), m)} ({m}) | " + " | ".join(cells) +
+                     f" | {e['avg']['mean']:.3f} | {e['step_s']:.0f} | {e['update_s']:.0f} | "
+                     f"{e['train_state_mib']:.0f} | {e['peak_rss_mib']:.0f} | "
+                     f"{'%.3f' % paper if paper is not None else '—'} |")
+    lines += ["", "The paper's column is Qwen2.5-3B-Base on wiki-18 with 100 steps of 256 × 16 trajectories "
+              "(METHOD §6; full = Search-R1's row): orientation only.", "", "![reward curves](reward_curves.png)"]
+    if times:
+        lines += ["", "## Wall time", "", "| stage | run | minutes |", "|---|---|---|"]
+        for stage, items in times.items():
+            for item, v in items.items():
+                lines.append(f"| {stage} | {item} | {v['seconds'] / 60:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(curves: dict, per_run: dict, path: str) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    methods = list(dict.fromkeys(r["method"] for r in per_run.values()))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, m in enumerate(methods):
+        names = [n for n, r in per_run.items() if r["method"] == m]
+        c = colours[i % len(colours)]
+        for n in names:
+            ax.plot(*curves[n], color=c, alpha=0.3, lw=0.8)
+        steps = sorted(set().union(*(set(curves[n][0]) for n in names)))
+        mean = [np.mean([dict(zip(*curves[n])).get(s, np.nan) for n in names]) for s in steps]
+        ax.plot(steps, mean, color=c, lw=2, label=f"{METHOD_NAMES.get(PAPER_KEY.get(m, m), m)} (mean of {len(names)})")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("training reward (mean over the step's trajectories)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

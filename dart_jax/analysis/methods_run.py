@@ -1,0 +1,150 @@
+"""The method comparison (issue 19) as resumable stages over one output directory (`config.methods.out`):
+
+    train/<method>_s<seed>/   one GRPO run per (method, seed): the config with only the method and the
+                              seed changed (configs/methods_quickstart.apply_method); resumed from its
+                              newest finished checkpoint, skipped once it reached train.steps; a
+                              directory written by another configuration is refused, field by field
+    eval/<method>_s<seed>/    greedy held-out evaluation of the run's last checkpoint (eval.job; an
+                              interrupted evaluation continues: eval.resume)
+    report/                   report.md, summary.json, results.csv, reward_curves.png (methods_report)
+    stages.json               each stage's wall time and when it finished
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import time
+
+log = logging.getLogger(__name__)
+
+STAGES = ("train", "eval", "report")
+
+
+def _methods(config):
+    if "methods" not in config:
+        raise ValueError("launch.methods needs a config with a `methods` section (configs/methods_quickstart.py)")
+    return config.methods
+
+
+def as_list(value) -> list[str]:
+    """A config list: a comma-separated string (settable on the command line) or a sequence."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [str(x).strip() for x in items if str(x).strip()]
+
+
+def run_name(method: str, seed: int) -> str:
+    return f"{method}_s{seed}"
+
+
+def run_config(config, method: str, seed: int):
+    from configs.methods_quickstart import apply_method
+    return apply_method(copy.deepcopy(config), method, seed)
+
+
+class Stages:
+    def __init__(self, config):
+        self.config = config
+        self.m = _methods(config)
+        self.out = self.m.out
+        os.makedirs(self.out, exist_ok=True)
+        self.log_path = os.path.join(self.out, "stages.json")
+        self.datasets = as_list(self.m.datasets)
+        self.runs = [(m, int(s)) for m in as_list(self.m.methods) for s in as_list(self.m.seeds)]
+
+    def _record(self, stage: str, item: str, seconds: float, **extra) -> None:
+        times = self.times()
+        times.setdefault(stage, {})[item] = {"seconds": round(seconds, 1),
+                                             "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
+        tmp = self.log_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(times, f, indent=1)
+        os.replace(tmp, self.log_path)
+
+    def times(self) -> dict:
+        if not os.path.isfile(self.log_path):
+            return {}
+        with open(self.log_path) as f:
+            return json.load(f)
+
+    def train(self) -> dict:
+        from dart_jax.analysis.cea_run import trained_steps
+        from dart_jax.rl.trainer import Trainer
+        from dart_jax.run.run_dir import RESUMABLE, config_dict, config_differences, saved_config
+        done = {}
+        for method, seed in self.runs:
+            name = run_name(method, seed)
+            rc = run_config(self.config, method, seed)
+            have, want = trained_steps(rc.output.dir), int(rc.train.steps)
+            saved = saved_config(rc.output.dir)
+            diffs = config_differences(saved, config_dict(rc), ignore=RESUMABLE) if saved else []
+            if diffs:
+                raise ValueError(f"methods train {name}: {rc.output.dir} was written by another configuration ("
+                                 + "; ".join(diffs) + "). Move it aside, or give the comparison another methods.out")
+            if have >= want:
+                log.info("methods train %s: done (%s holds step %d)", name, rc.output.dir, have)
+                done[name] = "skipped"
+                continue
+            t0 = time.perf_counter()
+            Trainer(rc).run(resume=have > 0, overwrite=have == 0)
+            self._record("train", name, time.perf_counter() - t0, steps=want, resumed_from=have)
+            done[name] = "trained"
+        return done
+
+    def eval_dir(self, name: str) -> str:
+        return os.path.join(self.out, "eval", name)
+
+    def evaluate(self) -> dict:
+        from dart_jax.analysis.cea_run import trained_steps
+        from dart_jax.eval.job import evaluate
+        from dart_jax.eval.runner import EvalOptions
+        options = EvalOptions(batch=int(self.m.batch), limit=int(self.m.limit) if self.m.limit else None,
+                              progress=True)
+        done = {}
+        for method, seed in self.runs:
+            name = run_name(method, seed)
+            rc = run_config(self.config, method, seed)
+            want = int(rc.train.steps)
+            if trained_steps(rc.output.dir) < want:
+                raise FileNotFoundError(f"methods eval {name}: {rc.output.dir} has no finished checkpoint at step "
+                                        f"{want} (run the train stage first)")
+            path = os.path.join(self.eval_dir(name), "results.json")
+            if os.path.isfile(path):
+                with open(path) as f:
+                    setup = json.load(f)["setup"]
+                if setup.get("step") == want and setup.get("limit") == options.limit and \
+                        sorted(json.load(open(path))["datasets"]) == sorted(self.datasets):
+                    done[name] = "skipped"
+                    continue
+            t0 = time.perf_counter()
+            res = evaluate(rc, self.eval_dir(name), self.datasets, options, checkpoint=rc.output.dir,
+                           step=want)
+            self._record("eval", name, time.perf_counter() - t0,
+                         scores={k: r["score"] for k, r in res["datasets"].items()})
+            done[name] = {k: r["score"] for k, r in res["datasets"].items()}
+        return done
+
+    def report(self) -> dict:
+        from dart_jax.analysis.methods_report import write_report
+        t0 = time.perf_counter()
+        runs = {run_name(m, s): {"method": m, "seed": s,
+                                 "train": run_config(self.config, m, s).output.dir,
+                                 "eval": self.eval_dir(run_name(m, s))} for m, s in self.runs}
+        summary = write_report(runs, os.path.join(self.out, "report"), self.datasets, self.times())
+        self._record("report", "all", time.perf_counter() - t0)
+        return summary
+
+    def run(self, stages=STAGES) -> dict | None:
+        unknown = [s for s in stages if s not in STAGES]
+        if unknown:
+            raise ValueError(f"unknown stages {unknown}; expected some of {STAGES}")
+        out = None
+        if "train" in stages:
+            self.train()
+        if "eval" in stages:
+            self.evaluate()
+        if "report" in stages:
+            out = self.report()
+        return out

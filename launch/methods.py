@@ -1,0 +1,48 @@
+"""The paper's methods compared at small scale (issue 19): train DART, LoRA-16, full fine-tuning,
+MixLoRA and 2-Agent with the same warm start, data, steps and seeds, evaluate each greedily on
+held-out questions, and report EM with its spread over seeds, reward curves, step time and memory.
+
+    python -m launch.methods --config=configs/methods_quickstart.py                 # every missing stage
+    python -m launch.methods --config=configs/methods_quickstart.py --stage=train   # train | eval | report
+    python -m launch.methods --config=configs/methods_quickstart.py --config.methods.methods=dart,mixlora
+
+Everything is written under config.methods.out (train/<method>_s<seed>/, eval/<method>_s<seed>/,
+report/, stages.json); a run that reached train.steps and an evaluation already written are
+skipped, an interrupted run resumes from its newest checkpoint, so re-running finishes the job.
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import flags
+
+from launch._cli import Command
+
+CLI = Command("launch.methods", __doc__, config=True)
+F = CLI.flags
+STAGE = flags.DEFINE_enum("stage", "all", ["all", "train", "eval", "report"], "the stage to run (all: every "
+                          "missing one, in order)", flag_values=F)
+
+
+def main(argv: list[str] | None = None) -> int:
+    CLI.parse(argv)
+    config = CLI.config.value
+    if config is None or "methods" not in config:
+        raise SystemExit("launch.methods needs --config=configs/methods_quickstart.py (a config with a `methods` "
+                         "section; --help)")
+    from dart_jax.analysis.methods_run import STAGES, Stages
+    stages = Stages(config)
+    s = stages.run(STAGES if STAGE.value == "all" else (STAGE.value,))
+    for stage, items in stages.times().items():
+        print(f"{stage}: " + ", ".join(f"{k} {v['seconds'] / 60:.1f} min" for k, v in items.items()))
+    if s is not None:
+        for m, e in s["methods"].items():
+            print(f"{m}: avg EM {e['avg']['mean']:.3f} [{e['avg']['min']:.3f}, {e['avg']['max']:.3f}] over seeds "
+                  f"{e['seeds']}, step {e['step_s']:.0f} s, train state {e['train_state_mib']:.0f} MiB")
+        print(f"report: {os.path.join(config.methods.out, 'report', 'report.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,58 @@
+"""launch.methods end to end on a tiny random Llama with SmolLM2's tokenizer (CI): two methods × one
+seed, one GRPO step each, greedy evaluation of 2 questions per set, the report; the second call
+skips what exists; the configs change only the method and the seed."""
+
+import json
+
+import pytest
+
+from configs import methods_quickstart
+from dart_jax.run.run_dir import config_dict
+from launch import methods as launch_methods
+
+
+def _args(model_dir, out):
+    return ["--config=configs/methods_quickstart.py", f"--config.model.path={model_dir}", "--config.warm_start=",
+            f"--config.methods.out={out}", "--config.methods.methods=dart,2agent", "--config.methods.seeds=0",
+            "--config.methods.limit=2", "--config.methods.batch=2", "--config.train.steps=1",
+            "--config.train.prompts_per_step=2", "--config.train.group_size=2", "--config.train.mini_batch=4",
+            "--config.train.micro_batch=2", "--config.output.checkpoint_every=1", "--config.rollout.max_turns=1",
+            "--config.rollout.max_tokens_per_turn=8", "--config.rollout.max_obs_tokens=32",
+            "--config.rollout.max_response_tokens=64", "--config.output.progress=False",
+            "--config.output.tensorboard=False", "--config.mesh.shape=(1,1,1)"]
+
+
+def test_runs_differ_only_in_method_and_seed():
+    a = config_dict(methods_quickstart.get_config("dart,0"))
+    for arg in ("lora16,0", "full,1", "mixlora,0", "2agent,1"):
+        b = config_dict(methods_quickstart.get_config(arg))
+        differ = {k for k in a if a[k] != b[k]}
+        assert differ <= {"method", "optim", "train", "output", "rollout"}, (arg, differ)
+        assert {k for k in a["train"] if a["train"][k] != b["train"][k]} <= {"seed"}
+        assert {k for k in a["optim"] if a["optim"][k] != b["optim"][k]} <= {"lr"}
+    assert methods_quickstart.get_config("full,1").rollout.invalid_action == "search_r1"
+    with pytest.raises(ValueError, match="expected one of"):
+        methods_quickstart.get_config("sft")
+
+
+def test_launch_methods_end_to_end(tiny_smollm_dir, tmp_path, capsys):
+    out = tmp_path / "methods"
+    assert launch_methods.main(_args(tiny_smollm_dir, out)) == 0
+    summary = json.load(open(out / "report" / "summary.json"))
+    assert set(summary["methods"]) == {"dart", "2agent"}
+    for name in ("dart_s0", "2agent_s0"):
+        r = summary["runs"][name]
+        assert r["steps"] == 1 and all(n == 2 for _, n in r["counts"].values())
+        assert r["train_state_mib"] > 0 and r["peak_rss_mib"] > 0
+    # 2-Agent holds two full-parameter states, DART two small adapters
+    assert summary["runs"]["2agent_s0"]["train_state_mib"] > 20 * summary["runs"]["dart_s0"]["train_state_mib"]
+    assert (out / "report" / "reward_curves.png").is_file() and (out / "report" / "results.csv").is_file()
+    assert "| dart_s0 |" in open(out / "report" / "report.md").read()
+    times = json.load(open(out / "stages.json"))
+    assert set(times["train"]) == set(times["eval"]) == {"dart_s0", "2agent_s0"}
+    capsys.readouterr()
+    # again: everything is skipped (the stage times are unchanged), the report rewritten
+    assert launch_methods.main(_args(tiny_smollm_dir, out)) == 0
+    again = json.load(open(out / "stages.json"))
+    assert again["train"] == times["train"] and again["eval"] == times["eval"]
+    assert "avg EM" in capsys.readouterr().out
