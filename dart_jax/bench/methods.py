@@ -10,7 +10,8 @@ O(p)"): in bf16 a full-parameter state is 6P (12 bytes / 2) on top of the base; 
 counted: activations (they depend on batch, length and remat, not on the method) and the sampler's
 decode copy of the weights.
 
-Time: the jitted train step of each method on the same synthetic batch (~15% tool positions),
+Time: the jitted train step of each method on the same synthetic batch (~15% tool positions; each
+method's route ids from the roles as its trainer sets them),
 sides interleaved (timing.py) with a 2048² matmul probe in the same rounds.
 """
 
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dart_jax.adapters.method import MethodSpec, init_adapters
+from dart_jax.adapters.method import MethodSpec, init_adapters, routes_for
 from dart_jax.bench.timing import interleaved, matmul_probe, ratio
 from dart_jax.bench.train import synthetic_batch
 from dart_jax.checkpoints.registry import load_model
@@ -71,9 +72,10 @@ def bench_methods(model: str = "smollm2-135m-instruct", batch: int = 4, length: 
         if time_steps:
             step = jax.jit(make_train_step(cfg, spec, lc, oc), donate_argnums=(0,))
             holder = {"state": state}
+            mb = dict(data, route_ids=routes_for(spec, data["route_ids"]))  # roles -> this method's route ids
 
-            def run(step=step, holder=holder, placed=placed):
-                holder["state"], m = step(holder["state"], placed, data, jax.random.PRNGKey(1), np.int32(0))
+            def run(step=step, holder=holder, placed=placed, mb=mb):
+                holder["state"], m = step(holder["state"], placed, mb, jax.random.PRNGKey(1), np.int32(0))
                 jax.block_until_ready(m["loss"])
             sides[name] = run
     out = {"bench": "methods", "model": model, "dtype": dtype, "batch": batch, "length": length,

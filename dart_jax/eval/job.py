@@ -9,6 +9,7 @@ import time
 import jax
 
 from dart_jax.data.paths import repo_path
+from dart_jax.adapters.method import TwoModels
 from dart_jax.eval import paper, resume
 from dart_jax.eval.datasets import default_sets, resolve
 from dart_jax.eval.fixed import FixedRetrieval
@@ -73,6 +74,8 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
         role, other_dir, other_step = (*compose, None) if len(compose) == 2 else compose
         if role not in ("reasoning", "tool"):
             raise ValueError(f"compose role {role!r}; expected 'reasoning' or 'tool'")
+        if isinstance(policy.base, TwoModels):
+            raise ValueError("compose: the main policy is already a 2-Agent pair of models; compose single models")
         other = load_eval_policy(config, mesh, other_dir, None, None, other_step, options.seed)
         if other.tokenizer.get_vocab() != policy.tokenizer.get_vocab():
             raise ValueError(f"compose: {other_dir}'s tokenizer differs from the main policy's; a composition "
@@ -100,7 +103,10 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
              "router_convention": convention,
              "retriever": section(config, "retriever") if task == "qa" and not fixed_retrieval else {},
              "paper_model": paper.model_key(config.model.path), "paper_method": p_method,
-             "devices": f"{jax.device_count()} × {jax.devices()[0].platform}", "seconds": 0.0}
+             "devices": f"{jax.device_count()} × {jax.devices()[0].platform}", "seconds": 0.0,
+             "model_config": section(config, "model"), "mesh": list(config.mesh.shape),
+             "db_root": options.db_root or "", "sql_timeout_s": options.sql_timeout_s,
+             "files": resume.stamps(policy.source, fixed_retrieval)}
     if compose:
         setup["composition"] = {"role": compose[0], "checkpoint": compose[1], "step": other.source.get("step"),
                                 "variant": other.source.get("variant"), "other_role_by": setup["policy"],
@@ -110,6 +116,7 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
     os.makedirs(out_dir, exist_ok=True)
     records = os.path.join(out_dir, "per_question.jsonl")
     earlier = resume.prior(out_dir, setup, options.batch) if resume_run else {}
+    resume.clear_results(out_dir)  # an earlier run's summaries no longer describe the records
     t0 = time.perf_counter()
     per_set = evaluator.run(sets, policy.base, policy.adapters, records, composition, earlier,
                             on_plan=lambda items: resume.write_progress(out_dir, setup, options.batch, items))

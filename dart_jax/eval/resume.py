@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 PROGRESS = "progress.json"
 RECORDS = "per_question.jsonl"
 VOLATILE = ("seconds", "compare", "limit", "resumed")  # setup keys that do not shape a trajectory
+SUMMARIES = ("results.json", "results.md", "results.csv", "per_question_accuracy.jsonl")
+PATH_KEYS = ("checkpoint", "adapters", "peft", "warm_start", "model")
 
 
 def fingerprint(setup: dict) -> dict:
@@ -123,3 +125,27 @@ def write_records(path: str, recs: list[dict]) -> None:
         for r in recs:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
+
+
+def clear_results(out_dir: str) -> None:
+    """Remove an earlier run's summaries before the records are rewritten: until this run finishes,
+    no results.json claims records it does not describe (launch.cea reads it to skip a sample)."""
+    for name in SUMMARIES:
+        path = os.path.join(out_dir, name)
+        if os.path.isfile(path):
+            os.remove(path)
+
+
+def stamps(source: dict, *extra: str | None) -> dict:
+    """{path: [files, bytes, newest mtime]} of the files a policy was loaded from (checkpoint, adapter,
+    PEFT, warm-start directories, a fixed-retrieval file): a directory written again under the same
+    name — adapters exported by later training — changes its stamp, so its samples are not reused."""
+    paths = [source.get(k) for k in PATH_KEYS] + list(extra)
+    out = {}
+    for p in paths:
+        if not p or not isinstance(p, str) or not os.path.exists(p):
+            continue
+        files = [p] if os.path.isfile(p) else [os.path.join(r, f) for r, _, fs in os.walk(p) for f in fs]
+        st = [os.stat(f) for f in files if os.path.isfile(f)]
+        out[p] = [len(st), sum(x.st_size for x in st), max((x.st_mtime_ns for x in st), default=0)]
+    return out

@@ -107,12 +107,12 @@ class Evaluator:
         items = {s.name: [(r, k) for r in rows for k in range(n)] for s, rows, _ in loaded}
         kept = {name: reusable(its, (earlier or {}).get(name), b) for name, its in items.items()}
         self.resumed = {name: len(recs) for name, recs in kept.items() if recs}
-        if on_plan:
-            on_plan({name: len(its) for name, its in items.items()})
         out = None
         if records_path:  # what is reused is rewritten first (atomically), new batches appended
             write_records(records_path, [r for recs in kept.values() for r in recs])
             out = open(records_path, "a")
+        if on_plan:  # after the records: the plan never describes records of another plan
+            on_plan({name: len(its) for name, its in items.items()})
         bar = tqdm(total=sum(len(its) for its in items.values()), desc="evaluate", unit="traj",
                    disable=not self.options.progress)
         bar.update(sum(self.resumed.values()))

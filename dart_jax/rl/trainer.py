@@ -82,6 +82,11 @@ class Trainer:
         self.method = method_spec(config)
         self.loss_cfg = loss_config(config)
         self.optim_cfg = optim_config(config)
+        if self.method.variant == "2agent" and config.router.convention != "dart_jax":
+            raise ValueError("method.variant='2agent' needs router.convention='dart_jax': a token's log-prob comes "
+                             "from the model that wrote it, the model in control after the token before (the "
+                             f"composition's rule); the {config.router.convention!r} convention's roles are shifted "
+                             "by one token and would train the first token of each tool span through the other model")
         self.rollout_cfg = RolloutConfig(**section(config, "rollout"), route_mode=ROUTE_MODE[self.method.variant])
         self.sampling = SamplingConfig(**section(config, "sampling"))
         self.plan = stages.UpdatePlan(tc.mini_batch, tc.micro_batch, tc.ppo_epochs, tc.shuffle_minibatches, tc.seed,

@@ -105,6 +105,9 @@ class SFTTrainer:
         self.config = config
         sc = config.sft
         self.method = method_spec(config)
+        if self.method.variant not in ("lora", "dart", "full"):
+            raise ValueError(f"launch.sft trains a warm start with method.variant lora, dart or full; got "
+                             f"{self.method.variant!r} (MixLoRA and 2-Agent are RL baselines: launch.train)")
         self.loss_cfg = dataclasses.replace(loss_config(config), objective="sft", kl_coef=0.0, entropy_coef=0.0,
                                             temperature=1.0)
         if sc.batch_size % sc.micro_batch:

@@ -95,6 +95,12 @@ def test_an_extended_or_interrupted_evaluation_equals_one_uninterrupted_run(tiny
     again = evaluate(c, str(cut), ["nq"], opts(4))
     assert again["setup"]["resumed"] == {"nq": 4} and _responses(cut) == ref
 
+    # another compute dtype or mesh: the setup differs, nothing is reused
+    c16 = _small(tiny_smollm_dir)
+    c16.model.compute_dtype = "bfloat16"
+    b16 = evaluate(c16, str(tmp_path / "grow"), ["nq"], opts(4))
+    assert "resumed" not in b16["setup"] and b16["setup"]["model_config"]["compute_dtype"] == "bfloat16"
+    assert not os.path.exists(tmp_path / "grow" / "per_question.jsonl.tmp")
     # another seed: nothing reused; and --noresume samples afresh
     other = evaluate(c, str(tmp_path / "grow"), ["nq"], opts(4, seed=1))
     assert "resumed" not in other["setup"] and _responses(tmp_path / "grow") != ref

@@ -135,6 +135,14 @@ def test_two_agent_trains_one_step_and_evaluates_from_its_checkpoint(tiny_smollm
     assert res["setup"]["variant"] == "2agent" and res["datasets"]["nq"]["trajectories"] == 2
 
 
+def test_two_agent_refuses_the_authors_router_convention(tmp_path):
+    c = quickstart.get_config()
+    c.method.variant = "2agent"
+    c.router.convention = "authors"
+    with pytest.raises(ValueError, match="needs router.convention='dart_jax'"):
+        Trainer(c)
+
+
 def test_paper_config_and_trees():
     c = paper_qa.get_config("2agent,qwen2.5-3b-base")
     assert c.method.variant == "2agent" and c.optim.lr == 1e-6
