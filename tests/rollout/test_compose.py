@@ -122,6 +122,28 @@ def test_each_token_is_its_writers_and_no_token_is_encoded_twice(setup):
 
 
 @pytest.mark.slow  # CI budget: kept out of the default run (python -m pytest -m slow)
+def test_two_agent_training_log_probs_are_the_writers_sampled_ones(setup):
+    """What the 2-Agent trainer scores (rl.step on a TwoModels, by the loss roles of the recorded
+    routes) equals what each writer sampled, token by token, with two different models."""
+    from dart_jax.adapters.method import TwoModels
+    from dart_jax.rl.step import sequence_logprobs
+    from dart_jax.rollout.compose import rollout_policy
+    cfg, base, other, tok, prompts = setup
+    agent = make_agent(cfg, tok)
+    metas = [{"db_path": DB}] * len(prompts)
+    tb = rollout_policy(agent, TwoModels(base, other), None, prompts, list(range(len(prompts))), metas, seed=3)
+    tool_tokens = 0
+    for b in range(tb.batch_size):
+        n = int(tb.length[b])
+        logp, _ = sequence_logprobs(TwoModels(base, other), None, jnp.asarray(tb.ids[b:b + 1, :n]),
+                                    jnp.asarray(tb.positions[b:b + 1, :n]), jnp.asarray(tb.route_ids[b:b + 1, :n]),
+                                    cfg=cfg, temperature=1.0, chunk=128)
+        gen = np.nonzero(tb.loss_mask[b, :n])[0]
+        np.testing.assert_allclose(np.asarray(logp)[0, gen], tb.sampler_logprobs[b, gen], atol=1e-4)
+        tool_tokens += int((writers(tb.ids[b, :n], int(tb.prompt_len[b]), agent.spec.router)[gen] == 1).sum())
+    assert tool_tokens >= 5  # the tool model wrote some of them
+
+
 def test_answer_only_segment_and_a_turn_that_starts_inside_a_span(setup):
     """One tool call allowed and Search-R1's corrective message for invalid turns: spans close in the
     answer-only segment (control returns without a call) and turns start inside a span (the tool
