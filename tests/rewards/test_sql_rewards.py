@@ -150,7 +150,9 @@ def test_batch_reward_drops_failing_gold_caches_and_runs_in_threads(monkeypatch)
     texts = [GOOD, GOOD.replace("singer</solution>", "stadium</solution>"), "no format", GOOD] + [GOOD] * 4
     t0 = time.monotonic()
     out = reward.score(texts, metas)
-    assert time.monotonic() - t0 < 0.5 + 8 * 0.05  # the slow gold hit its deadline; calls overlapped
+    # the slow gold hit its 0.5 s deadline (it never ends otherwise); a loose bound, as the host may be
+    # loaded — that calls overlap is shown by the threads they ran on (below), not by timing
+    assert time.monotonic() - t0 < 5.0
     assert out.scores[:4].tolist() == [1.0, 0.0, -1.0, 1.0]
     assert out.valid.tolist() == [True] * 4 + [False] * 4
     assert out.counts == {"match": 2, "wrong": 1, "format": 1, "empty_gold": 0, "gold_failed": 4}
