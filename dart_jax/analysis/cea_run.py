@@ -34,6 +34,8 @@ import time
 
 from dart_jax.analysis import cea
 
+from dart_jax.analysis.stage_log import StageLog
+
 log = logging.getLogger(__name__)
 
 TRAINED = ("reas", "tool", "unified")
@@ -97,7 +99,7 @@ def config_mismatch(run: str, vc) -> list[str]:
     return config_differences(_without_cea(saved), _without_cea(config_dict(vc)), ignore=RESUMABLE)
 
 
-class Stages:
+class Stages(StageLog):
     """The stages of one CEA experiment; each skips what its outputs show is done."""
 
     def __init__(self, config):
@@ -105,23 +107,6 @@ class Stages:
         self.c = _cea(config)
         self.out = self.c.out
         os.makedirs(self.out, exist_ok=True)
-        self.log_path = os.path.join(self.out, "stages.json")
-
-    # -- bookkeeping -------------------------------------------------------------------------------
-    def _record(self, stage: str, item: str, seconds: float, **extra) -> None:
-        times = self.times()
-        times.setdefault(stage, {})[item] = {"seconds": round(seconds, 1),
-                                             "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
-        tmp = self.log_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(times, f, indent=1)
-        os.replace(tmp, self.log_path)
-
-    def times(self) -> dict:
-        if not os.path.isfile(self.log_path):
-            return {}
-        with open(self.log_path) as f:
-            return json.load(f)
 
     # -- train -------------------------------------------------------------------------------------
     def train(self, variants=TRAINED) -> dict:

@@ -55,6 +55,8 @@ from dart_jax.analysis.grad_angles import (  # noqa: F401  (the stages' helpers,
     tree_nbytes,
 )
 
+from dart_jax.analysis.stage_log import StageLog
+
 log = logging.getLogger(__name__)
 
 STAGES = ("sample", "grads", "report")
@@ -89,7 +91,7 @@ class Group:
     accuracy: np.ndarray
 
 
-class Study:
+class Study(StageLog):
     """The stages of one gradient-alignment experiment; each skips what its outputs show is done."""
 
     def __init__(self, config, checkpoint: str | None = None, step: int | None = None):
@@ -100,23 +102,6 @@ class Study:
         self._policy = None
         self._rg: dict = {}
         self._sketch = None
-
-    # -- bookkeeping -------------------------------------------------------------------------------
-    def _record(self, stage: str, item: str, seconds: float, **extra) -> None:
-        path = os.path.join(self.out, "stages.json")
-        times = self.times()
-        times.setdefault(stage, {})[item] = {"seconds": round(seconds, 1),
-                                             "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
-        with open(path + ".tmp", "w") as f:
-            json.dump(times, f, indent=1)
-        os.replace(path + ".tmp", path)
-
-    def times(self) -> dict:
-        path = os.path.join(self.out, "stages.json")
-        if not os.path.isfile(path):
-            return {}
-        with open(path) as f:
-            return json.load(f)
 
     def policy(self):
         if self._policy is None:

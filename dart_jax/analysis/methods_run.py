@@ -18,6 +18,8 @@ import logging
 import os
 import time
 
+from dart_jax.analysis.stage_log import StageLog
+
 log = logging.getLogger(__name__)
 
 STAGES = ("train", "eval", "report")
@@ -44,30 +46,14 @@ def run_config(config, method: str, seed: int):
     return apply_method(copy.deepcopy(config), method, seed)
 
 
-class Stages:
+class Stages(StageLog):
     def __init__(self, config):
         self.config = config
         self.m = _methods(config)
         self.out = self.m.out
         os.makedirs(self.out, exist_ok=True)
-        self.log_path = os.path.join(self.out, "stages.json")
         self.datasets = as_list(self.m.datasets)
         self.runs = [(m, int(s)) for m in as_list(self.m.methods) for s in as_list(self.m.seeds)]
-
-    def _record(self, stage: str, item: str, seconds: float, **extra) -> None:
-        times = self.times()
-        times.setdefault(stage, {})[item] = {"seconds": round(seconds, 1),
-                                             "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
-        tmp = self.log_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(times, f, indent=1)
-        os.replace(tmp, self.log_path)
-
-    def times(self) -> dict:
-        if not os.path.isfile(self.log_path):
-            return {}
-        with open(self.log_path) as f:
-            return json.load(f)
 
     def train(self) -> dict:
         from dart_jax.analysis.cea_run import trained_steps
@@ -113,9 +99,10 @@ class Stages:
             path = os.path.join(self.eval_dir(name), "results.json")
             if os.path.isfile(path):
                 with open(path) as f:
-                    setup = json.load(f)["setup"]
+                    done_before = json.load(f)
+                setup = done_before["setup"]
                 if setup.get("step") == want and setup.get("limit") == options.limit and \
-                        sorted(json.load(open(path))["datasets"]) == sorted(self.datasets):
+                        sorted(done_before["datasets"]) == sorted(self.datasets):
                     done[name] = "skipped"
                     continue
             t0 = time.perf_counter()
