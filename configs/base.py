@@ -19,7 +19,8 @@ def get() -> ConfigDict:
                                targets=("q", "k", "v", "o", "gate", "up", "down"), init="normal",
                                init_std=0.02, rslora=False, dropout=0.0, isolation="forward",
                                role_mask="both", adapter_dtype="float32",
-                               experts=2, top_k=2, router_aux_coef=0.001))  # experts..: MixLoRA only
+                               experts=2, top_k=2, router_aux_coef=0.001,  # experts..: MixLoRA only
+                               agent_params="full"))  # 2-Agent: "full" models | "lora" (one LoRA each)
     c.router = ConfigDict(dict(convention="dart_jax"))
     c.algo = ConfigDict(dict(norm_adv_by_std=True))
     c.loss = ConfigDict(dict(temperature=1.0, clip_low=0.2, clip_high=0.2, dual_clip=3.0, kl_coef=0.001,

@@ -17,6 +17,7 @@ adapters and the sampler. Methods (`METHODS`):
              lr scaled by the paper's full / LoRA ratio 1e-6 / 1e-5, as configs/cea_quickstart.py)
     mixlora  rank-8 attention LoRAs + 2 FFN experts of rank 8, top-2, load-balancing 0.001, lr 2e-4
     2agent   two full models routed by role, lr 2e-5 (full-parameter, as `full`)
+    2agent_lora  the two models as two rank-8 LoRAs over the frozen base (the cheap 2-Agent), lr 2e-4
 
 Evaluation: greedy, the first `limit` questions of `nq_corpus_heldout` (NQ rows whose gold passage
 is in the shipped corpus, never trained on) and `hotpotqa_corpus` (HotpotQA questions whose
@@ -35,6 +36,7 @@ METHODS = {
     "full": dict(variant="full", lr=2e-5, invalid_action="search_r1"),
     "mixlora": dict(variant="mixlora", rank=8, alpha=16.0, experts=2, top_k=2, router_aux_coef=0.001, lr=2e-4),
     "2agent": dict(variant="2agent", lr=2e-5),
+    "2agent_lora": dict(variant="2agent", agent_params="lora", rank=8, alpha=16.0, lr=2e-4),
 }
 OUT = "runs/methods_quickstart"
 
@@ -62,7 +64,7 @@ def get_config(arg: str | None = None):
         raise ValueError(f"configs/methods_quickstart.py:{arg}: expected METHOD[,SEED]")
     c = quickstart.get_config()
     # lists as comma-separated strings, so the command line can set them (--config.methods.methods=dart,full)
-    c.methods = ConfigDict(dict(out=OUT, methods=",".join(METHODS), seeds="0,1",
+    c.methods = ConfigDict(dict(out=OUT, methods="dart,lora16,full,mixlora,2agent", seeds="0,1",
                                 datasets="nq_corpus_heldout,hotpotqa_corpus", limit=64, batch=16))
     c.eval.n = 0  # the eval stage is the held-out evaluation
     method = parts[0] if parts else "dart"

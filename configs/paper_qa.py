@@ -5,7 +5,7 @@
         --config.data.train[0].path=/data/nq_hotpotqa_train/train.parquet \
         --config.retriever.url=http://127.0.0.1:8000/retrieve
 
-method: dart | search_r1 | lora16 | mixlora | 2agent
+method: dart | search_r1 | lora16 | mixlora | 2agent | 2agent_lora
 model:  qwen2.5-3b-base | qwen2.5-3b-instruct | qwen2.5-7b-base | qwen2.5-7b-instruct |
         llama3.1-8b-instruct | qwen3-14b-base
 
@@ -15,7 +15,7 @@ first update has lr 0), KL 0.001 (k3), clip 0.2, dual clip 3, entropy 0, token-m
 top-3 passages, rank 8 per DART adapter with alpha 16 (scale 2), LoRA-16 with alpha 32 (same scale),
 MixLoRA at DART's budget (attention LoRAs of rank 8, 2 FFN experts of rank 8, top-2, router aux 0.001),
 2-Agent as two full-parameter models (lr 1e-6 as Search-R1; DART's rollout settings: the paper's
-ablation compares it with DART),
+ablation compares it with DART), 2-Agent-LoRA as two rank-8 LoRAs over the frozen base (lr 1e-5),
 checkpoint every 20 steps. Observations capped at 1024 tokens (DART) / 500 (Search-R1); invalid
 actions end the row (DART) / get Search-R1's corrective message. Retrieval: a Search-R1 server
 (E5-base-v2 over wiki-18) at `retriever.url`; serve one with `python -m launch.serve_retriever`.
@@ -32,7 +32,7 @@ MODELS = {
     "llama3.1-8b-instruct": "models/Llama-3.1-8B-Instruct",
     "qwen3-14b-base": "models/Qwen3-14B-Base",
 }
-METHODS = ("dart", "search_r1", "lora16", "mixlora", "2agent")
+METHODS = ("dart", "search_r1", "lora16", "mixlora", "2agent", "2agent_lora")
 
 
 def parse(arg: str | None, default: str) -> tuple[str, str]:
@@ -73,6 +73,10 @@ def apply_method(c, method: str):
     elif method == "mixlora":
         c.method.variant, c.method.rank, c.method.alpha = "mixlora", 8, 16.0
         c.method.experts, c.method.top_k, c.method.router_aux_coef = 2, 2, 0.001
+        c.optim.lr = 1e-5
+        c.rollout.max_obs_tokens, c.rollout.invalid_action = 1024, "none"
+    elif method == "2agent_lora":
+        c.method.variant, c.method.agent_params, c.method.rank, c.method.alpha = "2agent", "lora", 8, 16.0
         c.optim.lr = 1e-5
         c.rollout.max_obs_tokens, c.rollout.invalid_action = 1024, "none"
     elif method == "2agent":

@@ -7,6 +7,7 @@
 | dart    | {"reasoning","tool"}| router role (0 reas., 1 tool)  | both adapters only         |
 | mixlora | {"shared" (q,k,v,o LoRA), "experts" (FFN LoRA experts + router)} | 0 on every real position; the FFN mixes its experts by a learned top-k router (models.mixlora) | adapters, experts, routers |
 | 2agent  | none: two full models {"reasoning", "tool"} (`TwoModels`) | router role picks the *model* whose log-prob a token gets | both models' every weight |
+| 2agent, agent_params="lora" | {"reasoning","tool"}: one LoRA per model over the frozen base | as 2agent; each model's forward applies its LoRA to every token | both LoRAs only |
 
 `role_mask` ("both" | "reasoning" | "tool") keeps only that role's tokens in the policy gradient
 (CEA's M_Unified / M_Reas / M_Tool: m_t of METHOD §2). `isolation` ("forward" | "strict") applies
@@ -15,6 +16,13 @@ to dart (see `dart_jax.adapters.isolation`). MixLoRA (`experts`, `top_k` of rank
 among `targets` and LoRA experts on the FFN; the paper's comparison at DART's budget is E = 2
 experts of rank 8, top-2; E = 8, top-2, rank 16 is MoE-PEFT's template. Two-model routing
 (2-Agent, H_Tool, H_Reas) routes roles to two (base, adapters) pairs (rollout.compose).
+
+2-Agent with `agent_params="lora"` (issue 19's cheaper option: two LoRA sets over two frozen copies)
+keeps one frozen base in memory: two frozen copies of the same weights are the same function, so the
+models differ only by their LoRAs. Unlike DART, which routes each token to an adapter inside *one*
+forward (a tool token attends to keys and values the reasoning adapter computed), each 2-Agent model
+runs its own forward over the whole trajectory with its LoRA on every token, and a token takes the
+log-prob of the model that wrote it.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ VARIANTS = ("full", "lora", "dart", "mixlora", "2agent")
 ATTENTION = ("q", "k", "v", "o")
 ROLE_MASKS = ("both", "reasoning", "tool", "answer")
 ISOLATIONS = ("forward", "strict")
+AGENT_PARAMS = ("full", "lora")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,9 +61,11 @@ class MethodSpec:
     experts: int = 2                # mixlora: FFN experts, each a LoRA of `rank` on gate, up and down
     top_k: int = 2                  # mixlora: experts mixed per token
     router_aux_coef: float = 0.001  # mixlora: load-balancing loss coefficient (MoE-PEFT's default)
+    agent_params: str = "full"      # 2agent: "full" (two full models) | "lora" (a LoRA each, frozen base)
 
     def __post_init__(self):
-        for field, allowed in (("variant", VARIANTS), ("role_mask", ROLE_MASKS), ("isolation", ISOLATIONS)):
+        for field, allowed in (("variant", VARIANTS), ("role_mask", ROLE_MASKS), ("isolation", ISOLATIONS),
+                               ("agent_params", AGENT_PARAMS)):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"method.{field}={getattr(self, field)!r}; expected one of {allowed}")
         if self.variant == "mixlora" and not 1 <= self.top_k <= self.experts:
@@ -63,6 +74,9 @@ class MethodSpec:
         if self.variant == "mixlora" and self.dropout > 0:
             raise ValueError("method.dropout > 0 with mixlora: the FFN experts take no LoRA dropout here; set "
                              "method.dropout = 0")
+        if self.agent_params != "full" and self.variant != "2agent":
+            raise ValueError(f"method.agent_params={self.agent_params!r} is a 2-Agent option; variant is "
+                             f"{self.variant!r}")
         if self.isolation == "strict" and self.variant != "dart":
             raise ValueError(f"isolation='strict' needs two role adapters (variant 'dart'), got {self.variant!r}")
         bad = set(self.targets) - set(lora_lib.TARGETS)
@@ -71,12 +85,19 @@ class MethodSpec:
 
     @property
     def adapter_names(self) -> tuple[str, ...]:
+        if self.two_lora:
+            return ("reasoning", "tool")
         return {"full": (), "lora": ("shared",), "dart": ("reasoning", "tool"),
                 "mixlora": ("experts", "shared"), "2agent": ()}[self.variant]
 
     @property
+    def two_lora(self) -> bool:
+        """2-Agent as two LoRA sets over the frozen base."""
+        return self.variant == "2agent" and self.agent_params == "lora"
+
+    @property
     def trains_base(self) -> bool:
-        return self.variant in ("full", "2agent")
+        return self.variant == "full" or (self.variant == "2agent" and not self.two_lora)
 
 
 def init_adapters(spec: MethodSpec, cfg: ModelConfig, key: jax.Array) -> dict[str, lora_lib.LoraAdapter] | None:
@@ -129,18 +150,25 @@ def role_token_mask(spec: MethodSpec, token_roles: jnp.ndarray, answer_span: jnp
 
 @flax.struct.dataclass
 class TwoModels:
-    """The 2-Agent policy: two independent models (each a whole base tree), one per role. Token t's
-    log-prob is the model in control after token t − 1 (its loss role: rl.step), each model runs
-    its forward over the whole trajectory with its own weights, and rollouts go through the
-    two-model composition (rollout.compose)."""
+    """The 2-Agent policy: two independent models (each a whole base tree, and optionally a LoRA
+    applied to every token: `agent_params="lora"`), one per role. Token t's log-prob is the model in
+    control after token t − 1 (its loss role: rl.step), each model runs its forward over the whole
+    trajectory with its own weights, and rollouts go through the two-model composition
+    (rollout.compose)."""
     reasoning: Any
     tool: Any
+    reasoning_adapters: Any = None  # {"shared": LoraAdapter} or None
+    tool_adapters: Any = None
+
+    def models(self) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+        """((base, adapters) of the reasoning model, (base, adapters) of the tool model)."""
+        return (self.reasoning, self.reasoning_adapters), (self.tool, self.tool_adapters)
 
 
 def trainable(spec: MethodSpec, base: Any, adapters: Any) -> Any:
     """The tree the optimizer sees (and gradients are taken w.r.t.); 2agent: both models, each
     starting from the base."""
-    if spec.variant == "2agent":
+    if spec.variant == "2agent" and not spec.two_lora:
         return {"reasoning": base, "tool": base}
     return base if spec.trains_base else adapters
 
@@ -148,6 +176,8 @@ def trainable(spec: MethodSpec, base: Any, adapters: Any) -> Any:
 def model_trees(spec: MethodSpec, params: Any, base: Any, adapters: Any) -> tuple[Any, Any]:
     """(base, adapters) for the forward pass, with `params` (the trainable tree) substituted
     (2agent: (TwoModels, None))."""
+    if spec.two_lora:
+        return TwoModels(base, base, {"shared": params["reasoning"]}, {"shared": params["tool"]}), None
     if spec.variant == "2agent":
         return TwoModels(params["reasoning"], params["tool"]), None
     return (params, adapters) if spec.trains_base else (base, params)

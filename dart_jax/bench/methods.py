@@ -37,6 +37,7 @@ METHODS = {
     "full": dict(variant="full"),
     "mixlora": dict(variant="mixlora", rank=8, alpha=16.0, experts=2, top_k=2),
     "2agent": dict(variant="2agent"),
+    "2agent_lora": dict(variant="2agent", agent_params="lora", rank=8, alpha=16.0),
 }
 
 

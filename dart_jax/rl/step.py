@@ -45,7 +45,7 @@ from dart_jax.rl.optim import (
     learning_rate,
     make_optimizer,
 )
-from dart_jax.roles.router import TOOL, loss_roles
+from dart_jax.roles.router import PAD_ROLE, TOOL, loss_roles
 from dart_jax.tokenization.sentinels import with_token_rows
 
 BATCH_KEYS = ("tokens", "positions", "route_ids", "loss_roles", "loss_mask", "old_logp", "ref_logp", "advantages")
@@ -124,10 +124,10 @@ def sequence_logprobs_and_router(base, adapters, tokens, positions, route_ids, *
     `route_ids`), so each model's gradient comes from its own role's tokens only."""
     if isinstance(base, TwoModels):
         writer = loss_roles(route_ids)
-        reas = sequence_logprobs(base.reasoning, None, tokens, positions, None, cfg=cfg, temperature=temperature,
-                                 chunk=chunk)
-        tool = sequence_logprobs(base.tool, None, tokens, positions, None, cfg=cfg, temperature=temperature,
-                                 chunk=chunk)
+        # a model with a LoRA (agent_params="lora") applies it to every real token of its forward
+        shared = jnp.where(route_ids == PAD_ROLE, -1, 0).astype(jnp.int32)
+        reas, tool = (sequence_logprobs(b, a, tokens, positions, None if a is None else shared, cfg=cfg,
+                                        temperature=temperature, chunk=chunk) for b, a in base.models())
         pick = writer == TOOL
         return jnp.where(pick, tool[0], reas[0]), jnp.where(pick, tool[1], reas[1]), None
     h, _, router = hidden_states_and_router(base, adapters, tokens, positions, route_ids, None, cfg=cfg)

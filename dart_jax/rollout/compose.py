@@ -91,7 +91,8 @@ def rollout_policy(agent: Agent, base, adapters, prompts: list[list[int]], uids:
     tool spans, its tool model inside them."""
     if isinstance(base, TwoModels):
         cfg = agent.spec.model
-        return compose_rollout(agent, Policy(cfg, base.reasoning), Policy(cfg, base.tool), prompts, uids, meta, seed)
+        reas, tool = (Policy(cfg, b, a, "none" if a is None else "shared") for b, a in base.models())
+        return compose_rollout(agent, reas, tool, prompts, uids, meta, seed)
     return agent.rollout(base, adapters, prompts, uids, meta, seed=seed)
 
 

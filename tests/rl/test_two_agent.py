@@ -1,7 +1,8 @@
-"""The 2-Agent baseline (issue 19): two full models, one per role. Each model's gradient is exactly
-zero from the other role's tokens; a rollout goes through the two-model composition (two identical
-models give the single-model trajectory); one trainer step end to end and evaluation from its
-checkpoint on a tiny random Llama with SmolLM2's tokenizer."""
+"""The 2-Agent baseline (issue 19): two models, one per role — two full models, or two LoRAs over the
+frozen base (`agent_params="lora"`). Each model's gradient is exactly zero from the other role's
+tokens; a rollout goes through the two-model composition (two identical models give the
+single-model trajectory); one trainer step end to end and evaluation from its checkpoint on a tiny
+random Llama with SmolLM2's tokenizer."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import paper_qa, quickstart
-from dart_jax.adapters.method import MethodSpec, TwoModels, model_trees, trainable
+from dart_jax.adapters.method import MethodSpec, TwoModels, init_adapters, model_trees, trainable
 from dart_jax.eval.job import evaluate
 from dart_jax.eval.runner import EvalOptions
 from dart_jax.roles.router import REASONING, TOOL
@@ -82,6 +83,62 @@ def test_the_two_models_log_probs_follow_the_writer(tiny):
     np.testing.assert_array_equal(np.asarray(both)[:, writer != TOOL], np.asarray(a)[:, writer != TOOL])
 
 
+def _perturbed_loras(cfg, seed):
+    """Two LoRAs of rank 4 whose B is not zero (a fresh LoRA is the identity)."""
+    ads = init_adapters(MethodSpec("2agent", agent_params="lora", rank=4, alpha=8.0), cfg, jax.random.PRNGKey(seed))
+    keys = iter(jax.random.split(jax.random.PRNGKey(seed + 1), 1000))
+    return jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape, x.dtype), ads)
+
+
+def test_two_lora_agents_learn_from_their_own_roles_tokens_only(tiny):
+    cfg, base = tiny
+    method = MethodSpec("2agent", agent_params="lora", rank=4, alpha=8.0)
+    assert not method.trains_base and method.adapter_names == ("reasoning", "tool")
+    params = _perturbed_loras(cfg, 3)
+    acc = jax.jit(make_accumulate(cfg, method, LossConfig(kl_coef=0.0)))
+    roles = [REASONING] * 5 + [TOOL] * 4 + [REASONING] * 3
+    grads, _ = acc(params, base, {k: jnp.asarray(v) for k, v in _batch(roles).items()}, jax.random.PRNGKey(0))
+    assert all(float(jnp.sqrt(sum(jnp.sum(g ** 2) for g in jax.tree.leaves(grads[k])))) > 0
+               for k in ("reasoning", "tool"))
+    # no tool token: the tool LoRA's gradient is exactly zero, and the reasoning LoRA's is what one
+    # LoRA on every token (method "lora") gets from the same tokens
+    only_reas = {k: jnp.asarray(v) for k, v in _batch([REASONING] * 12).items()}
+    grads, _ = acc(params, base, only_reas, jax.random.PRNGKey(0))
+    assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(grads["tool"]))
+    lora = MethodSpec("lora", rank=4, alpha=8.0)
+    from dart_jax.adapters.method import routes_for
+    single, _ = jax.jit(make_accumulate(cfg, lora, LossConfig(kl_coef=0.0)))(
+        {"shared": params["reasoning"]}, base, dict(only_reas, route_ids=routes_for(lora, only_reas["route_ids"])),
+        jax.random.PRNGKey(0))
+    for g, s in zip(jax.tree.leaves(grads["reasoning"]), jax.tree.leaves(single["shared"])):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(s), atol=1e-6 * max(1.0, float(jnp.abs(s).max())))
+    only_tool = {k: jnp.asarray(v) for k, v in _batch([REASONING] + [TOOL] * 11).items()}
+    grads, _ = acc(params, base, only_tool, jax.random.PRNGKey(0))
+    assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(grads["reasoning"]))
+
+
+def test_two_lora_agents_log_probs_are_each_models_own_forward(tiny):
+    """Each model applies its LoRA to every token of its own forward (not DART's per-token routing
+    inside one forward): token t's log-prob is the writer's full forward."""
+    cfg, base = tiny
+    method = MethodSpec("2agent", agent_params="lora", rank=4, alpha=8.0)
+    params = _perturbed_loras(cfg, 5)
+    models, ads = model_trees(method, params, base, None)
+    assert isinstance(models, TwoModels) and ads is None and models.reasoning is base
+    b = _batch([REASONING] * 4 + [TOOL] * 4 + [REASONING] * 4, M=1)
+    t, p, r = (jnp.asarray(b[k][0]) for k in ("tokens", "positions", "route_ids"))
+    both, _ = sequence_logprobs(models, None, t, p, r, cfg=cfg, temperature=1.0, chunk=128)
+    every = jnp.zeros_like(r)  # route 0 on every token: the one LoRA of that model
+    a, _ = sequence_logprobs(base, {"shared": params["reasoning"]}, t, p, every, cfg=cfg, temperature=1.0, chunk=128)
+    o, _ = sequence_logprobs(base, {"shared": params["tool"]}, t, p, every, cfg=cfg, temperature=1.0, chunk=128)
+    writer = np.asarray([-1] + [REASONING] * 4 + [TOOL] * 4 + [REASONING] * 3)
+    np.testing.assert_array_equal(np.asarray(both)[:, writer == TOOL], np.asarray(o)[:, writer == TOOL])
+    np.testing.assert_array_equal(np.asarray(both)[:, writer != TOOL], np.asarray(a)[:, writer != TOOL])
+    # and it is not DART: one forward routing each token to its role's adapter differs
+    dart, _ = sequence_logprobs(base, params, t, p, r, cfg=cfg, temperature=1.0, chunk=128)
+    assert float(jnp.abs(dart - both)[:, writer == TOOL].max()) > 1e-4
+
+
 def test_two_identical_models_roll_out_the_single_model_trajectory(tiny_smollm_dir):
     from configs import evaluate as eval_config
     from dart_jax.eval.policy import load_eval_policy
@@ -103,11 +160,13 @@ def test_two_identical_models_roll_out_the_single_model_trajectory(tiny_smollm_d
     np.testing.assert_allclose(one.sampler_logprobs, two.sampler_logprobs, atol=1e-5)
 
 
-def test_two_agent_trains_one_step_and_evaluates_from_its_checkpoint(tiny_smollm_dir, tmp_path):
+@pytest.mark.parametrize("agent_params", ["full", "lora"])
+def test_two_agent_trains_one_step_and_evaluates_from_its_checkpoint(tiny_smollm_dir, tmp_path, agent_params):
     c = quickstart.get_config()
     c.model.path = tiny_smollm_dir
     c.warm_start = ""
     c.method.variant = "2agent"
+    c.method.agent_params = agent_params
     c.train.old_logp = "recompute"
     c.eval.n = 0
     c.train.steps, c.train.prompts_per_step, c.train.group_size = 1, 2, 2
@@ -133,6 +192,8 @@ def test_two_agent_trains_one_step_and_evaluates_from_its_checkpoint(tiny_smollm
     res = evaluate(c, str(tmp_path / "eval"), ["nq"], EvalOptions(limit=2, batch=2, progress=False),
                    checkpoint=str(tmp_path / "run"))
     assert res["setup"]["variant"] == "2agent" and res["datasets"]["nq"]["trajectories"] == 2
+    if agent_params == "lora":  # the frozen base is held once and not trained
+        assert set(tr.state.params["reasoning"].params) == set(c.method.targets)
 
 
 def test_two_agent_refuses_the_authors_router_convention(tmp_path):
@@ -153,3 +214,7 @@ def test_paper_config_and_trees():
     assert set(params) == {"reasoning", "tool"}
     models, ads = model_trees(spec, params, base, None)
     assert isinstance(models, TwoModels) and ads is None
+    c = paper_qa.get_config("2agent_lora,qwen2.5-3b-base")
+    assert (c.method.variant, c.method.agent_params, c.method.rank, c.optim.lr) == ("2agent", "lora", 8, 1e-5)
+    with pytest.raises(ValueError, match="agent_params='lora' is a 2-Agent option"):
+        MethodSpec("dart", agent_params="lora")
