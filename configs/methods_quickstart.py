@@ -64,7 +64,7 @@ def get_config(arg: str | None = None):
         raise ValueError(f"configs/methods_quickstart.py:{arg}: expected METHOD[,SEED]")
     c = quickstart.get_config()
     # lists as comma-separated strings, so the command line can set them (--config.methods.methods=dart,full)
-    c.methods = ConfigDict(dict(out=OUT, methods="dart,lora16,full,mixlora,2agent", seeds="0,1",
+    c.methods = ConfigDict(dict(out=OUT, methods="dart,lora16,full,mixlora,2agent,2agent_lora", seeds="0,1",
                                 datasets="nq_corpus_heldout,hotpotqa_corpus", limit=64, batch=16))
     c.eval.n = 0  # the eval stage is the held-out evaluation
     method = parts[0] if parts else "dart"

@@ -7,7 +7,7 @@
     python -m launch.bench resume --obs-len=400       KV-cache resume vs re-prefilling the history per turn
     python -m launch.bench prefill --batch=2          a GRPO group's shared prompt prefill vs one per row (SQL schemas)
     python -m launch.bench handoff --turns=4          two-model rollout: append-only hand-offs vs re-encoding the history
-    python -m launch.bench methods                    training state and update time: DART, LoRA-16, full, MixLoRA, 2-Agent
+    python -m launch.bench methods                    training state and update time: DART, LoRA-16, full, MixLoRA, 2-Agent (full / LoRA)
     python -m launch.bench retrieval --clients=64     load on the retrieval service (or --url=another server)
 
 Every side-by-side benchmark interleaves its sides (A B A B …, `--repeats` rounds after a warm-up,
@@ -63,6 +63,8 @@ REQUESTS = flags.DEFINE_integer("requests", 20, "retrieval: requests per client"
 HOSTILE = flags.DEFINE_bool("hostile", True, "retrieval: slow-body, 1 MB and bad-length clients alongside",
                             flag_values=F)
 URL = flags.DEFINE_string("url", None, "retrieval: load this server instead of starting ours", flag_values=F)
+METHODS = flags.DEFINE_string("methods", None, "methods: comma-separated subset of dart, lora16, full, mixlora, "
+                              "2agent, 2agent_lora (default: all)", flag_values=F)
 JSON_OUT = flags.DEFINE_string("json", None, "also write the result to this file", flag_values=F)
 
 
@@ -134,7 +136,12 @@ def main(argv: list[str] | None = None) -> int:
               f"per row / shared {fmt_ratio(res['ratio'])}")
     if args.which == "methods":
         from dart_jax.bench.methods import bench_methods, table
-        res = bench_methods(args.model, args.batch, args.length, args.repeats,
+        from dart_jax.bench.methods import METHODS as ALL
+        chosen = tuple(m.strip() for m in (METHODS.value or ",".join(ALL)).split(",") if m.strip())
+        bad = set(chosen) - set(ALL)
+        if bad:
+            raise SystemExit(f"launch.bench methods: unknown --methods {sorted(bad)}; have {list(ALL)}")
+        res = bench_methods(args.model, args.batch, args.length, args.repeats, methods=chosen,
                             dtype="bfloat16" if DTYPE.value == "bfloat16" or not DTYPE.present else DTYPE.value)
         print(table(res))
     if args.which == "handoff":

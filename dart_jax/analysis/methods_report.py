@@ -36,9 +36,11 @@ def _median(rows: list[dict], key: str) -> float:
     return float(statistics.median(vals)) if vals else float("nan")
 
 
-def write_report(runs: dict, out: str, datasets: list[str], times: dict | None = None) -> dict:
+def write_report(runs: dict, out: str, datasets: list[str], times: dict | None = None,
+                 missing: list[str] | None = None) -> dict:
     """runs: {name: {method, seed, train (run dir), eval (evaluation dir)}} -> summary (also written:
-    report.md, summary.json, results.csv, reward_curves.png under `out`)."""
+    report.md, summary.json, results.csv, reward_curves.png under `out`). `missing`: the comparison's
+    runs not trained and evaluated yet, named in the report."""
     os.makedirs(out, exist_ok=True)
     per_run, curves = {}, {}
     for name, r in runs.items():
@@ -56,7 +58,7 @@ def write_report(runs: dict, out: str, datasets: list[str], times: dict | None =
         per_run[name]["em"]["avg"] = float(np.mean([per_run[name]["em"][d] for d in datasets]))
         curves[name] = ([x["step"] for x in rows], [x["reward/mean"] for x in rows])
     methods = list(dict.fromkeys(r["method"] for r in per_run.values()))
-    summary = {"datasets": datasets, "runs": per_run, "methods": {}}
+    summary = {"datasets": datasets, "runs": per_run, "methods": {}, "missing": list(missing or [])}
     for m in methods:
         rs = [r for r in per_run.values() if r["method"] == m]
         entry = {"seeds": [r["seed"] for r in rs]}
@@ -111,6 +113,8 @@ def _markdown(summary: dict, per_run: dict, datasets: list[str], times: dict) ->
                      f"{'%.3f' % paper if paper is not None else '—'} |")
     lines += ["", "The paper's column is Qwen2.5-3B-Base on wiki-18 with 100 steps of 256 × 16 trajectories "
               "(METHOD §6; full = Search-R1's row): orientation only.", "", "![reward curves](reward_curves.png)"]
+    if summary.get("missing"):
+        lines += ["", f"**Partial comparison**: not yet trained and evaluated: {', '.join(summary['missing'])}."]
     if times:
         lines += ["", "## Wall time", "", "| stage | run | minutes |", "|---|---|---|"]
         for stage, items in times.items():

@@ -56,3 +56,9 @@ def test_launch_methods_end_to_end(tiny_smollm_dir, tmp_path, capsys):
     again = json.load(open(out / "stages.json"))
     assert again["train"] == times["train"] and again["eval"] == times["eval"]
     assert "avg EM" in capsys.readouterr().out
+    # a partial comparison: the report covers what was evaluated and names what is missing
+    args = [a for a in _args(tiny_smollm_dir, out) if not a.startswith("--config.methods.methods=")]
+    assert launch_methods.main(args + ["--config.methods.methods=dart,lora16,2agent", "--stage=report"]) == 0
+    partial = json.load(open(out / "report" / "summary.json"))
+    assert set(partial["methods"]) == {"dart", "2agent"} and partial["missing"] == ["lora16_s0"]
+    assert "not yet trained and evaluated: lora16_s0" in open(out / "report" / "report.md").read()
