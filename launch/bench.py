@@ -9,6 +9,10 @@
     python -m launch.bench handoff --turns=4          two-model rollout: append-only hand-offs vs re-encoding the history
     python -m launch.bench methods                    training state and update time: DART, LoRA-16, full, MixLoRA, 2-Agent (full / LoRA)
     python -m launch.bench retrieval --clients=64     load on the retrieval service (or --url=another server)
+    python -m launch.bench --json=suite.json suite    an accelerator in one command: train MFU (DART, LoRA-16, full),
+                                                      decode bandwidth, cuDNN vs XLA attention, resume vs re-prefill,
+                                                      on a Qwen2.5-3B-shaped random model (--shape=3b|small|tiny;
+                                                      default 3b on GPU / TPU, small on CPU)
 
 Every side-by-side benchmark interleaves its sides (A B A B …, `--repeats` rounds after a warm-up,
 each side settled by an untimed call) and prints each ratio as the median of the per-round ratios
@@ -32,12 +36,13 @@ from launch._cli import Command
 # spin on the cores the next (JAX) side needs. Passive waiting must be set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-BENCHES = ("forward", "adapters", "sampler", "resume", "train", "prefill", "handoff", "retrieval", "methods")
+BENCHES = ("forward", "adapters", "sampler", "resume", "train", "prefill", "handoff", "retrieval", "methods",
+           "suite")
 DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(batch=4, length=256, repeats=5),
             "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4), "train": dict(batch=4, length=512,
                                                                                           repeats=5),
             "prefill": dict(batch=2, repeats=3), "handoff": dict(batch=1, repeats=3), "retrieval": dict(repeats=1),
-            "methods": dict(batch=4, length=256, repeats=3)}
+            "methods": dict(batch=4, length=256, repeats=3), "suite": dict(repeats=None)}
 CLI = Command("launch.bench", __doc__)
 F = CLI.flags
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
@@ -65,6 +70,8 @@ HOSTILE = flags.DEFINE_bool("hostile", True, "retrieval: slow-body, 1 MB and bad
 URL = flags.DEFINE_string("url", None, "retrieval: load this server instead of starting ours", flag_values=F)
 METHODS = flags.DEFINE_string("methods", None, "methods: comma-separated subset of dart, lora16, full, mixlora, "
                               "2agent, 2agent_lora (default: all)", flag_values=F)
+SHAPE = flags.DEFINE_enum("shape", None, ["3b", "small", "tiny"], "suite: model shape (default: 3b on an "
+                          "accelerator, small on CPU)", flag_values=F)
 JSON_OUT = flags.DEFINE_string("json", None, "also write the result to this file", flag_values=F)
 
 
@@ -155,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         print("time to the incoming model's first token per hand-off (ms): append-only "
               + " ".join(f"{1e3 * t:.0f}" for t in res["ttft_append_s"]) + "; re-encode "
               + " ".join(f"{1e3 * t:.0f}" for t in res["ttft_reencode_s"]))
+    if args.which == "suite":
+        from dart_jax.bench.suite import run_suite, table
+        res = run_suite(SHAPE.value, remat_policy=args.remat if REMAT.present else "dots",
+                        repeats=args.repeats)
+        print(table(res))
     if args.which == "retrieval":
         from dart_jax.bench.retrieval_load import bench_retrieval
         res = bench_retrieval(URL.value, CLIENTS.value, REQUESTS.value, HOSTILE.value)

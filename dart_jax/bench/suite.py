@@ -1,0 +1,331 @@
+"""One command that measures an accelerator (issue 20): `python -m launch.bench --json FILE suite`.
+
+On whatever backend jax finds, on one device, with a random-init model of Qwen2.5-3B's shape in bf16
+(`--shape=3b`; `small` keeps the family and scales it down for CPU, `tiny` is the CI smoke):
+
+    peaks        a bf16 matmul (n × n) and a streaming copy, timed here: the peaks the figures below
+                 are quoted against (measured in the same process, not the datasheet); the device's
+                 nominal dense bf16 peak too where it is known (`NOMINAL_BF16_FLOPS`)
+    train        one GRPO update (rl.step.make_train_step: policy loss, k3 KL, backward, clip, AdamW)
+                 for DART (two rank-8 LoRAs, frozen base), LoRA-16 and full fine-tuning on the same
+                 synthetic batch; model FLOPs = forward 2·P·tokens, backward 2·P·tokens more for
+                 activation gradients and (full only) 2·P·tokens for weight gradients, attention
+                 ×3 its forward (the LoRA factors' FLOPs are not counted); MFU against the measured
+                 matmul peak and against the nominal peak
+    decode       `batch` rows × `new_tokens` greedy tokens after a `prompt`-token prefill (the sampler's
+                 prefill + one decode segment); tokens/s and the achieved memory bandwidth: per
+                 decoded token the step reads every weight once (the per-layer decode layout and the
+                 output head) plus the KV cache at the capacity the step attends over
+    attention    the DART update with `attention_impl="xla"` vs `"cudnn"` (jax.nn.dot_product_attention's
+                 cuDNN flash kernel; reported as unavailable where the backend has none)
+    resume       a rollout with `turns` tool calls: KV-cache resume (our sampler) vs re-prefilling the
+                 whole history before every turn (Search-R1 / SkyRL), interleaved rounds
+
+Every section records its own wall time and the compile time separately from the timed repeats.
+The JSON's fields are fixed (`FIELDS`) and checked by the CI smoke (tests/bench/test_suite.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dart_jax.adapters.method import MethodSpec, init_adapters, routes_for, trainable
+from dart_jax.bench.sampler import _spec, decode_flops_per_token
+from dart_jax.bench.timing import interleaved
+from dart_jax.bench.train import synthetic_batch
+from dart_jax.models.cache import init_cache
+from dart_jax.models.config import ModelConfig
+from dart_jax.models.transformer import init_params, per_layer_params
+from dart_jax.rl.optim import OptimConfig, make_optimizer
+from dart_jax.rl.step import BATCH_KEYS, LossConfig, init_state, make_train_step
+from dart_jax.rollout.sampler import append, bucket, cache_used, decode_segment, ensure_capacity, prefill
+
+# Qwen2.5-3B (config.json of Qwen/Qwen2.5-3B): the paper's main backbone
+QWEN25_3B = dict(model_type="qwen2", vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_layers=36,
+                 num_heads=16, num_kv_heads=2, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
+                 tie_word_embeddings=True, qkv_bias=True, max_position_embeddings=32768)
+SHAPES = {
+    "3b": dict(QWEN25_3B),
+    # the same family and head layout (GQA 8:1, head_dim 128 → 64), scaled for 2 CPU cores
+    "small": dict(QWEN25_3B, vocab_size=32000, hidden_size=512, intermediate_size=2752, num_layers=4, num_heads=8,
+                  num_kv_heads=1, head_dim=64),
+    "tiny": dict(QWEN25_3B, vocab_size=512, hidden_size=64, intermediate_size=176, num_layers=2, num_heads=4,
+                 num_kv_heads=2, head_dim=16),
+}
+# work per section: train (batch, length), decode (batch, prompt, new tokens), resume (batch, prompt, turns,
+# tokens per turn, observation), matmul n, copy bytes, timed repeats
+SIZES = {
+    "3b": dict(train=(4, 2048), decode=(64, 128, 256), resume=(16, 512, 4, 64, 400), matmul=8192, copy=2 ** 30,
+               repeats=3),
+    "small": dict(train=(2, 256), decode=(8, 32, 32), resume=(4, 128, 2, 16, 64), matmul=1024, copy=2 ** 26,
+                  repeats=2),
+    "tiny": dict(train=(2, 32), decode=(2, 8, 8), resume=(2, 16, 2, 4, 8), matmul=128, copy=2 ** 20, repeats=1),
+}
+# dense bf16 peak FLOP/s from the vendors' datasheets (no sparsity), by jax's device_kind
+NOMINAL_BF16_FLOPS = {"NVIDIA H200": 989e12, "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100": 989e12,
+                      "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A100-SXM4-40GB": 312e12, "TPU v4": 275e12,
+                      "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12}
+METHODS = {"dart": dict(variant="dart", rank=8, alpha=16.0), "lora16": dict(variant="lora", rank=16, alpha=32.0),
+           "full": dict(variant="full")}
+FIELDS = {
+    "": ("bench", "shape", "model", "backend", "device_kind", "devices", "jax", "jaxlib", "python", "peaks", "train",
+         "decode", "attention", "resume", "wall_s"),
+    "peaks": ("matmul_n", "matmul_dtype", "matmul_flops", "copy_bytes", "bandwidth_bytes_s", "nominal_bf16_flops"),
+    "train": ("batch", "length", "remat_policy", "methods"),
+    "train.method": ("trainable_params", "compile_s", "step_s", "tokens_per_s", "model_flops", "flops_per_s",
+                     "mfu_measured", "mfu_nominal"),
+    "decode": ("batch", "prompt", "new_tokens", "compile_s", "seconds", "tokens_per_s", "bytes_per_step",
+               "bandwidth_bytes_s", "bandwidth_share", "flops_share"),
+    "attention": ("xla_s", "cudnn_s", "cudnn_over_xla", "cudnn_error"),
+    "resume": ("batch", "prompt", "turns", "gen_per_turn", "obs_len", "resume_s", "reprefill_s", "speedup"),
+}
+
+
+def model_config(shape: str, dtype: str = "bfloat16", **overrides) -> ModelConfig:
+    if shape not in SHAPES:
+        raise ValueError(f"suite shape {shape!r}; expected one of {sorted(SHAPES)}")
+    return ModelConfig(**SHAPES[shape], param_dtype=dtype, compute_dtype=dtype, **overrides)
+
+
+def update_model_flops(cfg: ModelConfig, batch: int, length: int, trains_base: bool) -> float:
+    """Model FLOPs of one update (module doc): matmul parameters incl. the head; attention causal."""
+    D, F, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.vocab_size
+    N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    p_mm = L * (D * (N + 2 * K) * H + N * H * D + 3 * D * F) + D * V
+    tokens = batch * length
+    attn_fwd = 4 * L * length * length * N * H * batch / 2
+    return (6 if trains_base else 4) * p_mm * tokens + 3 * attn_fwd
+
+
+def _block(x):
+    return jax.block_until_ready(x)
+
+
+def measure_peaks(n: int, copy_bytes: int, repeats: int, device_kind: str) -> dict:
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.bfloat16)
+    mm = jax.jit(lambda x: x @ x)
+    buf = jnp.zeros((copy_bytes // 4,), jnp.float32)
+    cp = jax.jit(lambda x: x + 1.0)  # reads and writes every byte once
+    res = interleaved({"matmul": lambda: _block(mm(a)), "copy": lambda: _block(cp(buf))}, repeats=max(3, repeats),
+                      settle_s=0.0, settle_calls=0)
+    return {"matmul_n": n, "matmul_dtype": "bfloat16", "matmul_flops": 2.0 * n ** 3 / res["matmul"]["min_s"],
+            "copy_bytes": int(copy_bytes), "bandwidth_bytes_s": 2.0 * copy_bytes / res["copy"]["min_s"],
+            "nominal_bf16_flops": NOMINAL_BF16_FLOPS.get(device_kind)}
+
+
+def _train_side(cfg: ModelConfig, base, name: str, data: dict):
+    """-> (run(), trainable params, compile seconds) of one method's jitted update."""
+    spec = MethodSpec(**METHODS[name])
+    ads = init_adapters(spec, cfg, jax.random.PRNGKey(0))
+    oc = OptimConfig(lr=1e-6, warmup_steps=0, total_steps=10)
+    params = trainable(spec, base, ads)
+    if spec.trains_base:
+        params = jax.tree.map(jnp.copy, params)  # the step donates the state; the frozen base stays
+    state = init_state(params, make_optimizer(oc))
+    mb = dict(data, route_ids=routes_for(spec, data["route_ids"]))
+    step = jax.jit(make_train_step(cfg, spec, LossConfig(kl_coef=0.001), oc), donate_argnums=(0,))
+    t0 = time.perf_counter()
+    step = step.lower(state, base, mb, jax.random.PRNGKey(1), np.int32(0)).compile()
+    compile_s = time.perf_counter() - t0
+    holder = {"state": state}
+
+    def run():
+        holder["state"], m = step(holder["state"], base, mb, jax.random.PRNGKey(1), np.int32(0))
+        _block(m["loss"])
+    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    return run, n, compile_s
+
+
+def bench_train_methods(cfg, base, batch: int, length: int, repeats: int, peaks: dict) -> dict:
+    data = {k: jnp.asarray(v)[None] for k, v in synthetic_batch(cfg, batch, length).items() if k in BATCH_KEYS}
+    out = {"batch": batch, "length": length, "remat_policy": cfg.remat_policy, "methods": {}}
+    for name in METHODS:
+        run, n, compile_s = _train_side(cfg, base, name, data)
+        res = interleaved({name: run}, repeats=repeats, settle_s=0.0, settle_calls=0)[name]
+        flops = update_model_flops(cfg, batch, length, METHODS[name]["variant"] == "full")
+        rate = flops / res["median_s"]
+        nominal = peaks["nominal_bf16_flops"]
+        out["methods"][name] = {"trainable_params": n, "compile_s": compile_s, "step_s": res["median_s"],
+                                "tokens_per_s": batch * length / res["median_s"], "model_flops": flops,
+                                "flops_per_s": rate, "mfu_measured": rate / peaks["matmul_flops"],
+                                "mfu_nominal": rate / nominal if nominal else None}
+        del run
+    return out
+
+
+def _tree_bytes(tree) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def bench_decode(cfg, layers, batch: int, prompt: int, new: int, repeats: int, peaks: dict) -> dict:
+    spec = _spec(cfg)
+    toks = jnp.asarray(np.random.default_rng(1).integers(100, cfg.vocab_size, (batch, prompt)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(prompt, dtype=jnp.int32), (batch, prompt))
+    capacity = bucket(prompt + new + 1)
+    ones, stop_on, budget = jnp.ones((batch,), bool), jnp.ones((batch, 1), bool), jnp.full((batch,), new, jnp.int32)
+
+    def start():
+        state, _ = prefill(layers, None, toks, pos, init_cache(cfg, batch, capacity), jax.random.PRNGKey(0), spec=spec)
+        return _block(state)
+
+    def decode(state):
+        _, seg = decode_segment(layers, None, state, ones, stop_on, budget, spec=spec, length=new)
+        return _block(seg.tokens)
+    t0 = time.perf_counter()
+    decode(start())
+    compile_s = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        state = start()  # prefill untimed: the decode segment alone
+        t = time.perf_counter()
+        decode(state)
+        times.append(time.perf_counter() - t)
+    seconds = float(np.median(times))
+    kv = 2 * cfg.num_layers * batch * cfg.num_kv_heads * cfg.head_dim * capacity * cfg.dtype.itemsize
+    per_step = _tree_bytes(layers) + kv
+    bw = per_step * new / seconds
+    flops = batch * new * decode_flops_per_token(cfg, prompt + new // 2)
+    return {"batch": batch, "prompt": prompt, "new_tokens": new, "compile_s": compile_s, "seconds": seconds,
+            "tokens_per_s": batch * new / seconds, "bytes_per_step": int(per_step), "bandwidth_bytes_s": bw,
+            "bandwidth_share": bw / peaks["bandwidth_bytes_s"], "flops_share": flops / seconds / peaks["matmul_flops"]}
+
+
+def bench_attention(cfg, base, batch: int, length: int, repeats: int) -> dict:
+    """The DART update with XLA attention vs cuDNN's fused kernel (same weights and batch)."""
+    data = {k: jnp.asarray(v)[None] for k, v in synthetic_batch(cfg, batch, length).items() if k in BATCH_KEYS}
+    run_x, _, _ = _train_side(cfg, base, "dart", data)
+    sides, err = {"xla": run_x}, None
+    try:
+        run_c, _, _ = _train_side(dataclasses.replace(cfg, attention_impl="cudnn"), base, "dart", data)
+        run_c()
+        sides["cudnn"] = run_c
+    except Exception as e:  # no cuDNN on this backend, or the kernel refuses the shape
+        err = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    res = interleaved(sides, repeats=repeats, settle_s=0.0, settle_calls=0)
+    cud = res["cudnn"]["median_s"] if "cudnn" in res else None
+    return {"xla_s": res["xla"]["median_s"], "cudnn_s": cud,
+            "cudnn_over_xla": (res["xla"]["median_s"] / cud) if cud else None, "cudnn_error": err}
+
+
+def bench_resume_random(cfg, layers, batch: int, prompt_len: int, turns: int, gen: int, obs_len: int,
+                        repeats: int) -> dict:
+    spec = _spec(cfg)
+    rng = np.random.default_rng(2)
+    prompt = jnp.asarray(rng.integers(100, cfg.vocab_size, (batch, prompt_len)), jnp.int32)
+    obs = [jnp.asarray(rng.integers(100, cfg.vocab_size, (batch, obs_len)), jnp.int32) for _ in range(turns)]
+    ones, stop_on, budget = jnp.ones((batch,), bool), jnp.ones((batch, 1), bool), jnp.full((batch,), gen, jnp.int32)
+
+    def resume():
+        cache = init_cache(cfg, batch, bucket(prompt_len + gen))
+        pos = jnp.broadcast_to(jnp.arange(prompt_len, dtype=jnp.int32), (batch, prompt_len))
+        state, _ = prefill(layers, None, prompt, pos, cache, jax.random.PRNGKey(0), spec=spec)
+        for k in range(turns + 1):
+            state = ensure_capacity(state, cache_used(state) + gen)
+            state, seg = decode_segment(layers, None, state, ones, stop_on, budget, spec=spec, length=gen)
+            if k < turns:
+                state = ensure_capacity(state, cache_used(state) + obs_len + 1 + gen)
+                state, _ = append(layers, None, state, obs[k], jnp.full((batch,), obs_len, jnp.int32), ones, spec=spec)
+        return _block(seg.tokens)
+
+    def reprefill():
+        history = prompt
+        for k in range(turns + 1):
+            t = history.shape[1]
+            pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (batch, t))
+            state, _ = prefill(layers, None, history, pos, init_cache(cfg, batch, t + gen + 1), jax.random.PRNGKey(0),
+                               spec=spec)
+            state, seg = decode_segment(layers, None, state, ones, stop_on, budget, spec=spec, length=gen)
+            if k < turns:
+                history = jnp.concatenate([history, seg.tokens, obs[k]], axis=1)
+        return _block(seg.tokens)
+
+    res = interleaved({"resume": resume, "reprefill": reprefill}, repeats=repeats, settle_s=0.0, settle_calls=0)
+    return {"batch": batch, "prompt": prompt_len, "turns": turns, "gen_per_turn": gen, "obs_len": obs_len,
+            "resume_s": res["resume"]["median_s"], "reprefill_s": res["reprefill"]["median_s"],
+            "speedup": res["reprefill"]["median_s"] / res["resume"]["median_s"]}
+
+
+def default_shape() -> str:
+    return "small" if jax.default_backend() == "cpu" else "3b"
+
+
+def run_suite(shape: str | None = None, remat_policy: str = "dots", repeats: int | None = None,
+              log=print) -> dict:
+    """Every section of the module doc on jax.devices()[0]; -> the JSON-ready result (`FIELDS`)."""
+    import jaxlib
+    t_all = time.perf_counter()
+    shape = shape or default_shape()
+    size = SIZES[shape]
+    repeats = repeats or size["repeats"]
+    dev = jax.devices()[0]
+    kind = getattr(dev, "device_kind", dev.platform)
+    out = {"bench": "suite", "shape": shape, "model": f"qwen2.5-3b-shaped random init ({shape})",
+           "backend": jax.default_backend(), "device_kind": kind, "devices": jax.device_count(),
+           "jax": jax.__version__, "jaxlib": jaxlib.__version__, "python": platform.python_version(),
+           "section_wall_s": {}}
+
+    def section(name, fn):
+        t0 = time.perf_counter()
+        log(f"suite: {name} ...")
+        out[name] = fn()
+        out["section_wall_s"][name] = time.perf_counter() - t0
+        log(f"suite: {name} done in {out['section_wall_s'][name]:.1f} s")
+
+    cfg = model_config(shape, remat_policy=remat_policy)
+    with jax.default_device(dev):
+        section("peaks", lambda: measure_peaks(size["matmul"], size["copy"], repeats, kind))
+        base = init_params(cfg, jax.random.PRNGKey(0))
+        out["params"] = int(sum(x.size for x in jax.tree.leaves(base)))
+        section("train", lambda: bench_train_methods(cfg, base, *size["train"], repeats, out["peaks"]))
+        section("attention", lambda: bench_attention(cfg, base, *size["train"], repeats))
+        layers = per_layer_params(base)
+        section("decode", lambda: bench_decode(cfg, layers, *size["decode"], repeats, out["peaks"]))
+        section("resume", lambda: bench_resume_random(cfg, layers, *size["resume"], repeats))
+    out["wall_s"] = time.perf_counter() - t_all
+    return out
+
+
+def missing_fields(res: dict) -> list[str]:
+    """Fields of `FIELDS` absent from a suite result (the CI smoke's check)."""
+    miss = [k for k in FIELDS[""] if k not in res]
+    for sec in ("peaks", "train", "decode", "attention", "resume"):
+        miss += [f"{sec}.{k}" for k in FIELDS[sec] if k not in res.get(sec, {})]
+    for name in METHODS:
+        got = res.get("train", {}).get("methods", {}).get(name)
+        if got is None:
+            miss.append(f"train.methods.{name}")
+        else:
+            miss += [f"train.methods.{name}.{k}" for k in FIELDS["train.method"] if k not in got]
+    return miss
+
+
+def table(res: dict) -> str:
+    p = res["peaks"]
+    nominal = f", nominal {p['nominal_bf16_flops'] / 1e12:.0f} TFLOP/s" if p["nominal_bf16_flops"] else ""
+    lines = [f"{res['model']}, {res['params'] / 1e6:.0f} M params, on {res['device_kind']} ({res['backend']}, "
+             f"jax {res['jax']}): measured matmul {p['matmul_flops'] / 1e12:.2f} TFLOP/s (bf16 {p['matmul_n']}²"
+             f"{nominal}), copy {p['bandwidth_bytes_s'] / 1e9:.1f} GB/s", "",
+             f"train, {res['train']['batch']} × {res['train']['length']} tokens, remat {res['train']['remat_policy']}:",
+             "| method | step (s) | tokens/s | TFLOP/s | MFU (measured peak) | MFU (nominal) | compile (s) |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in res["train"]["methods"].items():
+        mfu_n = f"{100 * r['mfu_nominal']:.1f}%" if r["mfu_nominal"] is not None else "—"
+        lines.append(f"| {name} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['flops_per_s'] / 1e12:.3f} | "
+                     f"{100 * r['mfu_measured']:.1f}% | {mfu_n} | {r['compile_s']:.1f} |")
+    d, a, r = res["decode"], res["attention"], res["resume"]
+    lines += ["", f"decode {d['batch']} × {d['new_tokens']} tokens after {d['prompt']}: {d['tokens_per_s']:.0f} tok/s, "
+              f"{d['bandwidth_bytes_s'] / 1e9:.1f} GB/s = {100 * d['bandwidth_share']:.0f}% of the measured copy "
+              f"bandwidth",
+              "attention (DART update): xla %.3f s, cudnn %s" % (
+                  a["xla_s"], f"{a['cudnn_s']:.3f} s ({a['cudnn_over_xla']:.2f}× faster)" if a["cudnn_s"] else
+                  f"unavailable ({a['cudnn_error']})"),
+              f"resume vs re-prefill ({r['turns']} calls, {r['obs_len']}-token observations, batch {r['batch']}): "
+              f"{r['resume_s']:.3f} s vs {r['reprefill_s']:.3f} s = {r['speedup']:.2f}×",
+              f"wall {res['wall_s']:.0f} s"]
+    return "\n".join(lines)
