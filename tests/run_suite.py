@@ -6,10 +6,11 @@
 
 Why processes: XLA:CPU (jaxlib 0.10.2) segfaults compiling the GRPO train step of
 tests/sft/test_sql_quickstart.py when ~300 other tests have compiled their programs in the same
-process, reproducibly on this host and on CI, while the same test passes in a fresh process (the
-native backtrace is in docs/design.md, "Test isolation"). A fresh process per directory bounds what one
-XLA process accumulates, keeps each group's shared compilation cache (conftest.py) and fixtures, and
-costs a few seconds of start-up per group. Every group runs even when one fails; the exit status is
+process, reproducibly on this host and on CI (Python traceback: jax compiler.backend_compile_and_load
+<- pxla compile <- rl/stages.py's jitted update), while the same test, and tests/sft alone, pass in a
+fresh process. A fresh process per directory bounds what one XLA process accumulates, keeps each
+group's shared compilation cache (conftest.py) and fixtures, and costs a few seconds of start-up per
+group. Every group runs even when one fails; the exit status is
 the first non-zero one.
 """
 
