@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.which == "suite":
         from dart_jax.bench.suite import run_suite, table
         res = run_suite(SHAPE.value, remat_policy=args.remat if REMAT.present else "dots",
-                        repeats=args.repeats)
+                        repeats=args.repeats, json_path=args.json)
         print(table(res))
     if args.which == "retrieval":
         from dart_jax.bench.retrieval_load import bench_retrieval

@@ -1,7 +1,7 @@
 """The test suite as CI runs it: one pytest process per test directory, in order, then a summary.
 
     python tests/run_suite.py                 # README's test command: every group, `-m "not slow"`
-    python tests/run_suite.py -m slow         # any pytest arguments replace the default marker filter
+    python tests/run_suite.py -m slow         # pytest arguments are passed on; -m replaces "not slow"
     python tests/run_suite.py --only rl,sft   # some groups
 
 Why processes: XLA:CPU (jaxlib 0.10.2) segfaults compiling the GRPO train step of
@@ -38,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated group names (directories under tests/, 'top' for "
                                                 "the top-level files)")
     args, pytest_args = ap.parse_known_args(argv)
-    pytest_args = pytest_args or ["-m", "not slow", "-q"]
+    if not pytest_args:
+        pytest_args = ["-q"]
+    if "-m" not in pytest_args and not any(a.startswith("-m") and len(a) > 2 for a in pytest_args):
+        pytest_args = ["-m", "not slow", *pytest_args]  # the default run; `-m slow` etc. replaces it
     chosen = groups()
     if args.only:
         want = {w.strip() for w in args.only.split(",") if w.strip()}

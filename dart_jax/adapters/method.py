@@ -74,6 +74,9 @@ class MethodSpec:
         if self.variant == "mixlora" and self.dropout > 0:
             raise ValueError("method.dropout > 0 with mixlora: the FFN experts take no LoRA dropout here; set "
                              "method.dropout = 0")
+        if self.two_lora and self.dropout > 0:
+            raise ValueError("method.dropout > 0 with 2-Agent LoRAs: their LoRAs take no dropout here; set "
+                             "method.dropout = 0")
         if self.agent_params != "full" and self.variant != "2agent":
             raise ValueError(f"method.agent_params={self.agent_params!r} is a 2-Agent option; variant is "
                              f"{self.variant!r}")

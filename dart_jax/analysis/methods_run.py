@@ -82,6 +82,18 @@ class Stages(StageLog):
     def eval_dir(self, name: str) -> str:
         return os.path.join(self.out, "eval", name)
 
+    def evaluated(self, name: str, step: int, limit: int | None) -> bool:
+        """The run's evaluation is finished for this comparison: results.json (written last) of the
+        checkpoint at `step`, with this limit, over these datasets."""
+        path = os.path.join(self.eval_dir(name), "results.json")
+        if not os.path.isfile(path):
+            return False
+        with open(path) as f:
+            done = json.load(f)
+        setup = done["setup"]
+        return setup.get("step") == step and setup.get("limit") == limit and \
+            sorted(done["datasets"]) == sorted(self.datasets)
+
     def evaluate(self) -> dict:
         from dart_jax.analysis.cea_run import trained_steps
         from dart_jax.eval.job import evaluate
@@ -96,15 +108,9 @@ class Stages(StageLog):
             if trained_steps(rc.output.dir) < want:
                 raise FileNotFoundError(f"methods eval {name}: {rc.output.dir} has no finished checkpoint at step "
                                         f"{want} (run the train stage first)")
-            path = os.path.join(self.eval_dir(name), "results.json")
-            if os.path.isfile(path):
-                with open(path) as f:
-                    done_before = json.load(f)
-                setup = done_before["setup"]
-                if setup.get("step") == want and setup.get("limit") == options.limit and \
-                        sorted(done_before["datasets"]) == sorted(self.datasets):
-                    done[name] = "skipped"
-                    continue
+            if self.evaluated(name, want, options.limit):
+                done[name] = "skipped"
+                continue
             t0 = time.perf_counter()
             res = evaluate(rc, self.eval_dir(name), self.datasets, options, checkpoint=rc.output.dir,
                            step=want)
@@ -119,8 +125,10 @@ class Stages(StageLog):
         runs = {run_name(m, s): {"method": m, "seed": s,
                                  "train": run_config(self.config, m, s).output.dir,
                                  "eval": self.eval_dir(run_name(m, s))} for m, s in self.runs}
-        # a run not yet trained and evaluated is listed as missing (a partial comparison says so)
-        ready = {n: r for n, r in runs.items() if os.path.isfile(os.path.join(r["eval"], "per_question.jsonl"))}
+        # a run not yet trained and evaluated (or whose evaluation is unfinished) is listed as missing
+        limit = int(self.m.limit) if self.m.limit else None
+        ready = {n: r for n, r in runs.items()
+                 if self.evaluated(n, int(run_config(self.config, r["method"], r["seed"]).train.steps), limit)}
         if not ready:
             raise FileNotFoundError(f"methods report: no evaluated run under {self.out}/eval (run train and eval first)")
         summary = write_report(ready, os.path.join(self.out, "report"), self.datasets, self.times(),

@@ -145,6 +145,33 @@ def _from_dart(config, mesh, key, path: str, remove: str | None, source: dict) -
                   router_convention=manifest.get("router", {}).get("convention"))
 
 
+# the method fields that decide the trained tree and how it is applied
+METHOD_STRUCTURE = ("variant", "agent_params", "rank", "alpha", "targets", "rslora", "experts", "top_k",
+                    "adapter_dtype")
+
+
+def adopt_run_method(config, path: str) -> list[str]:
+    """A checkpoint is evaluated as the method it was trained with: the structural method fields of
+    the run's saved config (run_config.json beside the checkpoints) replace the evaluation config's
+    (logged). Without this, two trees of the same shape — DART's routed pair and 2-Agent's two LoRAs
+    — would restore into each other silently. -> the fields changed."""
+    from dart_jax.run.run_dir import saved_config
+    # `path` is the run's checkpoints/ (or a run directory): its run_config.json is beside it
+    saved = (saved_config(path) or saved_config(os.path.dirname(os.path.normpath(path))) or {}).get("method") or {}
+    changed = []
+    for k in METHOD_STRUCTURE:
+        if k not in saved or k not in config.method:
+            continue
+        old = config.method[k]
+        new = type(old)(saved[k]) if isinstance(old, (tuple, list)) else saved[k]
+        if new != old:
+            config.method[k] = new
+            changed.append(f"{k}: {old!r} → {new!r}")
+    if changed:
+        log.info("%s was trained with another method: using the run's (%s)", path, "; ".join(changed))
+    return changed
+
+
 def _from_orbax(config, mesh, key, path: str, step: int | None, remove: str | None, source: dict) -> Policy:
     """Rebuild the run's train state from its config and restore the trained tree into it."""
     from dart_jax.rl.optim import make_optimizer
@@ -152,6 +179,7 @@ def _from_orbax(config, mesh, key, path: str, step: int | None, remove: str | No
     from dart_jax.rl.sections import method_spec, optim_config
     from dart_jax.run.checkpoint import Checkpointer
 
+    adopt_run_method(config, path)
     method = method_spec(config)
     cfg, base, tok, adapters = load_policy(config, method, mesh, key)
     state, base = place_state(method, cfg, base, adapters, make_optimizer(optim_config(config)), mesh)
@@ -174,4 +202,5 @@ def _from_orbax(config, mesh, key, path: str, step: int | None, remove: str | No
         adapters = remove_adapter(adapters, remove)
     return Policy(cfg, base, tok, adapters, ROUTE_MODE[method.variant],
                   {**source, "checkpoint": path, "step": int(step), "variant": method.variant,
+                   **({"agent_params": method.agent_params} if method.variant == "2agent" else {}),
                    "removed": remove or ""})

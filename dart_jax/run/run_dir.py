@@ -45,13 +45,25 @@ def config_dict(config) -> dict:
     return json.loads(config.to_json() if hasattr(config, "to_json") else json.dumps(config))
 
 
+def _defaults() -> dict:
+    from configs import base
+    return _flat(config_dict(base.get()))
+
+
 def config_differences(saved: dict, current: dict, ignore=RESUMABLE) -> list[str]:
-    """'field: old → new' for every leaf that differs, except the fields a resume may change."""
+    """'field: old → new' for every leaf that differs, except the fields a resume may change. A field
+    the saved config lacks (added to the code after that run was written) is no difference when the
+    current value is its default (configs/base.py): the run was trained with that behaviour."""
     a, b = _flat(saved), _flat(current)
+    defaults = None
     out = []
     for key in sorted(set(a) | set(b)):
         if key in ignore or a.get(key, "<absent>") == b.get(key, "<absent>"):
             continue
+        if key not in a:
+            defaults = _defaults() if defaults is None else defaults
+            if key in defaults and defaults[key] == b[key]:
+                continue
         out.append(f"{key}: {json.dumps(a.get(key, '<absent>'))} → {json.dumps(b.get(key, '<absent>'))}")
     return out
 

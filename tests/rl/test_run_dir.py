@@ -79,6 +79,12 @@ def test_config_differences_are_field_by_field():
     now = {"method": {"rank": 8, "targets": ["q", "v"]}, "train": {"steps": 9}, "optim": {"lr": 2e-5}, "new": 1}
     assert run_dir.config_differences(saved, now) == ['method.targets: ["q"] → ["q", "v"]', 'new: "<absent>" → 1',
                                                       "optim.lr: 1e-05 → 2e-05"]
+    # a field added to the code after the run was written: its default is what the run did
+    later = {"method": {"rank": 8, "targets": ["q"], "agent_params": "full"}, "train": {"steps": 4},
+             "optim": {"lr": 1e-5}}
+    assert run_dir.config_differences(saved, later) == []
+    later["method"]["agent_params"] = "lora"
+    assert run_dir.config_differences(saved, later) == ['method.agent_params: "<absent>" → "lora"']
 
 
 KILLER = r"""
