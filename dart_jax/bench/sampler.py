@@ -104,14 +104,12 @@ def bench_sampler(model: str = "smollm2-135m-instruct", batches=(1, 8, 32), new_
             "dtype": dtype, "temperature": temperature, "matmul_flops": peak, "rows": rows}
 
 
-def bench_resume(model: str = "smollm2-135m-instruct", batch: int = 8, prompt_len: int = 256, turns: int = 4,
-                 gen_per_turn: int = 64, obs_len: int = 128, repeats: int = 4) -> dict:
-    """A rollout with `turns` tool calls: ours appends each observation to the cache; the
-    re-prefill way (Search-R1 / SkyRL) prefills the whole history again before every turn."""
-    cfg, base = load_model(resolve(model))
-    base = per_layer_params(base)
+def resume_sides(cfg, base, batch: int, prompt_len: int, turns: int, gen_per_turn: int, obs_len: int,
+                 seed: int = 0):
+    """(resume, reprefill): closures running one rollout with `turns` tool calls over random ids on
+    `base` (the per-layer decode layout) — our KV-cache resume and the re-prefill way."""
     spec = _spec(cfg)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     prompt = jnp.asarray(rng.integers(100, cfg.vocab_size, (batch, prompt_len)), jnp.int32)
     obs = [jnp.asarray(rng.integers(100, cfg.vocab_size, (batch, obs_len)), jnp.int32) for _ in range(turns)]
     ones, stop_on = jnp.ones((batch,), bool), jnp.ones((batch, 1), bool)
@@ -141,6 +139,16 @@ def bench_resume(model: str = "smollm2-135m-instruct", batch: int = 8, prompt_le
                 history = jnp.concatenate([history, seg.tokens, obs[k]], axis=1)
         return jax.block_until_ready(seg.tokens)
 
+    return resume, reprefill
+
+
+def bench_resume(model: str = "smollm2-135m-instruct", batch: int = 8, prompt_len: int = 256, turns: int = 4,
+                 gen_per_turn: int = 64, obs_len: int = 128, repeats: int = 4) -> dict:
+    """A rollout with `turns` tool calls: ours appends each observation to the cache; the
+    re-prefill way (Search-R1 / SkyRL) prefills the whole history again before every turn."""
+    cfg, base = load_model(resolve(model))
+    base = per_layer_params(base)
+    resume, reprefill = resume_sides(cfg, base, batch, prompt_len, turns, gen_per_turn, obs_len, seed=0)
     t0 = time.perf_counter()
     res = interleaved({"resume": resume, "reprefill": reprefill}, repeats=repeats)
     return {"bench": "resume", "model": model, "batch": batch, "turns": turns, "prompt_len": prompt_len,

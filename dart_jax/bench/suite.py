@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.adapters.method import MethodSpec, init_adapters, routes_for, trainable
-from dart_jax.bench.sampler import _spec, decode_flops_per_token
+from dart_jax.bench.sampler import _spec, decode_flops_per_token, resume_sides
 from dart_jax.bench.timing import interleaved
 from dart_jax.bench.train import synthetic_batch
 from dart_jax.models.cache import init_cache
@@ -52,7 +52,7 @@ from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import init_params, per_layer_params
 from dart_jax.rl.optim import OptimConfig, make_optimizer
 from dart_jax.rl.step import BATCH_KEYS, LossConfig, init_state, make_train_step
-from dart_jax.rollout.sampler import append, bucket, cache_used, decode_segment, ensure_capacity, prefill
+from dart_jax.rollout.sampler import bucket, decode_segment, prefill
 
 # Qwen2.5-3B (config.json of Qwen/Qwen2.5-3B): the paper's main backbone
 QWEN25_3B = dict(model_type="qwen2", vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_layers=36,
@@ -239,36 +239,7 @@ def bench_attention(cfg, base, batch: int, length: int, repeats: int) -> dict:
 
 def bench_resume_random(cfg, layers, batch: int, prompt_len: int, turns: int, gen: int, obs_len: int,
                         repeats: int) -> dict:
-    spec = _spec(cfg)
-    rng = np.random.default_rng(2)
-    prompt = jnp.asarray(rng.integers(100, cfg.vocab_size, (batch, prompt_len)), jnp.int32)
-    obs = [jnp.asarray(rng.integers(100, cfg.vocab_size, (batch, obs_len)), jnp.int32) for _ in range(turns)]
-    ones, stop_on, budget = jnp.ones((batch,), bool), jnp.ones((batch, 1), bool), jnp.full((batch,), gen, jnp.int32)
-
-    def resume():
-        cache = init_cache(cfg, batch, bucket(prompt_len + gen))
-        pos = jnp.broadcast_to(jnp.arange(prompt_len, dtype=jnp.int32), (batch, prompt_len))
-        state, _ = prefill(layers, None, prompt, pos, cache, jax.random.PRNGKey(0), spec=spec)
-        for k in range(turns + 1):
-            state = ensure_capacity(state, cache_used(state) + gen)
-            state, seg = decode_segment(layers, None, state, ones, stop_on, budget, spec=spec, length=gen)
-            if k < turns:
-                state = ensure_capacity(state, cache_used(state) + obs_len + 1 + gen)
-                state, _ = append(layers, None, state, obs[k], jnp.full((batch,), obs_len, jnp.int32), ones, spec=spec)
-        return _block(seg.tokens)
-
-    def reprefill():
-        history = prompt
-        for k in range(turns + 1):
-            t = history.shape[1]
-            pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (batch, t))
-            state, _ = prefill(layers, None, history, pos, init_cache(cfg, batch, t + gen + 1), jax.random.PRNGKey(0),
-                               spec=spec)
-            state, seg = decode_segment(layers, None, state, ones, stop_on, budget, spec=spec, length=gen)
-            if k < turns:
-                history = jnp.concatenate([history, seg.tokens, obs[k]], axis=1)
-        return _block(seg.tokens)
-
+    resume, reprefill = resume_sides(cfg, layers, batch, prompt_len, turns, gen, obs_len, seed=2)
     res = interleaved({"resume": resume, "reprefill": reprefill}, repeats=repeats, settle_s=0.0, settle_calls=0)
     return {"batch": batch, "prompt": prompt_len, "turns": turns, "gen_per_turn": gen, "obs_len": obs_len,
             "resume_s": res["resume"]["median_s"], "reprefill_s": res["reprefill"]["median_s"],
