@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import paper_qa, quickstart
-from dart_jax.adapters.method import MethodSpec, TwoModels, init_adapters, model_trees, trainable
+from dart_jax.adapters.method import MethodSpec, TwoModels, init_adapters, model_trees, routes_for, trainable
 from dart_jax.eval.job import evaluate
 from dart_jax.eval.runner import EvalOptions
 from dart_jax.roles.router import REASONING, TOOL
@@ -106,7 +106,6 @@ def test_two_lora_agents_learn_from_their_own_roles_tokens_only(tiny):
     grads, _ = acc(params, base, only_reas, jax.random.PRNGKey(0))
     assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(grads["tool"]))
     lora = MethodSpec("lora", rank=4, alpha=8.0)
-    from dart_jax.adapters.method import routes_for
     single, _ = jax.jit(make_accumulate(cfg, lora, LossConfig(kl_coef=0.0)))(
         {"shared": params["reasoning"]}, base, dict(only_reas, route_ids=routes_for(lora, only_reas["route_ids"])),
         jax.random.PRNGKey(0))
