@@ -33,7 +33,12 @@ def get() -> ConfigDict:
     c.sampling = ConfigDict(dict(temperature=1.0, top_p=1.0, top_k=0))
     c.rollout = ConfigDict(dict(max_turns=4, max_tokens_per_turn=500, max_response_tokens=4096,
                                 max_obs_tokens=1024, invalid_action="none", final_answer_segment=True,
-                                prompt_tags="atomic"))  # the prompt's instruction tags: "atomic" or "text"
+                                prompt_tags="atomic",  # the prompt's instruction tags: "atomic" or "text"
+                                # the decode loop's weights: "per_layer" (a sharded per-layer copy, fastest
+                                # on XLA:CPU), "stacked" (slices of the training tree) or "shared" (a frozen
+                                # base held per layer for training and rollouts alike: no copy);
+                                # rollout.placement
+                                decode_layout="per_layer"))
     c.retriever = ConfigDict(dict(url="", index_dir="", corpus="data/corpus/wiki_sample.jsonl",
                                   encoder="all-minilm-l6-v2", topk=3))
     c.tool = ConfigDict(dict(sql_timeout_s=5.0))

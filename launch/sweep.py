@@ -4,6 +4,15 @@ machine the host is split into as many devices as the largest mesh needs.
 
     python -m launch.sweep --config=configs/quickstart.py --mesh=1,1,1 --mesh=2,1,1 --mesh=1,2,1
     python -m launch.sweep --config=configs/quickstart.py --mesh=8,1,1 --length=512 --csv=sweep.csv
+
+`--rollout=MODEL` adds the rollout sweep (dart_jax/bench/rollout_mesh.py): on each mesh, a prefill and a
+decode segment with the sampler's state sharded on the mesh, for each decode layout (stacked,
+per_layer, shared), with decode tokens/s and device memory against weights + KV cache. MODEL is
+`config` (the config's model) or a random-init shape of the accelerator suite (`3b` = Qwen2.5-3B,
+`small`, `tiny`); `--train=false` skips the train-step sweep:
+
+    python -m launch.sweep --config=configs/quickstart.py --mesh=1,1,1 --mesh=8,1,1 --mesh=2,1,4 \
+        --rollout=3b --train=false --csv=rollout.csv
 """
 
 from __future__ import annotations
@@ -22,6 +31,14 @@ LENGTH = flags.DEFINE_integer("length", 512, "tokens per trajectory", flag_value
 STEPS = flags.DEFINE_integer("steps", 3, "timed steps per mesh (the first is excluded from the median)",
                              flag_values=CLI.flags)
 CSV = flags.DEFINE_string("csv", "", "also write the rows to this CSV file", flag_values=CLI.flags)
+TRAIN = flags.DEFINE_boolean("train", True, "sweep the GRPO train step", flag_values=CLI.flags)
+ROLLOUT = flags.DEFINE_string("rollout", "", "also sweep rollouts on this model: config | 3b | small | tiny",
+                              flag_values=CLI.flags)
+R_BATCH = flags.DEFINE_integer("rollout_batch", 16, "rollout rows", flag_values=CLI.flags)
+R_PROMPT = flags.DEFINE_integer("rollout_prompt", 256, "prompt tokens per row", flag_values=CLI.flags)
+R_NEW = flags.DEFINE_integer("rollout_new", 16, "decoded tokens per row", flag_values=CLI.flags)
+R_DTYPE = flags.DEFINE_string("rollout_dtype", "bfloat16", "dtype of a random-init rollout model",
+                              flag_values=CLI.flags)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,8 +51,16 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    f" --xla_force_host_platform_device_count={need}").strip()
     from dart_jax.bench.sweep import sweep_mesh, table, write_csv
-    rows = sweep_mesh(CLI.config.value, shapes, LENGTH.value, STEPS.value)
-    print(table(rows))
+    rows = []
+    if TRAIN.value:
+        rows = sweep_mesh(CLI.config.value, shapes, LENGTH.value, STEPS.value)
+        print(table(rows))
+    if ROLLOUT.value:
+        from dart_jax.bench import rollout_mesh
+        r_rows = rollout_mesh.sweep_for(CLI.config.value, ROLLOUT.value, shapes, R_BATCH.value, R_PROMPT.value,
+                                        R_NEW.value, R_DTYPE.value)
+        print(rollout_mesh.table(r_rows))
+        rows += [{"sweep": "rollout", **r} for r in r_rows]
     if CSV.value:
         write_csv(rows, CSV.value)
         print(f"wrote {CSV.value}")

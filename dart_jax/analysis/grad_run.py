@@ -113,12 +113,13 @@ class Study(StageLog):
 
     # -- sample ------------------------------------------------------------------------------------
     def settings(self) -> dict:
+        from dart_jax.rollout.agent import trajectory_settings
         c = self.c
         return {"model": self.config.model.path, "warm_start": self.config.get("warm_start", "") or "",
                 "checkpoint": self.checkpoint or "", "step": self.step, "datasets": sorted(c.datasets),
                 "limit": int(c.limit) if c.limit else None, "group_size": int(c.group_size),
                 "temperature": float(c.temperature), "seed": int(c.seed), "chunk": int(c.chunk),
-                "rollout": {k: v for k, v in self.config.rollout.items()}}
+                "rollout": trajectory_settings(self.config.rollout)}
 
     def rollout_dir(self) -> str:
         return os.path.join(self.out, "rollouts")
@@ -161,6 +162,7 @@ class Study(StageLog):
         from dart_jax.rollout.protocol import PROTOCOLS as TASKS
         from dart_jax.rollout.sampling import SamplingConfig
         from dart_jax.run.held_out import task_accuracy
+        from dart_jax.run.policy import run_mesh
         from dart_jax.run.task import build_tool
 
         c, d = self.c, self.rollout_dir()
@@ -191,7 +193,7 @@ class Study(StageLog):
         agent = Agent(pol.cfg, pol.tokenizer, protocol, build_tool(self.config, protocol),
                       SamplingConfig(temperature=float(c.temperature)),
                       RolloutConfig(**section(self.config, "rollout"), route_mode=pol.route_mode),
-                      pol.router_convention or self.config.router.convention)
+                      pol.router_convention or self.config.router.convention, mesh=run_mesh(self.config))
         reward = make_reward(self.config.task, reward_config(self.config))
         from tqdm.auto import tqdm
         bar = tqdm(total=int(c.queries), initial=have, desc="mixed groups", unit="query")

@@ -22,6 +22,9 @@ On whatever backend jax finds, on one device, with a random-init model of Qwen2.
                  unavailable where the backend has none)
     resume       a rollout with `turns` tool calls: KV-cache resume (our sampler) vs re-prefilling the
                  whole history before every turn (Search-R1 / SkyRL), interleaved rounds
+    rollout_memory  the decode section's batch and prompt (≤ 32 new tokens) for each decode layout
+                 (rollout.placement: stacked, per_layer, shared) on a fresh base: device memory while
+                 decoding against weights + KV cache (bench.rollout_mesh; issue 20's bar ≤ 1.15 at 3B)
 
 Every section records its own wall time and the compile time separately from the timed repeats; a
 section (or one method) that fails records its error and the others still run, and the JSON is
@@ -49,7 +52,7 @@ from dart_jax.bench.timing import interleaved
 from dart_jax.bench.train import synthetic_batch
 from dart_jax.models.cache import init_cache
 from dart_jax.models.config import ModelConfig
-from dart_jax.models.transformer import init_params, per_layer_params
+from dart_jax.models.transformer import clear_decode_layout, init_params, per_layer_params
 from dart_jax.rl.optim import OptimConfig, make_optimizer
 from dart_jax.rl.step import BATCH_KEYS, LossConfig, init_state, make_train_step
 from dart_jax.rollout.sampler import bucket, decode_segment, prefill
@@ -83,7 +86,7 @@ METHODS = {"dart": dict(variant="dart", rank=8, alpha=16.0), "lora16": dict(vari
            "full": dict(variant="full")}
 FIELDS = {
     "": ("bench", "shape", "model", "backend", "device_kind", "devices", "jax", "jaxlib", "python", "peaks", "train",
-         "decode", "attention", "resume", "wall_s"),
+         "decode", "attention", "resume", "rollout_memory", "wall_s"),
     "peaks": ("matmul_n", "matmul_dtype", "matmul_flops", "copy_bytes", "bandwidth_bytes_s", "nominal_bf16_flops"),
     "train": ("batch", "length", "remat_policy", "methods"),
     "train.method": ("trainable_params", "compile_s", "step_s", "tokens_per_s", "model_flops", "flops_per_s",
@@ -92,7 +95,11 @@ FIELDS = {
                "bandwidth_bytes_s", "bandwidth_share", "flops_share"),
     "attention": ("xla_s", "cudnn_s", "cudnn_over_xla", "cudnn_error"),
     "resume": ("batch", "prompt", "turns", "gen_per_turn", "obs_len", "resume_s", "reprefill_s", "speedup"),
+    "rollout_memory": ("batch", "prompt", "new_tokens", "layouts"),
+    "rollout_memory.layout": ("tokens_per_s", "weights_gib", "kv_gib", "temp_gib", "peak_gib", "ratio",
+                              "device_peak_gib"),
 }
+LAYOUTS = ("stacked", "per_layer", "shared")
 
 
 def model_config(shape: str, dtype: str = "bfloat16", **overrides) -> ModelConfig:
@@ -252,6 +259,16 @@ def bench_resume_random(cfg, layers, batch: int, prompt_len: int, turns: int, ge
             "speedup": res["reprefill"]["median_s"] / res["resume"]["median_s"]}
 
 
+def bench_rollout_memory(cfg, batch: int, prompt: int, new: int) -> dict:
+    """Each decode layout on a fresh random base on one device (`bench.rollout_mesh`)."""
+    from dart_jax.bench.rollout_mesh import sweep_rollout
+    rows = sweep_rollout(cfg, [(1, 1, 1)], batch, prompt, min(new, 32), layouts=LAYOUTS, log=lambda _: None)
+    keep = FIELDS["rollout_memory.layout"]
+    return {"batch": batch, "prompt": prompt, "new_tokens": min(new, 32),
+            "layouts": {r["layout"]: ({"error": r["error"]} if "error" in r else {k: r[k] for k in keep})
+                        for r in rows}}
+
+
 def default_shape() -> str:
     return "small" if jax.default_backend() == "cpu" else "3b"
 
@@ -298,6 +315,10 @@ def run_suite(shape: str | None = None, remat_policy: str = "dots", repeats: int
         layers = per_layer_params(base)
         section("decode", lambda: bench_decode(cfg, layers, *size["decode"], repeats, out["peaks"]))
         section("resume", lambda: bench_resume_random(cfg, layers, *size["resume"], repeats))
+        del layers, base  # the memory section measures its own base and nothing else of ours
+        kept.clear()
+        clear_decode_layout()
+        section("rollout_memory", lambda: bench_rollout_memory(cfg, *size["decode"]))
     out["wall_s"] = time.perf_counter() - t_all
     if json_path:
         with open(json_path, "w") as f:
@@ -308,8 +329,14 @@ def run_suite(shape: str | None = None, remat_policy: str = "dots", repeats: int
 def missing_fields(res: dict) -> list[str]:
     """Fields of `FIELDS` absent from a suite result (the CI smoke's check)."""
     miss = [k for k in FIELDS[""] if k not in res]
-    for sec in ("peaks", "train", "decode", "attention", "resume"):
+    for sec in ("peaks", "train", "decode", "attention", "resume", "rollout_memory"):
         miss += [f"{sec}.{k}" for k in FIELDS[sec] if k not in res.get(sec, {})]
+    for name in LAYOUTS:
+        got = res.get("rollout_memory", {}).get("layouts", {}).get(name)
+        if got is None:
+            miss.append(f"rollout_memory.layouts.{name}")
+        else:
+            miss += [f"rollout_memory.layouts.{name}.{k}" for k in FIELDS["rollout_memory.layout"] if k not in got]
     for name in METHODS:
         got = res.get("train", {}).get("methods", {}).get(name)
         if got is None:
@@ -359,10 +386,18 @@ def table(res: dict) -> str:
         return [f"resume vs re-prefill ({r['turns']} calls, {r['obs_len']}-token observations, batch {r['batch']}): "
                 f"{r['resume_s']:.3f} s vs {r['reprefill_s']:.3f} s = {r['speedup']:.2f}×"]
 
+    def rollout_memory(r):
+        lines = [f"rollout memory, decode {r['batch']} × {r['new_tokens']} after {r['prompt']} (one device):"]
+        for name, x in r["layouts"].items():
+            lines.append(f"  {name}: failed: {x['error']}" if "error" in x else
+                         f"  {name}: peak {x['peak_gib']:.2f} GiB = {x['ratio']:.2f} × (weights {x['weights_gib']:.2f} + "
+                         f"KV {x['kv_gib']:.2f}), {x['tokens_per_s']:.0f} tok/s")
+        return lines
+
     lines = [f"{res['model']}, {res.get('params', 0) / 1e6:.0f} M params, on {res['device_kind']} ({res['backend']}, "
              f"jax {res['jax']})"]
     for name, fn in (("peaks", peaks), ("train", train), ("decode", decode), ("attention", attention),
-                     ("resume", resume)):
+                     ("resume", resume), ("rollout_memory", rollout_memory)):
         lines += part(name, fn)
     lines.append(f"wall {res['wall_s']:.0f} s")
     return "\n".join(lines)

@@ -21,8 +21,9 @@ from dart_jax.eval.runner import (
     group_scores,
     write_per_question_accuracy,
 )
+from dart_jax.models.transformer import unstack_layers
 from dart_jax.rl.sections import section
-from dart_jax.rollout.agent import RolloutConfig
+from dart_jax.rollout.agent import RolloutConfig, trajectory_settings
 from dart_jax.rollout.compose import Policy as CPolicy
 from dart_jax.rollout.protocol import PROTOCOLS
 from dart_jax.run.policy import run_mesh
@@ -68,7 +69,7 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
     compare_keys = [list(_paper_key(c, task)) for c in compare or ()]
     protocol = PROTOCOLS[task]
     mesh = run_mesh(config)
-    policy = load_eval_policy(config, mesh, checkpoint, peft, remove, step, options.seed)
+    policy = _decode_ready(config, load_eval_policy(config, mesh, checkpoint, peft, remove, step, options.seed))
     composition = None
     if compose:
         role, other_dir, other_step = (*compose, None) if len(compose) == 2 else compose
@@ -76,7 +77,7 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
             raise ValueError(f"compose role {role!r}; expected 'reasoning' or 'tool'")
         if isinstance(policy.base, TwoModels):
             raise ValueError("compose: the main policy is already a 2-Agent pair of models; compose single models")
-        other = load_eval_policy(config, mesh, other_dir, None, None, other_step, options.seed)
+        other = _decode_ready(config, load_eval_policy(config, mesh, other_dir, None, None, other_step, options.seed))
         if other.tokenizer.get_vocab() != policy.tokenizer.get_vocab():
             raise ValueError(f"compose: {other_dir}'s tokenizer differs from the main policy's; a composition "
                              "shares one token stream")
@@ -93,13 +94,13 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
         tool = build_tool(config, protocol)
     rollout = RolloutConfig(**section(config, "rollout"), route_mode=policy.route_mode)
     convention = policy.router_convention or config.router.convention
-    evaluator = Evaluator(policy.cfg, policy.tokenizer, protocol, tool, rollout, convention, options)
+    evaluator = Evaluator(policy.cfg, policy.tokenizer, protocol, tool, rollout, convention, options, mesh=mesh)
     variant = policy.source.get("variant")
     p_method = paper.method_key(task, variant, int(config.method.rank)) if variant in ("dart", "lora", "full") else None
     setup = {"task": task, "policy": policy_name(policy.source), **{k: v for k, v in policy.source.items()},
              "n_samples": options.n_samples, "temperature": options.temperature, "top_p": options.top_p,
              "top_k": options.top_k, "limit": options.limit, "seed": options.seed, "batch": options.batch,
-             "fixed_retrieval": fixed_retrieval or "", "rollout": section(config, "rollout"),
+             "fixed_retrieval": fixed_retrieval or "", "rollout": trajectory_settings(section(config, "rollout")),
              "router_convention": convention,
              "retriever": section(config, "retriever") if task == "qa" and not fixed_retrieval else {},
              "paper_model": paper.model_key(config.model.path), "paper_method": p_method,
@@ -135,6 +136,15 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
     setup["compare"] = compare_keys
     results["files"].update(write_reports(out_dir, results))
     return results
+
+
+def _decode_ready(config, policy):
+    """With rollout.decode_layout "shared" the evaluated base is held per layer (one tree for every
+    rollout batch, no copy: rollout.placement)."""
+    if "rollout" in config and config.rollout.get("decode_layout") == "shared" and not isinstance(policy.base,
+                                                                                               TwoModels):
+        policy.base = unstack_layers(policy.base)
+    return policy
 
 
 def _paper_key(text: str, task: str) -> tuple[str, str]:

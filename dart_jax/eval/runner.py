@@ -68,10 +68,10 @@ def score_sql(text: str, db_path: str, gold_sql: str, semantics: str, timeout_s:
 
 class Evaluator:
     def __init__(self, cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, router_convention: str,
-                 options: EvalOptions):
+                 options: EvalOptions, mesh=None):
         self.tok, self.protocol, self.options, self.tool_fn = tokenizer, protocol, options, tool_fn
         sampling = SamplingConfig(temperature=options.temperature, top_p=options.top_p, top_k=options.top_k)
-        self.agent = Agent(cfg, tokenizer, protocol, tool_fn, sampling, rollout, router_convention)
+        self.agent = Agent(cfg, tokenizer, protocol, tool_fn, sampling, rollout, router_convention, mesh=mesh)
 
     # -- data ------------------------------------------------------------------------------------
     def load(self, s: EvalSet) -> tuple[list[dict], dict]:

@@ -10,6 +10,7 @@ None (plain forward, causal over the given tokens) or a KVCache the new keys are
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -279,6 +280,7 @@ def hidden_states_and_router(base: Params, adapters, tokens: jnp.ndarray, positi
         return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), new_cache, _stack(routers)
 
     attend = self_attention(cfg, self_mask)
+    scan = cfg.scan_layers and not isinstance(base["layers"], (list, tuple))  # a per-layer base runs a loop
 
     def body(x, xs):
         p, ad = xs
@@ -286,10 +288,10 @@ def hidden_states_and_router(base: Params, adapters, tokens: jnp.ndarray, positi
         return x, router
 
     if cfg.remat_policy != "none":
-        body = jax.checkpoint(body, policy=_REMAT[cfg.remat_policy](), prevent_cse=not cfg.scan_layers)
+        body = jax.checkpoint(body, policy=_REMAT[cfg.remat_policy](), prevent_cse=not scan)
 
     xs = (base["layers"], layer_adapters)
-    if cfg.scan_layers and not isinstance(base["layers"], (list, tuple)):
+    if scan:
         x, routers = jax.lax.scan(body, x, xs)
     else:
         layers = layer_list(base["layers"], cfg.num_layers)
@@ -332,7 +334,9 @@ def per_layer_params(base: Params) -> Params:
     stacked [L, …] array inside the decode loop is copied at every step: 19 ms of a 78 ms SmolLM2
     step at batch 32). With tied embeddings it also stores the output head as a [D, V] copy
     ("head"): the decode head reads it ~8% faster in fp32 and ~8× faster in bf16 than the
-    transposed embedding. Costs one copy of the layer weights (+ the head); the last conversion
+    transposed embedding. Costs one copy of the layer weights (+ the head), each placed as its
+    source on the mesh (so 1/n of it per device on an n-way sharded base; rollout.placement's
+    `stacked` decode layout keeps no copy); the last conversion
     is memoised on the identity of the source arrays, so a frozen base (DART, LoRA) is converted
     once per process and a changed one (full fine-tuning, trained tag rows) again."""
     layers = base["layers"]
@@ -343,13 +347,61 @@ def per_layer_params(base: Params) -> Params:
     hit = _PER_LAYER.get("entry")
     if hit is not None and hit[0] == key:
         return dict(base, layers=hit[2], **hit[3])
-    n = leaves[0].shape[0]
-    split = tuple(jax.tree_util.tree_map(lambda a, i=i: a[i], layers) for i in range(n))
-    extra = {}
-    if "lm_head" not in base:  # tied: a [D, V] copy, the layout the decode head reads fastest
-        extra["head"] = jnp.array(base["embed"].T)
+    split, head = _split_layers(layers, base["embed"], "lm_head" not in base)
+    extra = {} if head is None else {"head": head}  # tied: a [D, V] copy, the layout the decode head reads fastest
     _PER_LAYER["entry"] = (key, leaves, split, extra)  # holding `leaves` keeps their ids from being reused
     return dict(base, layers=split, **extra)
+
+
+def _drop_leading(sharding: jax.sharding.NamedSharding) -> jax.sharding.NamedSharding:
+    """The sharding of a[i] for a stacked leaf a placed by `sharding` (the layer axis is never
+    sharded: DEFAULT_RULES' "layers" is None)."""
+    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*tuple(sharding.spec)[1:]))
+
+
+def _transposed(sharding: jax.sharding.NamedSharding) -> jax.sharding.NamedSharding:
+    spec = tuple(sharding.spec) + (None,) * (2 - len(sharding.spec))
+    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(spec[1], spec[0]))
+
+
+@functools.lru_cache(maxsize=8)
+def _splitter(n: int, tied: bool, treedef, layer_sh: tuple, embed_sh):
+    out_sh = (tuple(jax.tree_util.tree_unflatten(treedef, [_drop_leading(s) for s in layer_sh]) for _ in range(n)),
+              _transposed(embed_sh) if tied else None)
+
+    def split(layers, embed):
+        return (tuple(jax.tree_util.tree_map(lambda a, i=i: a[i], layers) for i in range(n)),
+                embed.T if tied else None)
+    return jax.jit(split, out_shardings=out_sh)
+
+
+def _split_layers(layers, embed, tied: bool):
+    """Per-layer copies of the stacked weights (and the [D, V] head when tied). On a mesh each copy
+    is placed as its source minus the layer axis, so every device copies only its own shards."""
+    leaves, treedef = jax.tree_util.tree_flatten(layers)
+    n = leaves[0].shape[0]
+    named = jax.sharding.NamedSharding
+    if all(isinstance(getattr(a, "sharding", None), named) for a in leaves + [embed]):
+        return _splitter(n, tied, treedef, tuple(a.sharding for a in leaves), embed.sharding)(layers, embed)
+    return (tuple(jax.tree_util.tree_map(lambda a, i=i: a[i], layers) for i in range(n)),
+            jnp.array(embed.T) if tied else None)
+
+
+def unstack_layers(base: Params) -> Params:
+    """The base with `layers` as per-layer dicts and no other copy (no [D, V] head): for a run that
+    holds its frozen base in the decode layout itself (rollout decode_layout "shared"), so training
+    (a Python loop over the layers instead of a scan) and rollouts read one tree. Each piece is
+    placed as its source; the stacked arrays are freed when the caller drops them."""
+    layers = base["layers"]
+    if isinstance(layers, (list, tuple)):
+        return base
+    split, _ = _split_layers(layers, base["embed"], False)
+    return dict(base, layers=split)
+
+
+def clear_decode_layout() -> None:
+    """Drop the memoised per-layer copy (`per_layer_params`), e.g. before the source base is freed."""
+    _PER_LAYER.clear()
 
 
 def output_head(base: Params, cfg: ModelConfig) -> jnp.ndarray:

@@ -48,6 +48,7 @@ from dart_jax.run.metrics import (
     read_metrics,
     wilson_interval,
 )
+from dart_jax.models.transformer import unstack_layers
 from dart_jax.run.policy import ROUTE_MODE, load_policy, run_mesh
 from dart_jax.run.records import append_rollouts, trim_rollouts
 from dart_jax.run.task import build_tool, load_eval_rows, load_task_rows
@@ -107,12 +108,15 @@ class Trainer:
         self.cfg, self.tok = cfg, tok
         self.optimizer = make_optimizer(self.optim_cfg)
         self.state, self.base = place_state(self.method, cfg, base, adapters, self.optimizer, self.mesh)
+        del base
+        if self.rollout_cfg.decode_layout == "shared" and not self.method.trains_base:
+            self.base = unstack_layers(self.base)  # training and rollouts read one per-layer tree
         self.key = jax.random.fold_in(key, 2)
 
         self.protocol = PROTOCOLS[config.task]
         self.reward = make_reward(config.task, reward_config(config))
         self.agent = Agent(cfg, tok, self.protocol, build_tool(config, self.protocol), self.sampling,
-                           self.rollout_cfg, config.router.convention)
+                           self.rollout_cfg, config.router.convention, mesh=self.mesh)
         self.router = self.agent.spec.router
         self.answer_tags = (tuple(tag_variants(tok, self.protocol.answer_open)),
                             tuple(tag_variants(tok, self.protocol.answer_close)))
@@ -158,7 +162,7 @@ class Trainer:
         res = rollout_eval(self.cfg, self.tok, self.protocol, self.agent.tool, self.rollout_cfg,
                            self.config.router.convention, base, ads, self.eval_rows,
                            float(self.config.eval.temperature), max(self.config.train.micro_batch, 8),
-                           reward=self.reward)
+                           reward=self.reward, mesh=self.mesh)
         out = {f"eval/{k}": v for k, v in res.items() if k != "example"}
         out["eval/temperature"] = float(self.config.eval.temperature)
         return out

@@ -15,10 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dart_jax.models.cache import init_cache
 from dart_jax.models.generate import left_pad
-from dart_jax.models.transformer import per_layer_params
 from dart_jax.roles.router import RouterSpec
+from dart_jax.rollout.placement import DECODE_LAYOUTS, RolloutMesh, decode_params, new_cache
 from dart_jax.rollout.protocol import PROMPT_TAGS, Protocol, stop_sequences
 from dart_jax.rollout.sampler import (
     STOPPED,
@@ -38,6 +37,12 @@ from dart_jax.tokenization.sentinels import sentinel_ids
 from dart_jax.tokenization.tokenizer import encode_text
 
 INVALID_POLICIES = ("search_r1", "none")
+LAYOUT_ONLY = ("decode_layout",)  # rollout settings that place arrays and do not shape a trajectory
+
+
+def trajectory_settings(rollout: dict) -> dict:
+    """A rollout config section without `LAYOUT_ONLY` keys: what resume fingerprints compare."""
+    return {k: v for k, v in dict(rollout).items() if k not in LAYOUT_ONLY}
 MIN_OBS_TOKENS = 8
 
 
@@ -52,12 +57,15 @@ class RolloutConfig:
     route_mode: str = "role"
     prompt_tags: str = "atomic"        # the prompt's instruction tags: sentinel ids or text (rollout.tasks)
     share_prompt_prefill: bool = True  # identical prompts (a GRPO group) are prefilled once
+    decode_layout: str = "per_layer"   # per_layer: a sharded per-layer weight copy; stacked: none (rollout.placement)
 
     def __post_init__(self):
         if self.invalid_action not in INVALID_POLICIES:
             raise ValueError(f"invalid_action={self.invalid_action!r}; expected one of {INVALID_POLICIES}")
         if self.prompt_tags not in PROMPT_TAGS:
             raise ValueError(f"rollout.prompt_tags={self.prompt_tags!r}; expected one of {PROMPT_TAGS}")
+        if self.decode_layout not in DECODE_LAYOUTS:
+            raise ValueError(f"rollout.decode_layout={self.decode_layout!r}; expected one of {DECODE_LAYOUTS}")
         if self.max_obs_tokens < MIN_OBS_TOKENS:
             raise ValueError(f"rollout.max_obs_tokens={self.max_obs_tokens}: an observation needs at least "
                              f"{MIN_OBS_TOKENS} tokens (its closing tag and newlines alone take several)")
@@ -70,16 +78,18 @@ ToolFn = Callable[[list[str], list[dict]], list[str]]
 
 
 class Agent:
-    """Binds a model, tokenizer, protocol and tool; `rollout(prompts)` returns a TrajectoryBatch."""
+    """Binds a model, tokenizer, protocol and tool; `rollout(prompts)` returns a TrajectoryBatch.
+    `mesh`: the run's device mesh; the decode state (KV cache, per-row vectors) is sharded on it
+    (rollout.placement) and the weights are used where the run placed them."""
 
     def __init__(self, cfg, tokenizer, protocol: Protocol, tool: ToolFn, sampling: SamplingConfig,
-                 rollout: RolloutConfig = RolloutConfig(), router_convention: str = "dart_jax"):
+                 rollout: RolloutConfig = RolloutConfig(), router_convention: str = "dart_jax", mesh=None):
         self.tok, self.protocol, self.tool, self.rc = tokenizer, protocol, tool, rollout
         ids = sentinel_ids(tokenizer, (protocol.tool_open, protocol.tool_close))
         self.open_id, self.close_id = ids[protocol.tool_open], ids[protocol.tool_close]
         stops, self.stop_groups = stop_sequences(tokenizer, protocol, cfg.eos_token_ids)
         router = RouterSpec((self.open_id,), (self.close_id,), router_convention)
-        self.spec = SamplerSpec(cfg, router, sampling, stops, rollout.route_mode)
+        self.spec = SamplerSpec(cfg, router, sampling, stops, rollout.route_mode, RolloutMesh.of(mesh))
         self.obs_close_ids = tokenizer.encode(protocol.obs_close, add_special_tokens=False)
 
     # -- host helpers -------------------------------------------------------------------------
@@ -226,23 +236,25 @@ class SinglePolicy:
 
     def __init__(self, agent: Agent, base, adapters, prompts: list[list[int]], seed: int):
         self.agent, self.spec, self.adapters = agent, agent.spec, adapters
-        self.base = per_layer_params(base)  # the decode loop's layout (memoised for a frozen base)
+        self.base = decode_params(base, agent.rc.decode_layout)  # the decode loop's layout (memoised if frozen)
         tokens, positions, rows, self.t_prompt = agent.prompt_batch(prompts)
         self.seg_bucket = bucket(agent.rc.max_tokens_per_turn)
-        cache = init_cache(self.spec.model, tokens.shape[0], cache_bucket(self.t_prompt + self.seg_bucket))
+        cache = new_cache(self.spec.model, tokens.shape[0], cache_bucket(self.t_prompt + self.seg_bucket),
+                          self.spec.placement)
         self.state, prompt_routes = prefill(self.base, adapters, tokens, positions, cache, jax.random.PRNGKey(seed),
                                             rows, spec=self.spec)
         self.prompt_routes = np.asarray(prompt_routes)
 
     def segment(self, active: np.ndarray, enabled: np.ndarray, budget: np.ndarray, resp) -> Segment:
-        self.state = ensure_capacity(self.state, cache_used(self.state) + self.seg_bucket)
+        self.state = ensure_capacity(self.state, cache_used(self.state) + self.seg_bucket, self.spec.placement)
         self.state, seg = decode_segment(self.base, self.adapters, self.state, jnp.asarray(active),
                                          jnp.asarray(enabled), jnp.asarray(budget), spec=self.spec,
                                          length=self.seg_bucket)
         return jax.device_get(seg)
 
     def observe(self, obs: np.ndarray, obs_len: np.ndarray, do: np.ndarray, resp) -> np.ndarray:
-        self.state = ensure_capacity(self.state, cache_used(self.state) + obs.shape[1] + 1 + self.seg_bucket)
+        self.state = ensure_capacity(self.state, cache_used(self.state) + obs.shape[1] + 1 + self.seg_bucket,
+                                     self.spec.placement)
         self.state, obs_routes = append(self.base, self.adapters, self.state, jnp.asarray(obs), jnp.asarray(obs_len),
                                         jnp.asarray(do), spec=self.spec)
         return np.asarray(obs_routes)

@@ -36,11 +36,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.adapters.method import TwoModels
-from dart_jax.models.cache import init_cache
 from dart_jax.models.config import ModelConfig
-from dart_jax.models.transformer import per_layer_params
 from dart_jax.roles.router import REASONING, TOOL, route_roles
 from dart_jax.rollout.agent import Agent
+from dart_jax.rollout.placement import decode_params, new_cache
 from dart_jax.rollout.sampler import (
     LENGTH,
     RUNNING,
@@ -106,16 +105,17 @@ class TwoPolicies:
         self.n_stops = len(agent.spec.stops)
         self.tool_stops = list(agent.stop_groups["tool"])
         self.pols = (reasoning, tool)
-        self.specs = tuple(SamplerSpec(p.cfg, agent.spec.router, agent.spec.sampling, stops, p.route_mode)
-                           for p in self.pols)
-        self.bases = tuple(per_layer_params(p.base) for p in self.pols)
+        self.specs = tuple(SamplerSpec(p.cfg, agent.spec.router, agent.spec.sampling, stops, p.route_mode,
+                                       agent.spec.placement) for p in self.pols)
+        self.bases = tuple(decode_params(p.base, agent.rc.decode_layout) for p in self.pols)
         tokens, positions, rows, self.t_prompt = agent.prompt_batch(prompts)
         self.seg_bucket = bucket(agent.rc.max_tokens_per_turn)
         b = len(prompts)
         key = jax.random.PRNGKey(seed)
         self.states = []
         for base, pol, spec in zip(self.bases, self.pols, self.specs):
-            cache = init_cache(spec.model, tokens.shape[0], cache_bucket(self.t_prompt + self.seg_bucket))
+            cache = new_cache(spec.model, tokens.shape[0], cache_bucket(self.t_prompt + self.seg_bucket),
+                              spec.placement)
             # every prompt's last token stays pending: a policy's first draw comes from its first sync
             st, _ = prefill(base, pol.adapters, tokens, positions, cache, key, rows, spec=spec, hold_last=True)
             self.states.append(st)
@@ -141,7 +141,8 @@ class TwoPolicies:
         obs_len = np.zeros(b, np.int32)
         for i, d in delta.items():
             obs[i, :len(d)], obs_len[i] = d, len(d)
-        st = ensure_capacity(self.states[w], cache_used(self.states[w]) + width + 1 + self.seg_bucket)
+        st = ensure_capacity(self.states[w], cache_used(self.states[w]) + width + 1 + self.seg_bucket,
+                             self.specs[w].placement)
         self.states[w], _ = append(self.bases[w], self.pols[w].adapters, st, jnp.asarray(obs), jnp.asarray(obs_len),
                                    jnp.asarray(rows), spec=self.specs[w])
         for i, d in delta.items():
@@ -171,7 +172,7 @@ class TwoPolicies:
                     en[:, self.handoff] = True
                 else:
                     en[:, self.tool_stops] = True  # the closing tag always ends the tool policy's turn
-                st = ensure_capacity(self.states[w], cache_used(self.states[w]) + n)
+                st = ensure_capacity(self.states[w], cache_used(self.states[w]) + n, self.specs[w].placement)
                 self.states[w], seg = decode_segment(self.bases[w], self.pols[w].adapters, st, jnp.asarray(rows),
                                                      jnp.asarray(en), jnp.asarray(np.maximum(left, 1)),
                                                      spec=self.specs[w], length=n)

@@ -31,6 +31,7 @@ from dart_jax.models.cache import KVCache
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import hidden_states, output_head
 from dart_jax.roles.router import RouterSpec, route_roles, route_step, state_after
+from dart_jax.rollout.placement import RolloutMesh, constrain
 from dart_jax.rollout.sampling import SamplingConfig, sample
 
 RUNNING, STOPPED, LENGTH = 0, 1, 2
@@ -55,6 +56,7 @@ class SamplerSpec:
     sampling: SamplingConfig
     stops: tuple[tuple[int, ...], ...]
     route_mode: str = "role"  # role: router role -> adapter; shared: adapter 0; none: no adapter
+    placement: RolloutMesh | None = None  # the run's mesh: decode state sharded on it (rollout.placement)
 
     def __post_init__(self):
         if self.route_mode not in ROUTE_MODES:
@@ -91,9 +93,9 @@ class Segment:
     stop_index: jnp.ndarray  # i32[B] which stop sequence ended the row (−1 none)
 
 
-@functools.partial(jax.jit, static_argnames=("capacity",))
-def _grow(state: DecodeState, *, capacity: int) -> DecodeState:
-    return state.replace(cache=cache_lib.grow(state.cache, capacity))
+@functools.partial(jax.jit, static_argnames=("capacity", "placement"))
+def _grow(state: DecodeState, *, capacity: int, placement: RolloutMesh | None = None) -> DecodeState:
+    return constrain(state.replace(cache=cache_lib.grow(constrain(state.cache, placement), capacity)), placement)
 
 
 CACHE_STEP = 256
@@ -105,13 +107,13 @@ def cache_bucket(need: int) -> int:
     return bucket(need) if need <= 2 * CACHE_STEP else -(-need // CACHE_STEP) * CACHE_STEP
 
 
-def ensure_capacity(state: DecodeState, need: int) -> DecodeState:
+def ensure_capacity(state: DecodeState, need: int, placement: RolloutMesh | None = None) -> DecodeState:
     """Grow the cache to cache_bucket(need) slots when it holds fewer. Decode attention reads every
     slot of the cache, so it is kept near what the episode has used (one copy per growth, a
     bounded number of compiled shapes) instead of being preallocated for the longest episode."""
     if cache_lib.capacity(state.cache) >= need:
         return state
-    return _grow(state, capacity=cache_bucket(need))
+    return _grow(state, capacity=cache_bucket(need), placement=placement)
 
 
 def cache_used(state: DecodeState) -> int:
@@ -161,6 +163,8 @@ def _prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache:
     sampled): the state of a policy that has not written yet and resumes with `append` from
     whatever the trajectory holds when it first gets control (rollout.compose).
     -> (state with the first response token pending, prompt routes i32[B, T])."""
+    place = spec.placement
+    cache = constrain(cache, place)
     valid = positions >= 0
     roles = route_roles(tokens, spec.router, valid)
     routes = spec.routes(roles)
@@ -178,14 +182,15 @@ def _prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache:
     if hold_last:  # left padding: every prompt's last token is in the last column
         router, role = route_step(state_after(jnp.where(valid, tokens, -1)[:, :-1], spec.router), tokens[:, -1],
                                   spec.router)
-        return DecodeState(cache=cache, pending=tokens[:, -1], pending_lp=jnp.zeros(tokens.shape[:1], jnp.float32),
-                           pending_route=spec.routes(role), router=router, next_pos=positions[:, -1],
-                           keys=keys), routes
+        return constrain(DecodeState(cache=cache, pending=tokens[:, -1],
+                                     pending_lp=jnp.zeros(tokens.shape[:1], jnp.float32),
+                                     pending_route=spec.routes(role), router=router, next_pos=positions[:, -1],
+                                     keys=keys), place), routes
     router0 = state_after(jnp.where(valid, tokens, -1), spec.router)
     next_pos = jnp.max(positions, axis=1) + 1
     tok, lp, route, router = _sample_pending(router0, logits, keys, next_pos, spec)
-    return DecodeState(cache=cache, pending=tok, pending_lp=lp, pending_route=route, router=router,
-                       next_pos=next_pos, keys=keys), routes
+    return constrain(DecodeState(cache=cache, pending=tok, pending_lp=lp, pending_route=route, router=router,
+                                 next_pos=next_pos, keys=keys), place), routes
 
 
 _prefill_in_place = jax.jit(_prefill, static_argnames=("spec", "hold_last"), donate_argnames=("cache",))
@@ -219,6 +224,7 @@ def decode_segment(base, adapters, state: DecodeState, active: jnp.ndarray, stop
 
     active: bool[B]; stop_enabled: bool[B, S] per-row switch of each stop sequence (e.g. the tool
     stop is off in the final answer-only segment). Writes (steps taken − 1) cache slots."""
+    state = constrain(state, spec.placement)
     b = active.shape[0]
     k = max(len(s) for s in spec.stops)
     out_tok = jnp.full((b, length), -1, jnp.int32)
@@ -255,7 +261,7 @@ def decode_segment(base, adapters, state: DecodeState, active: jnp.ndarray, stop
         tok, lp, new_route, router = _sample_pending(state.router, logits, state.keys, state.next_pos + 1, spec)
         new = DecodeState(cache=cache, pending=tok, pending_lp=lp, pending_route=new_route, router=router,
                           next_pos=state.next_pos + 1, keys=state.keys)
-        state = _merge(running, new, state)
+        state = constrain(_merge(running, new, state), spec.placement)  # the loop carry keeps its layout
         outs, hist, hit = record(n, running, tok, lp, new_route, outs, hist)
         stop_idx = jnp.where(hit >= 0, hit, stop_idx)
         count = count + running
@@ -264,7 +270,7 @@ def decode_segment(base, adapters, state: DecodeState, active: jnp.ndarray, stop
     carry = (jnp.asarray(1, jnp.int32), state, outs, hist, done, count, hit)
     _, state, (out_tok, out_lp, out_route), _, done, count, stop_idx = jax.lax.while_loop(cond, body, carry)
     finish = jnp.where(~active, RUNNING, jnp.where(stop_idx >= 0, STOPPED, LENGTH))
-    return state, Segment(tokens=out_tok, logprobs=out_lp, routes=out_route, count=count, finish=finish,
+    return constrain(state, spec.placement), Segment(tokens=out_tok, logprobs=out_lp, routes=out_route, count=count, finish=finish,
                           stop_index=stop_idx)
 
 
@@ -276,6 +282,7 @@ def append(base, adapters, state: DecodeState, obs: jnp.ndarray, obs_len: jnp.nd
 
     obs: i32[B, To] right-padded; obs_len: i32[B]; do_append: bool[B]. Writes To + 1 cache slots
     (padding slots carry position −1). -> (state, routes i32[B, To] of the observation positions)."""
+    state = constrain(state, spec.placement)
     b, to = obs.shape
     idx = jnp.arange(to, dtype=jnp.int32)
     obs_valid = (idx[None] < obs_len[:, None]) & do_append[:, None]
@@ -296,4 +303,4 @@ def append(base, adapters, state: DecodeState, obs: jnp.ndarray, obs_len: jnp.nd
     new = DecodeState(cache=cache, pending=tok, pending_lp=lp, pending_route=route, router=router,
                       next_pos=next_pos, keys=state.keys)
     state = _merge(do_append, new, state)
-    return state, obs_routes
+    return constrain(state, spec.placement), obs_routes

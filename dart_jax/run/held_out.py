@@ -18,7 +18,8 @@ from dart_jax.rollout.tasks import qa_task, sql_task
 
 
 def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, router_convention: str, base, adapters,
-                 rows: list[dict], temperature: float = 0.0, batch: int = 8, seed: int = 0, reward=None) -> dict:
+                 rows: list[dict], temperature: float = 0.0, batch: int = 8, seed: int = 0, reward=None,
+                 mesh=None) -> dict:
     """-> {n, answer_rate, invalid_rate, tool_calls, reward, correct, example} over `rows` (task rows;
     rows without a reference — demonstrations from a file may have none — are skipped). `reward`: the
     run's training reward (`rewards.training`; default the task's paper reward); rows whose reference
@@ -35,7 +36,7 @@ def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, rout
     prompts, uids, metas = [prompts[i] for i in order], [uids[i] for i in order], [metas[i] for i in order]
     reward = reward or make_reward(protocol.name)
     agent = Agent(cfg, tokenizer, protocol, tool_fn, SamplingConfig(temperature=temperature), rollout,
-                  router_convention)
+                  router_convention, mesh=mesh)
     out = {"n": len(rows), "answer_rate": 0.0, "invalid_rate": 0.0, "tool_calls": 0.0, "reward": 0.0, "correct": 0}
     scored_rows = 0
     for s in range(0, len(rows), batch):

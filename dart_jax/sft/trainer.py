@@ -217,7 +217,8 @@ class SFTTrainer:
                             tool_for(self.protocol, self.tool), rc,
                             self.config.router.convention, base, ads, self.check_rows[:n], temperature,
                             max(self.config.sft.micro_batch, 8), reward=make_reward(self.config.task,
-                                                                                    reward_config(self.config)))
+                                                                                    reward_config(self.config)),
+                            mesh=self.mesh)
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self, resume: bool = False, overwrite: bool = False) -> dict:

@@ -38,7 +38,12 @@ def test_suite_smoke_writes_every_field(tmp_path, capsys):
     assert m["full"]["model_flops"] > m["dart"]["model_flops"] == m["lora16"]["model_flops"]
     assert res["attention"]["cudnn_s"] is None and "cuDNN" in res["attention"]["cudnn_error"]
     assert res["decode"]["bandwidth_bytes_s"] > 0 and res["resume"]["speedup"] > 0
-    assert "MFU" in capsys.readouterr().out
+    mem = res["rollout_memory"]["layouts"]
+    for r in mem.values():
+        assert r["peak_gib"] >= r["weights_gib"] + r["kv_gib"] > 0 and r["tokens_per_s"] > 0
+    assert mem["per_layer"]["ratio"] > mem["shared"]["ratio"]  # the per-layer copy is resident
+    out = capsys.readouterr().out
+    assert "MFU" in out and "rollout memory" in out
 
 
 def test_model_flops_count_the_models_matmul_weights():

@@ -31,3 +31,33 @@ def test_sweep_same_loss_on_every_mesh(tmp_path):
     cfg, _ = load_model(path)
     n = sum(x.size for x in jax.tree.leaves(init_adapters(method_spec(c), cfg, jax.random.PRNGKey(0))))
     assert ok[0]["state_gib_per_device"] * 2 ** 30 == 12 * n + 12
+
+
+def test_rollout_sweep_every_layout_on_meshes(tmp_path, capsys):
+    """launch.sweep --rollout: every mesh × decode layout decodes; the KV cache is sharded over the
+    batch; the memory columns add up (peak ≥ weights + KV) and holding the frozen base per layer for
+    training and rollouts ("shared") needs no second copy of the weights, while "per_layer" holds one."""
+    import csv
+
+    from launch import sweep
+    c = str(tmp_path / "r.csv")
+    assert sweep.main(["launch.sweep", "--config=configs/quickstart.py", "--mesh=1,1,1", "--mesh=4,1,2",
+                       "--mesh=1,1,16", "--rollout=tiny", "--train=false", "--rollout_batch=8",
+                       "--rollout_prompt=16", "--rollout_new=4", "--rollout_dtype=float32", f"--csv={c}"]) == 0
+    with open(c) as f:
+        rows = list(csv.DictReader(f))
+    ok = [r for r in rows if not r.get("error")]
+    assert {(r["mesh"], r["layout"]) for r in ok} == {(m, lay) for m in ("1x1x1", "4x1x2")
+                                                       for lay in ("stacked", "per_layer", "shared")}
+    assert any("needs 16 devices" in r["error"] for r in rows if r.get("error"))
+    by = {(r["mesh"], r["layout"]): {k: float(v) for k, v in r.items() if k in ("peak_gib", "weights_gib", "kv_gib",
+                                                                                 "ratio", "tokens_per_s")}
+          for r in ok}
+    for key, r in by.items():
+        assert r["tokens_per_s"] > 0 and r["peak_gib"] >= r["weights_gib"] + r["kv_gib"] > 0, key
+    for mesh in ("1x1x1", "4x1x2"):
+        assert by[(mesh, "per_layer")]["ratio"] > 1.5  # the per-layer copy of the weights is resident
+        assert by[(mesh, "shared")]["ratio"] < 1.3
+    # 4 data shards: a quarter of the cache per device; tensor=2 splits the tiny model's 2 KV heads
+    assert [r["kv_sharding"] for r in ok if r["mesh"] == "4x1x2"][0] == "P('data', 'tensor')"
+    assert "| 4x1x2 | shared |" in capsys.readouterr().out

@@ -212,3 +212,22 @@ def test_task_accuracy_scores_the_last_answer():
     metas = [{"golden_answers": ["Paris"]}] * 4
     np.testing.assert_array_equal(task_accuracy("qa", texts, metas, np.zeros(4)), [1, 1, 0, 0])
     np.testing.assert_array_equal(task_accuracy("sql", texts, metas, np.asarray([1, -1, 0, 1])), [1, 0, 0, 1])
+
+
+def test_shared_decode_layout_trains_the_same(tiny_smollm_dir, tmp_path):
+    """rollout.decode_layout="shared": the run holds its frozen base per layer (no stacked tree, no
+    decode copy), training loops over the layers instead of scanning them, and two steps end with the
+    per-layer-copy run's adapters (same rollouts, same updates; fp32 summation order: 1e-5)."""
+    outs = {}
+    for layout in ("per_layer", "shared"):
+        c = _config(tiny_smollm_dir, tmp_path / layout, steps=2)
+        c.eval.n = 0
+        c.rollout.decode_layout = layout
+        t = Trainer(c)
+        assert isinstance(t.base["layers"], tuple) == (layout == "shared")
+        t.run()
+        outs[layout] = (_leaves(t.state), read_metrics(os.path.join(str(tmp_path / layout), "metrics.jsonl")))
+    (a, ma), (b, mb) = outs["per_layer"], outs["shared"]
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
+    assert [m["rollout/response_tokens"] for m in ma] == [m["rollout/response_tokens"] for m in mb]

@@ -1,0 +1,155 @@
+"""Rollouts on the mesh, measured (issue 20; `launch.sweep --rollout`): for each mesh shape and decode
+layout, a prefill and one decode segment of the sampler with its state sharded on the mesh
+(rollout.placement), and the device memory that decode holds.
+
+Memory, per device (the largest over the mesh's devices):
+    weights   the training tree's shards (the frozen base as the run holds it)
+    kv        the KV cache's shards at the capacity the segment decodes into
+    peak      every live array's shards on that device while decoding (the training tree, the decode
+              layout's per-layer copy if any, the cache and decode state) + the compiled decode
+              program's temporaries (XLA's memory analysis, per device); where the backend reports
+              an allocator peak (GPU/TPU) it is recorded too ("device_peak": since process start,
+              so it also holds whatever the set-up allocated)
+    ratio     peak / (weights + kv): 1.0 would be weights and cache alone. Issue 20's bar is ≤ 1.15
+              for a Qwen2.5-3B-shaped model; `per_layer` holds a second copy of the layer weights by
+              design (~2.0), `stacked` holds none but the backend may materialise the slices as
+              temporaries, `shared` reads the run's own per-layer tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dart_jax.bench.sampler import _spec
+from dart_jax.models import transformer
+from dart_jax.models.sharding import base_shardings
+from dart_jax.parallel.mesh import make_mesh
+from dart_jax.rollout.placement import RolloutMesh, decode_params, new_cache
+from dart_jax.rollout.sampler import cache_bucket, decode_segment, prefill
+
+DECODE_LAYOUTS = ("stacked", "per_layer", "shared")  # the order measured: each adds no copy the next relies on
+
+
+def _bytes_by_device(arrays) -> dict:
+    """Bytes of the arrays' shards per device, each device buffer counted once (a shard's `.data` is
+    itself a live array over the same buffer, so jax.live_arrays() lists views too)."""
+    out: dict = {}
+    seen: set = set()
+    for x in arrays:
+        for s in getattr(x, "addressable_shards", ()):
+            key = (s.device, s.data.unsafe_buffer_pointer())
+            if key not in seen:
+                seen.add(key)
+                out[s.device] = out.get(s.device, 0) + s.data.nbytes
+    return out
+
+
+def random_base(cfg, mesh, seed: int = 0):
+    """A random-init base of `cfg`, created sharded on `mesh` (no device holds the whole tree)."""
+    init = jax.jit(lambda k: transformer.init_params(cfg, k), out_shardings=base_shardings(cfg, mesh))
+    return init(jax.random.PRNGKey(seed))
+
+
+def rollout_row(cfg, base, mesh, layout: str, batch: int, prompt: int, new: int) -> dict:
+    """One (mesh, layout) measurement; `base` is already placed on `mesh`."""
+    placement = RolloutMesh.of(mesh)
+    spec = dataclasses.replace(_spec(cfg), placement=placement)
+    dbase = decode_params(base, layout)
+    toks = jnp.asarray(np.random.default_rng(1).integers(100, cfg.vocab_size, (batch, prompt)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(prompt, dtype=jnp.int32), (batch, prompt))
+    capacity = cache_bucket(prompt + new + 1)
+    ones, stop_on, budget = jnp.ones((batch,), bool), jnp.ones((batch, 1), bool), jnp.full((batch,), new, jnp.int32)
+    state, _ = prefill(dbase, None, toks, pos, new_cache(cfg, batch, capacity, placement), jax.random.PRNGKey(0),
+                       spec=spec)
+    jax.block_until_ready(state)
+    t0 = time.perf_counter()
+    compiled = decode_segment.lower(dbase, None, state, ones, stop_on, budget, spec=spec, length=new).compile()
+    compile_s = time.perf_counter() - t0
+    ma = compiled.memory_analysis()
+    temp = int(ma.temp_size_in_bytes) if ma is not None else 0
+    # everything alive now is what decode holds: the training tree, the layout copy, the state
+    live = _bytes_by_device(jax.live_arrays())
+    weights = _bytes_by_device(jax.tree.leaves(base))
+    kv = _bytes_by_device(jax.tree.leaves(state.cache))
+    t = time.perf_counter()
+    state, seg = compiled(dbase, None, state, ones, stop_on, budget)
+    jax.block_until_ready(seg.tokens)
+    seconds = time.perf_counter() - t
+    devs = list(mesh.devices.flat)
+    peak = max(live.get(d, 0) + temp for d in devs)
+    w, c = max(weights.get(d, 0) for d in devs), max(kv.get(d, 0) for d in devs)
+    stats = devs[0].memory_stats() or {}
+    row = {"mesh": "x".join(map(str, mesh.devices.shape)), "devices": len(devs), "layout": layout,
+           "batch": batch, "prompt": prompt, "new_tokens": new, "capacity": capacity,
+           "compile_s": compile_s, "decode_s": seconds, "tokens_per_s": batch * new / seconds,
+           "weights_gib": w / 2 ** 30, "kv_gib": c / 2 ** 30, "temp_gib": temp / 2 ** 30,
+           "peak_gib": peak / 2 ** 30, "ratio": peak / (w + c),
+           "kv_sharding": str(state.cache["k"][0].sharding.spec),
+           "device_peak_gib": (max((d.memory_stats() or {}).get("peak_bytes_in_use", 0) for d in devs) / 2 ** 30
+                               if "peak_bytes_in_use" in stats else None)}
+    del state, seg, dbase
+    return row
+
+
+def sweep_rollout(cfg, shapes, batch: int = 16, prompt: int = 256, new: int = 16,
+                  layouts=DECODE_LAYOUTS, base_for=None, log=print) -> list[dict]:
+    """Rows of `rollout_row` for every mesh shape × decode layout; `base_for(mesh)` places the model
+    (default: a random init of `cfg`, sharded)."""
+    rows = []
+    for shape in shapes:
+        n = math.prod(shape)
+        if n > jax.device_count():
+            rows.append({"mesh": "x".join(map(str, shape)), "error": f"needs {n} devices, {jax.device_count()} available"})
+            continue
+        mesh = make_mesh(shape, jax.devices()[:n])
+        base = (base_for or (lambda m: random_base(cfg, m)))(mesh)
+        for layout in sorted(layouts, key=DECODE_LAYOUTS.index):  # stacked before per_layer's copy exists
+            if layout == "shared":  # the run's tree becomes the per-layer one (the stacked arrays are freed)
+                base = transformer.unstack_layers(base)
+                gc.collect()
+            try:
+                rows.append(rollout_row(cfg, base, mesh, layout, batch, prompt, new))
+            except Exception as e:  # e.g. out of memory for one layout: the others still run
+                rows.append({"mesh": "x".join(map(str, shape)), "layout": layout, "error": f"{type(e).__name__}: {e}"})
+            transformer.clear_decode_layout()  # the per-layer copy dies with this mesh's rows
+            gc.collect()
+            log(f"rollout sweep: {rows[-1]}")
+        del base
+        gc.collect()
+    return rows
+
+
+def sweep_for(config, model: str, shapes, batch: int, prompt: int, new: int, dtype: str = "bfloat16",
+              log=print) -> list[dict]:
+    """`launch.sweep --rollout=MODEL`: the config's model (`config`, loaded sharded per mesh) or a
+    random-init model of an accelerator-suite shape (`3b`, `small`, `tiny`) in `dtype`."""
+    if model == "config":
+        from dart_jax.checkpoints.registry import load_model, open_source
+        from dart_jax.run.policy import model_overrides
+        over = model_overrides(config)
+        _, cfg = open_source(config.model.path, **over)
+        return sweep_rollout(cfg, shapes, batch, prompt, new,
+                             base_for=lambda mesh: load_model(config.model.path, mesh=mesh, **over)[1], log=log)
+    from dart_jax.bench.suite import model_config
+    return sweep_rollout(model_config(model, dtype), shapes, batch, prompt, new, log=log)
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| mesh | decode layout | KV sharding | tokens/s | weights MiB/dev | KV MiB/dev | temp MiB/dev | "
+            "peak MiB/dev | peak / (weights + KV) |")
+    out = [head, "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['mesh']} | {r.get('layout', '')} | {r['error']} | | | | | | |")
+            continue
+        out.append(f"| {r['mesh']} | {r['layout']} | `{r['kv_sharding']}` | {r['tokens_per_s']:.1f} | "
+                   + " | ".join(f"{r[k] * 1024:.1f}" for k in ("weights_gib", "kv_gib", "temp_gib", "peak_gib"))
+                   + f" | {r['ratio']:.3f} |")
+    return "\n".join(out)
