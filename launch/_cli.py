@@ -69,6 +69,27 @@ class Command:
         return self.flags[name].value
 
 
+def define_distributed_flags(cmd: Command):
+    """--coordinator / --num-processes / --process-id: a multi-process run (parallel.distributed);
+    without them jax's cluster detection (SLURM, Open MPI, TPU pods) decides. -> start(), to call
+    after parsing and before anything touches jax's backend."""
+    coord = flags.DEFINE_string("coordinator", "", "multi-process: HOST:PORT of process 0's coordinator service",
+                                flag_values=cmd.flags)
+    nproc = flags.DEFINE_integer("num-processes", 0, "multi-process: how many processes take part",
+                                 flag_values=cmd.flags)
+    pid = flags.DEFINE_integer("process-id", -1, "multi-process: this process's index in [0, num-processes)",
+                               flag_values=cmd.flags)
+
+    def start() -> bool:
+        from dart_jax.parallel.distributed import initialize
+        try:
+            return initialize(coord.value, nproc.value, pid.value)
+        except ValueError as e:
+            print(f"{cmd.prog}: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+    return start
+
+
 def define_run_flags(cmd: Command):
     """--resume / --overwrite of the commands that write a run directory (train, sft)."""
     resume = flags.DEFINE_bool("resume", False, "continue from the newest usable checkpoint in output.dir (fails, "

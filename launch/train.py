@@ -6,20 +6,26 @@
         --config.data.train[0].path=train.parquet --config.retriever.url=http://127.0.0.1:8000/retrieve
 
 A new run refuses an output.dir that holds a run (--resume continues it, --overwrite replaces it).
+
+Multi-process (multi-host): the same command on every process, with --coordinator=HOST:PORT
+--num-processes=N --process-id=I, or under SLURM / Open MPI / a TPU pod without them (jax's cluster
+detection); launch/slurm/train.sbatch is an example. Process 0 writes the files.
 """
 
 from __future__ import annotations
 
 import sys
 
-from launch._cli import Command, define_run_flags
+from launch._cli import Command, define_distributed_flags, define_run_flags
 
 CLI = Command("launch.train", __doc__, config=True, config_required=True)
 RESUME, OVERWRITE = define_run_flags(CLI)
+START = define_distributed_flags(CLI)
 
 
 def main(argv: list[str] | None = None) -> int:
     CLI.parse(argv)
+    START()
     from dart_jax.rl.trainer import Trainer, summary
     from dart_jax.run.run_dir import RunDirError
     try:

@@ -43,7 +43,9 @@ log = logging.getLogger(__name__)
 
 
 def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A ("data", "fsdp", "tensor") mesh; the product of `shape` must equal the device count."""
+    """A ("data", "fsdp", "tensor") mesh; the product of `shape` must equal the device count. Devices
+    in several slices (TPU multi-slice, multi-node GPU jobs whose devices report `slice_index`) get
+    the hybrid layout: data across slices (DCN), fsdp and tensor inside one (`hybrid_devices`)."""
     shape = tuple(int(s) for s in shape)
     if len(shape) != 3:
         raise ValueError(f"mesh shape {shape} must have 3 entries (data, fsdp, tensor)")
@@ -51,7 +53,26 @@ def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None)
     if math.prod(shape) != len(devices):
         raise ValueError(f"mesh shape {shape} needs {math.prod(shape)} devices; "
                          f"{len(devices)} available")
+    if num_slices(devices) > 1:
+        return Mesh(hybrid_devices(shape, devices), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
     return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def num_slices(devices: Sequence) -> int:
+    return len({getattr(d, "slice_index", 0) for d in devices})
+
+
+def hybrid_devices(shape: tuple[int, int, int], devices: Sequence):
+    """The device grid of a multi-slice mesh: the data axis split over the slices (data-parallel
+    traffic crosses the slow DCN link once per step), fsdp and tensor within each slice (their
+    collectives run every layer and need ICI / NVLink)."""
+    from jax.experimental import mesh_utils
+    n = num_slices(devices)
+    if shape[0] % n:
+        raise ValueError(f"mesh shape {shape}: the data axis ({shape[0]}) must be a multiple of the {n} slices "
+                         "(data runs across slices; fsdp and tensor within one)")
+    return mesh_utils.create_hybrid_device_mesh((shape[0] // n, shape[1], shape[2]), (n, 1, 1), devices,
+                                                allow_split_physical_axes=True)
 
 
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,

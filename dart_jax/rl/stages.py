@@ -51,16 +51,55 @@ class Rollouts:
     metas: list[dict]   # what the reward reads, plus data_source
 
 
-def rollout(agent: Agent, trees: tuple[Any, Any], rows: list[dict], group_size: int, seed: int) -> Rollouts:
+def rollout(agent: Agent, trees: tuple[Any, Any], rows: list[dict], group_size: int, seed: int,
+            row_offset: int = 0) -> Rollouts:
     """G samples of each row's prompt with the policy `trees` = (base, adapters) (2-Agent: the
-    two-model composition)."""
+    two-model composition). `row_offset`: these are trajectories [row_offset, …) of the step's batch
+    (a process's share in a multi-process run)."""
     task_fn = qa_task if agent.protocol.name == "qa" else sql_task
     prompts, uids, metas = task_fn(agent.tok, rows, agent.rc.prompt_tags)
     g = group_size
     prompts, uids = [p for p in prompts for _ in range(g)], [u for u in uids for _ in range(g)]
     metas = [dict(m, data_source=r.get("data_source", "data")) for m, r in zip(metas, rows) for _ in range(g)]
-    tb = rollout_policy(agent, trees[0], trees[1], prompts, uids, metas, seed=seed)
+    tb = rollout_policy(agent, trees[0], trees[1], prompts, uids, metas, seed=seed, row_offset=row_offset)
     return Rollouts(tb, [r for r in rows for _ in range(g)], metas)
+
+
+def gather_rollouts(ro: Rollouts) -> Rollouts:
+    """Every process's share of a step's rollouts, concatenated in process order (on every process:
+    the whole batch, identical everywhere; parallel.distributed). Rows are right-padded to the
+    longest trajectory of the step, as one process's rollout pads them."""
+    from dart_jax.parallel.distributed import allgather_objects
+    tb = ro.tb
+    mine = {"rows": ro.rows, "metas": ro.metas, "uids": tb.uids, "finish": tb.finish_reason, "turns": tb.turns,
+            "texts": tb.response_text, "prompt_len": tb.prompt_len.tolist(), "length": tb.length.tolist(),
+            "arrays": {k: [getattr(tb, k)[i, :n].tolist() for i, n in enumerate(tb.length)]
+                       for k in ("ids", "loss_mask", "route_ids", "sampler_logprobs")}}
+    parts = allgather_objects(_jsonable(mine))
+    lengths = [n for p in parts for n in p["length"]]
+    b, width = len(lengths), max(lengths)
+    arrays = {"ids": np.zeros((b, width), np.int32), "loss_mask": np.zeros((b, width), np.float32),
+              "route_ids": np.full((b, width), -1, np.int32), "sampler_logprobs": np.zeros((b, width), np.float32)}
+    rows = [r for p in parts for r in zip(*(p["arrays"][k] for k in arrays))]
+    for i, vals in enumerate(rows):
+        for k, v in zip(arrays, vals):
+            arrays[k][i, :len(v)] = v
+    positions = np.where(np.arange(width)[None] < np.asarray(lengths)[:, None], np.arange(width)[None], -1)
+    cat = lambda key: [x for p in parts for x in p[key]]  # noqa: E731
+    tb = TrajectoryBatch(arrays["ids"], positions.astype(np.int32), arrays["loss_mask"], arrays["route_ids"],
+                         arrays["sampler_logprobs"], np.asarray(cat("prompt_len"), np.int32),
+                         np.asarray(lengths, np.int32), cat("uids"), cat("finish"), cat("turns"), cat("texts"))
+    return Rollouts(tb, cat("rows"), cat("metas"))
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
 
 
 # -- scoring ------------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from dart_jax.run.metrics import (
     wilson_interval,
 )
 from dart_jax.models.transformer import unstack_layers
+from dart_jax.parallel.distributed import barrier, is_main, local_mesh, local_view
 from dart_jax.run.policy import ROUTE_MODE, load_policy, run_mesh
 from dart_jax.run.records import append_rollouts, trim_rollouts
 from dart_jax.run.task import build_tool, load_eval_rows, load_task_rows
@@ -115,8 +116,14 @@ class Trainer:
 
         self.protocol = PROTOCOLS[config.task]
         self.reward = make_reward(config.task, reward_config(config))
+        # multi-process: each process rolls out its share of a step's prompts on its own devices
+        self.nproc, self.pid = jax.process_count(), jax.process_index()
+        if tc.prompts_per_step % self.nproc:
+            raise ValueError(f"train.prompts_per_step={tc.prompts_per_step} must divide among {self.nproc} processes "
+                             "(each rolls out whole GRPO groups)")
+        self.local_mesh = local_mesh(self.mesh)
         self.agent = Agent(cfg, tok, self.protocol, build_tool(config, self.protocol), self.sampling,
-                           self.rollout_cfg, config.router.convention, mesh=self.mesh)
+                           self.rollout_cfg, config.router.convention, mesh=self.local_mesh)
         self.router = self.agent.spec.router
         self.answer_tags = (tuple(tag_variants(tok, self.protocol.answer_open)),
                             tuple(tag_variants(tok, self.protocol.answer_close)))
@@ -130,8 +137,9 @@ class Trainer:
         self.updater = stages.Updater(cfg, self.method, self.loss_cfg, self.optim_cfg, self.plan, self.mesh)
 
     def rollout_trees(self):
-        """(base, adapters) of the current policy in its compute dtypes (the masters stay fp32)."""
-        return model_trees(self.method, self.state.compute_params(), self.base, None)
+        """(base, adapters) of the current policy in its compute dtypes (the masters stay fp32), on this
+        process's devices (parallel.distributed.local_view; the run's mesh with one process)."""
+        return local_view(model_trees(self.method, self.state.compute_params(), self.base, None), self.local_mesh)
 
     # -- one step: the stages, in order ----------------------------------------------------------------
     def train_step(self, step: int) -> dict:
@@ -139,11 +147,15 @@ class Trainer:
         t0 = time.perf_counter()
         rows = [self.rows[i] for i in self.stream.take(tc.prompts_per_step)]
         seed = int(jax.random.randint(jax.random.fold_in(self.key, step), (), 0, 2 ** 31 - 1))
-        ro = stages.rollout(self.agent, self.rollout_trees(), rows, tc.group_size, seed)
+        share = len(rows) // self.nproc  # every process draws the same rows; each rolls out its block
+        ro = stages.rollout(self.agent, self.rollout_trees(), rows[self.pid * share:(self.pid + 1) * share],
+                            tc.group_size, seed, row_offset=self.pid * share * tc.group_size)
+        if self.nproc > 1:
+            ro = stages.gather_rollouts(ro)
         t1 = time.perf_counter()
         sc = stages.score(ro, self.reward, self.method, self.router, tc.pad_multiple, self.config.algo.norm_adv_by_std,
                           self.answer_tags)
-        if self.config.output.get("save_rollouts", False):
+        if self.config.output.get("save_rollouts", False) and is_main():
             append_rollouts(self.config.output.dir, step + 1, ro.tb, ro.rows, sc.scores, sc.accuracy, sc.valid,
                             self.protocol.name, self.tok)
         sc.batch["old_logp"], sc.batch["ref_logp"] = self.updater.logprobs(self.state, self.base, sc.batch)
@@ -162,14 +174,17 @@ class Trainer:
         res = rollout_eval(self.cfg, self.tok, self.protocol, self.agent.tool, self.rollout_cfg,
                            self.config.router.convention, base, ads, self.eval_rows,
                            float(self.config.eval.temperature), max(self.config.train.micro_batch, 8),
-                           reward=self.reward, mesh=self.mesh)
+                           reward=self.reward, mesh=self.local_mesh)
         out = {f"eval/{k}": v for k, v in res.items() if k != "example"}
         out["eval/temperature"] = float(self.config.eval.temperature)
         return out
 
     # -- the loop: files, checkpoints, hooks -----------------------------------------------------------
     def _train_tree(self):
-        return {"train": self.state, "rng": self.key}
+        """What a checkpoint holds; the RNG key replicated on the run's mesh (orbax writes only global
+        arrays in a multi-process run)."""
+        rep = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        return {"train": self.state, "rng": jax.device_put(self.key, rep)}
 
     def run(self, resume: bool = False, overwrite: bool = False) -> dict:
         """Train to `train.steps`. A fresh run refuses an output.dir that holds a run unless `overwrite`;
@@ -179,8 +194,9 @@ class Trainer:
         oc, tc = self.config.output, self.config.train
         os.makedirs(oc.dir, exist_ok=True)
         ckdir = os.path.join(oc.dir, "checkpoints")
-        if not resume:
+        if not resume and is_main():  # files: process 0 writes them, every process reads them
             run_dir.start_fresh(oc.dir, self.config, checkpoint_steps(ckdir), overwrite)
+        barrier("run_dir")
         ckpt = Checkpointer(ckdir, keep=oc.keep)
         start = 0
         if resume:
@@ -195,11 +211,13 @@ class Trainer:
             log.info("resumed from checkpoint %d (data position %d)", start, self.stream.position)
             for diff in run_dir.resumed_differences(oc.dir, self.config):
                 log.warning("resumed with a changed setting: %s", diff)
-            trim_rollouts(oc.dir, start)
-        writer = MetricsWriter(oc.dir, resume_step=start if resume else None, tensorboard=oc.tensorboard)
+            if is_main():
+                trim_rollouts(oc.dir, start)
+        writer = (MetricsWriter(oc.dir, resume_step=start if resume else None, tensorboard=oc.tensorboard)
+                  if is_main() else NullWriter(os.path.join(oc.dir, "metrics.jsonl")))
         history = []
         bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, desc="GRPO", unit="step",
-                   disable=not oc.progress)
+                   disable=not oc.progress or not is_main())
         every = int(self.config.eval.every)  # plus the first (step 0) and the last step
         if self.eval_rows and start == 0:
             writer.write(0, self.evaluate())  # the starting policy, before any update
@@ -217,15 +235,29 @@ class Trainer:
                 ckpt.save(step + 1, self._train_tree(), {"data_position": self.stream.position, "step": step + 1})
         writer.close()
         ckpt.close()
-        plot = plot_curves(writer.path, os.path.join(oc.dir, "reward_curve.png"))
+        barrier("trained")
+        plot = plot_curves(writer.path, os.path.join(oc.dir, "reward_curve.png")) if is_main() else None
         out = {"metrics": writer.path, "plot": plot, "checkpoints": ckpt.directory, "steps": tc.steps,
                "history": history}
-        if oc.export_adapters and self.method.variant == "dart":
+        if oc.export_adapters and self.method.variant == "dart" and is_main():
             out["adapters"] = export_dart(os.path.join(oc.dir, "adapters"), self.state.compute_params(), self.cfg, self.base,
                                           self.tok, self.protocol.tool_open, self.protocol.tool_close,
                                           self.router.convention, base_model=self.config.model.path,
                                           extra={"kind": "dart", "warm_start": self.config.get("warm_start", "")})
         return out
+
+
+class NullWriter:
+    """The metrics writer of a process other than 0 (process 0 writes the run's metrics)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def write(self, step: int, metrics: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def memory_metrics(state, base) -> dict:
@@ -238,7 +270,7 @@ def memory_metrics(state, base) -> dict:
                              for x in jax.tree.leaves(tree) if hasattr(x, "addressable_shards"))
     out = {"memory/train_state_mib": state_bytes_per_device(state) / 2 ** 20, "memory/base_mib": shard(base) / 2 ** 20,
            "memory/peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    stats = jax.devices()[0].memory_stats() or {}
+    stats = jax.local_devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
         out["memory/device_peak_mib"] = stats["peak_bytes_in_use"] / 2 ** 20
     return out

@@ -109,8 +109,10 @@ class Agent:
 
     # -- the loop -----------------------------------------------------------------------------
     def rollout(self, base, adapters, prompts: list[list[int]], uids: list, meta: list[dict] | None = None,
-                seed: int = 0) -> TrajectoryBatch:
-        return self.run(SinglePolicy(self, base, adapters, prompts, seed), prompts, uids, meta)
+                seed: int = 0, row_offset: int = 0) -> TrajectoryBatch:
+        """`row_offset`: these prompts are rows [row_offset, row_offset + B) of a larger batch (a
+        process's share): sampling draws as the whole batch would (sampler.initial_keys)."""
+        return self.run(SinglePolicy(self, base, adapters, prompts, seed, row_offset), prompts, uids, meta)
 
     def prompt_batch(self, prompts: list[list[int]]) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray | None, int]:
         """-> (left-padded distinct prompts, positions, rows or None, width): each distinct prompt is
@@ -234,7 +236,7 @@ class SinglePolicy:
     """One model (+ adapters) writes every token: a prefill, then per turn one decode segment, and
     observations appended into its KV cache."""
 
-    def __init__(self, agent: Agent, base, adapters, prompts: list[list[int]], seed: int):
+    def __init__(self, agent: Agent, base, adapters, prompts: list[list[int]], seed: int, row_offset: int = 0):
         self.agent, self.spec, self.adapters = agent, agent.spec, adapters
         self.base = decode_params(base, agent.rc.decode_layout)  # the decode loop's layout (memoised if frozen)
         tokens, positions, rows, self.t_prompt = agent.prompt_batch(prompts)
@@ -242,7 +244,7 @@ class SinglePolicy:
         cache = new_cache(self.spec.model, tokens.shape[0], cache_bucket(self.t_prompt + self.seg_bucket),
                           self.spec.placement)
         self.state, prompt_routes = prefill(self.base, adapters, tokens, positions, cache, jax.random.PRNGKey(seed),
-                                            rows, spec=self.spec)
+                                            rows, row_offset, spec=self.spec)
         self.prompt_routes = np.asarray(prompt_routes)
 
     def segment(self, active: np.ndarray, enabled: np.ndarray, budget: np.ndarray, resp) -> Segment:

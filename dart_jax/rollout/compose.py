@@ -76,29 +76,30 @@ class Policy:
 
 
 def compose_rollout(agent: Agent, reasoning: Policy, tool: Policy, prompts: list[list[int]], uids: list,
-                    meta: list[dict] | None = None, seed: int = 0) -> TrajectoryBatch:
+                    meta: list[dict] | None = None, seed: int = 0, row_offset: int = 0) -> TrajectoryBatch:
     """A rollout in which `reasoning` writes outside tool spans and `tool` inside them (see module doc).
     `agent` supplies the tokenizer, protocol, tool, sampling and rollout budgets; the policies must
-    share its tokenizer."""
-    return agent.run(TwoPolicies(agent, reasoning, tool, prompts, seed), prompts, uids, meta)
+    share its tokenizer. `row_offset`: as Agent.rollout's."""
+    return agent.run(TwoPolicies(agent, reasoning, tool, prompts, seed, row_offset), prompts, uids, meta)
 
 
 def rollout_policy(agent: Agent, base, adapters, prompts: list[list[int]], uids: list, meta: list[dict] | None = None,
-                   seed: int = 0) -> TrajectoryBatch:
+                   seed: int = 0, row_offset: int = 0) -> TrajectoryBatch:
     """A rollout of one policy (`agent.rollout`), or of the 2-Agent policy through the two-model
     composition when `base` is a TwoModels (adapters.method): its reasoning model writes outside the
     tool spans, its tool model inside them."""
     if isinstance(base, TwoModels):
         cfg = agent.spec.model
         reas, tool = (Policy(cfg, b, a, "none" if a is None else "shared") for b, a in base.models())
-        return compose_rollout(agent, reas, tool, prompts, uids, meta, seed)
-    return agent.rollout(base, adapters, prompts, uids, meta, seed=seed)
+        return compose_rollout(agent, reas, tool, prompts, uids, meta, seed, row_offset)
+    return agent.rollout(base, adapters, prompts, uids, meta, seed=seed, row_offset=row_offset)
 
 
 class TwoPolicies:
     """The agent loop's decoder for a two-policy composition (`Agent.run`)."""
 
-    def __init__(self, agent: Agent, reasoning: Policy, tool: Policy, prompts: list[list[int]], seed: int):
+    def __init__(self, agent: Agent, reasoning: Policy, tool: Policy, prompts: list[list[int]], seed: int,
+                 row_offset: int = 0):
         self.agent = agent
         stops = agent.spec.stops + ((agent.open_id,),)
         self.handoff = len(stops) - 1  # the opening tag ends the reasoning policy's segment
@@ -117,7 +118,8 @@ class TwoPolicies:
             cache = new_cache(spec.model, tokens.shape[0], cache_bucket(self.t_prompt + self.seg_bucket),
                               spec.placement)
             # every prompt's last token stays pending: a policy's first draw comes from its first sync
-            st, _ = prefill(base, pol.adapters, tokens, positions, cache, key, rows, spec=spec, hold_last=True)
+            st, _ = prefill(base, pol.adapters, tokens, positions, cache, key, rows, row_offset, spec=spec,
+                            hold_last=True)
             self.states.append(st)
         # have[w][i]: response tokens policy w holds for row i, its pending token included (its cache
         # holds everything before that token); a sync appends the rest and draws w's next token

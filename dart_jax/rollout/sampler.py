@@ -131,9 +131,10 @@ def draw_keys(keys: jax.Array, pos: jnp.ndarray) -> jax.Array:
     return jax.vmap(jax.random.fold_in)(keys, pos)
 
 
-def initial_keys(rng: jax.Array, b: int) -> jax.Array:
-    """One sampling key per row of a rollout batch: row b's key is fold_in(rng, b)."""
-    return jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(b, dtype=jnp.int32))
+def initial_keys(rng: jax.Array, b: int, row_offset=0) -> jax.Array:
+    """One sampling key per row of a rollout batch: row b's key is fold_in(rng, row_offset + b) (a
+    process rolling out rows [o, o + b) of a multi-process batch draws as the single process would)."""
+    return jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(b, dtype=jnp.int32) + row_offset)
 
 
 def _sample_pending(state_router, logits, keys, pos, spec: SamplerSpec):
@@ -143,17 +144,19 @@ def _sample_pending(state_router, logits, keys, pos, spec: SamplerSpec):
 
 
 def prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache,
-            rng: jax.Array, rows: jnp.ndarray | None = None, *, spec: SamplerSpec,
+            rng: jax.Array, rows: jnp.ndarray | None = None, row_offset=0, *, spec: SamplerSpec,
             hold_last: bool = False) -> tuple[DecodeState, jnp.ndarray]:
     """See `_prefill`. The fresh cache is donated when it becomes the state's cache (no `rows`); with
     `rows` the state's cache is a new, larger array, so nothing is donated."""
     if rows is None:
-        return _prefill_in_place(base, adapters, tokens, positions, cache, rng, None, spec=spec, hold_last=hold_last)
-    return _prefill_broadcast(base, adapters, tokens, positions, cache, rng, rows, spec=spec, hold_last=hold_last)
+        return _prefill_in_place(base, adapters, tokens, positions, cache, rng, None, row_offset, spec=spec,
+                                 hold_last=hold_last)
+    return _prefill_broadcast(base, adapters, tokens, positions, cache, rng, rows, row_offset, spec=spec,
+                              hold_last=hold_last)
 
 
 def _prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache,
-             rng: jax.Array, rows: jnp.ndarray | None = None, *, spec: SamplerSpec,
+             rng: jax.Array, rows: jnp.ndarray | None = None, row_offset=0, *, spec: SamplerSpec,
              hold_last: bool = False) -> tuple[DecodeState, jnp.ndarray]:
     """tokens, positions: i32[U, T] left-padded prompts (−1 positions on padding); `cache` must be
     fresh (index 0): its contents are not attended. `rows` (i32[B], optional): row b of the batch
@@ -178,7 +181,7 @@ def _prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache:
                         index=cache["index"])
         tokens, positions, valid, routes = map(take, (tokens, positions, valid, routes))
         logits = None if logits is None else take(logits)
-    keys = initial_keys(rng, tokens.shape[0])
+    keys = initial_keys(rng, tokens.shape[0], row_offset)
     if hold_last:  # left padding: every prompt's last token is in the last column
         router, role = route_step(state_after(jnp.where(valid, tokens, -1)[:, :-1], spec.router), tokens[:, -1],
                                   spec.router)

@@ -54,6 +54,12 @@ def unflatten_state(flat: dict[str, Any], like: Any) -> Any:
     return jax.tree_util.tree_unflatten(treedef, [flat[k] for k in keys])
 
 
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
 def _digest(step_dir: str) -> dict[str, str]:
     out = {}
     for root, _, files in os.walk(step_dir):
@@ -98,12 +104,14 @@ class Checkpointer:
             raise RuntimeError(f"checkpoint {step} was not written to {self.directory}: a checkpoint of that step "
                                "already exists (move it aside or resume from it); no manifest is written for "
                                "files this process did not write")
-        with open(os.path.join(self.directory, "integrity", f"{step}.json"), "w") as f:
-            json.dump(_digest(os.path.join(self.directory, str(step))), f)
-        kept = {str(s) for s in self.steps()}
-        for name in os.listdir(os.path.join(self.directory, "integrity")):
-            if name.removesuffix(".json") not in kept:
-                os.remove(os.path.join(self.directory, "integrity", name))
+        if jax.process_index() == 0:  # multi-host: every process saved its shards; one writes the manifest
+            with open(os.path.join(self.directory, "integrity", f"{step}.json"), "w") as f:
+                json.dump(_digest(os.path.join(self.directory, str(step))), f)
+            kept = {str(s) for s in self.steps()}
+            for name in os.listdir(os.path.join(self.directory, "integrity")):
+                if name.removesuffix(".json") not in kept:
+                    os.remove(os.path.join(self.directory, "integrity", name))
+        _barrier(f"checkpoint_{step}")
 
     def verify(self, step: int) -> None:
         manifest = os.path.join(self.directory, "integrity", f"{step}.json")
@@ -139,8 +147,11 @@ class Checkpointer:
                             step, self.directory, type(e).__name__, e)
                 continue
             if move_unusable:
-                for bad, why in self.failures.items():
-                    self.quarantine(bad, why)
+                if jax.process_index() == 0:  # one process moves the files; the others see them moved
+                    for bad, why in self.failures.items():
+                        self.quarantine(bad, why)
+                _barrier("quarantine")
+                self.manager.reload()
             return step, state, meta
         return None
 

@@ -61,3 +61,21 @@ def test_indivisible_dims_fall_back_to_replication():
     assert logical_to_spec(("batch", "length"), (3, 8), mesh) == P(None, None)
     with pytest.raises(ValueError, match="needs 16 devices"):
         make_mesh((4, 4, 1))
+
+
+def test_multi_slice_devices_get_the_hybrid_layout():
+    """Devices in two slices (fakes carrying slice_index, as multi-node GPU / multi-slice TPU devices
+    do): the data axis runs across the slices, fsdp and tensor stay inside one."""
+    import random
+    from types import SimpleNamespace
+
+    from dart_jax.parallel.mesh import hybrid_devices
+    devs = [SimpleNamespace(id=i, slice_index=i // 4, process_index=i // 4, platform="gpu",
+                            device_kind="NVIDIA H200") for i in range(8)]
+    random.Random(0).shuffle(devs)
+    grid = hybrid_devices((2, 1, 4), devs)
+    assert [[d.slice_index for d in row.flat] for row in grid] == [[0] * 4, [1] * 4]
+    grid = hybrid_devices((4, 1, 2), devs)
+    assert [{d.slice_index for d in row.flat} for row in grid] == [{0}, {0}, {1}, {1}]
+    with pytest.raises(ValueError, match="multiple of the 2 slices"):
+        hybrid_devices((1, 2, 4), devs)

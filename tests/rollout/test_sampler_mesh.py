@@ -93,8 +93,11 @@ def single(setup):
     return {t: _rollout(setup, None, t) for t in (0.0, 1.0)}
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("shape", MESHES)
+CASES = [(s, 0.0) for s in MESHES] + [((2, 1, 4), 1.0)] + [
+    pytest.param(s, 1.0, marks=pytest.mark.slow) for s in MESHES if s != (2, 1, 4)]  # CI budget
+
+
+@pytest.mark.parametrize("shape,temperature", CASES)
 def test_mesh_rollout_equals_single_device(setup, single, shape, temperature):
     ref = single[temperature]
     assert ref.tool_calls().sum() >= 2, ref.turns  # tool pauses happen: appends into the sharded cache

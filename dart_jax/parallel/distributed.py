@@ -1,0 +1,148 @@
+"""Multi-process (multi-host) runs: start jax's distributed runtime, and the few collectives the
+host-side loop needs.
+
+    initialize(coordinator, num_processes, process_id)   explicit (--coordinator, --num-processes,
+                                                          --process-id on launch.train / evaluate / cea)
+    initialize()                                          auto: jax's cluster detection when the
+                                                          environment is a SLURM job step with > 1
+                                                          task, an Open MPI job with > 1 rank, or a
+                                                          multi-host TPU pod slice
+
+SLURM notes: jax's SLURM detection gives each *task* the GPUs SLURM bound to it; with the default
+one task per GPU every process sees one local device. For one process per node launch one task per
+node (`--ntasks-per-node=1`) and let every process see all the node's GPUs (no `--gpus-per-task`),
+or set JAX_LOCAL_DEVICE_IDS / pass `local_device_ids`. A multi-node GPU job is multi-slice when the
+devices report a `slice_index`: `parallel.mesh.make_mesh` then lays the data axis over slices (DCN)
+and fsdp / tensor inside a slice (ICI / NVLink).
+
+On CPU (tests: N processes × M forced host devices on localhost) collectives go through gloo.
+
+The training loop's contract (rl.trainer): every process runs the same host loop on the same data
+stream; each rolls out its contiguous share of a step's prompts (whole GRPO groups) on its own
+local devices with its own tool instances; the trajectories are all-gathered on the host
+(`allgather_objects`: every process then holds the step's whole batch, identical everywhere), and
+the update runs on the global mesh; metrics, plots and files are written by process 0 and orbax
+checkpoints by all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+_STARTED: list = []
+
+
+def cluster_detected() -> str | None:
+    """The multi-process launcher this environment looks like (None for a single process)."""
+    env = os.environ
+    if int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1")) or 1) > 1 and "SLURM_STEP_ID" in env:
+        return "slurm"
+    if int(env.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
+        return "openmpi"
+    hosts = env.get("TPU_WORKER_HOSTNAMES", "")
+    if hosts and len(hosts.split(",")) > 1:
+        return "tpu"
+    return None
+
+
+def initialize(coordinator: str = "", num_processes: int = 0, process_id: int = -1,
+               local_device_ids: list[int] | None = None) -> bool:
+    """Start the distributed runtime once: with explicit arguments, or when `cluster_detected()`.
+    -> whether this is a multi-process run. Must run before anything touches a jax backend."""
+    if _STARTED:
+        return jax.process_count() > 1
+    explicit = bool(coordinator) or num_processes > 1 or process_id >= 0
+    cluster = cluster_detected()
+    if not explicit and cluster is None:
+        return False
+    if explicit and not (coordinator and num_processes > 1 and process_id >= 0):
+        raise ValueError("a multi-process run needs --coordinator=HOST:PORT, --num-processes=N (> 1) and "
+                         f"--process-id=I together; got {coordinator!r}, {num_processes}, {process_id}")
+    if explicit and not 0 <= process_id < num_processes:
+        raise ValueError(f"--process-id={process_id} must be in [0, {num_processes})")
+    try:  # CPU processes talk through gloo (no effect on GPU / TPU backends)
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    except (AttributeError, ValueError) as e:  # renamed or removed in a later jax
+        log.warning("could not select gloo CPU collectives (%s)", e)
+    kwargs: dict[str, Any] = {}
+    if explicit:
+        kwargs = dict(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+    if local_device_ids is not None:
+        kwargs["local_device_ids"] = local_device_ids
+    jax.distributed.initialize(**kwargs)
+    _STARTED.append(True)
+    log.info("distributed: process %d of %d (%s), %d local / %d global devices", jax.process_index(),
+             jax.process_count(), cluster or "explicit", jax.local_device_count(), jax.device_count())
+    return jax.process_count() > 1
+
+
+def is_main() -> bool:
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
+def allgather_objects(obj: Any) -> list[Any]:
+    """Every process's JSON-serialisable `obj`, in process order (on every process)."""
+    if jax.process_count() == 1:
+        return [obj]
+    from jax.experimental import multihost_utils
+    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    sizes = multihost_utils.process_allgather(np.asarray([data.size], np.int64)).reshape(-1)
+    buf = np.zeros(int(sizes.max()), np.uint8)
+    buf[:data.size] = data
+    allb = multihost_utils.process_allgather(buf).reshape(len(sizes), -1)
+    return [json.loads(allb[i, :sizes[i]].tobytes().decode()) for i in range(len(sizes))]
+
+
+def local_mesh(mesh):
+    """The sub-mesh of `mesh` on this process's devices (same axis names). It must be a block of the
+    global device grid (every process owns a contiguous box: true of jax.make_mesh and of the
+    hybrid ICI × DCN layout)."""
+    if jax.process_count() == 1:
+        return mesh
+    from jax.sharding import Mesh
+    devs = mesh.devices
+    mine = np.vectorize(lambda d: d.process_index == jax.process_index())(devs)
+    idx = [np.flatnonzero(mine.any(axis=tuple(j for j in range(devs.ndim) if j != i))) for i in range(devs.ndim)]
+    block = devs[np.ix_(*idx)]
+    if block.size != int(mine.sum()) or not all(d.process_index == jax.process_index() for d in block.flat):
+        raise ValueError("this process's devices are not a block of the mesh; rollouts need a local sub-mesh")
+    return Mesh(block, mesh.axis_names, axis_types=mesh.axis_types)
+
+
+def local_view(tree, lmesh):
+    """`tree` (global arrays on a mesh) as arrays on this process's sub-mesh `lmesh`: without a copy
+    where the process's shards already hold the whole array (every mesh axis the array is split over
+    lies inside the process, e.g. weights replicated over a data axis that spans processes), else
+    gathered through the host (a copy: weights split over processes are all-gathered)."""
+    if jax.process_count() == 1:
+        return tree
+    from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding
+
+    def one(x):
+        if not isinstance(x, jax.Array) or x.is_fully_addressable:
+            return x
+        spec = x.sharding.spec
+        axes = [a for s in spec if s is not None for a in ((s,) if isinstance(s, str) else s)]
+        target = NamedSharding(lmesh, spec)
+        if all(lmesh.shape[a] == x.sharding.mesh.shape[a] for a in axes):
+            by_dev = {s.device: s.data for s in x.addressable_shards}
+            return jax.make_array_from_single_device_arrays(
+                x.shape, target, [by_dev[d] for d in target.addressable_devices_indices_map(x.shape)])
+        full = np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return jax.device_put(full, target)
+    return jax.tree.map(one, tree)

@@ -1,0 +1,75 @@
+"""One process of tests/parallel/test_multihost.py (run as a script, not collected by pytest):
+
+    python tests/parallel/multihost_worker.py MODEL_DIR OUT_DIR NUM_PROCESSES PROCESS_ID PORT LOCAL_DEVICES
+
+trains 2 GRPO steps of the tiny model on mesh (2, 1, 4) — data over the two processes, tensor inside
+each — and process 0 writes the final trainable parameters (gathered from every process) to
+OUT_DIR/params.npz; every process also runs a > 4 MiB reduce-scatter (gloo had bugs above 4 MiB
+upstream) and process 0 records its check in OUT_DIR/collectives.json."""
+
+import json
+import os
+import sys
+
+model_dir, out_dir, nproc, pid, port, local = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local}"
+sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", ".."), os.path.join(os.path.dirname(__file__), "..")]
+
+from dart_jax.parallel.distributed import initialize  # noqa: E402
+
+if nproc > 1:
+    assert initialize(f"127.0.0.1:{port}", nproc, pid)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+from configs import quickstart  # noqa: E402
+from dart_jax.parallel.mesh import make_mesh  # noqa: E402
+from dart_jax.rl.trainer import Trainer  # noqa: E402
+
+assert jax.device_count() == 8 and jax.process_count() == nproc
+
+# a reduce-scatter of 8 MiB per device: row d (on device d) holds d + 1 everywhere; the rows are summed
+# and the sum is scattered over the devices in 8 blocks (every element of the result is 1 + … + 8)
+mesh = make_mesh((8, 1, 1))
+n = 2 ** 21  # float32: 8 MiB per device
+rows = jax.make_array_from_callback((8, n), NamedSharding(mesh, P("data")),
+                                    lambda idx: np.full((1, n), float(idx[0].start + 1), np.float32))
+summed = jax.jit(lambda x: x.reshape(8, 8, n // 8).sum(0), out_shardings=NamedSharding(mesh, P("data")))(rows)
+got = np.asarray(multihost_utils.process_allgather(summed, tiled=True))
+ok = bool(np.all(got == 36.0)) and got.shape == (8, n // 8)
+
+c = quickstart.get_config()
+c.model.path = model_dir
+c.warm_start = ""
+c.train.old_logp = "recompute"
+c.loss.kl_coef = 0.001
+c.eval.n = 0
+c.train.steps = 2
+c.train.prompts_per_step = 2
+c.train.group_size = 2
+c.train.mini_batch = 4
+c.train.micro_batch = 2
+c.rollout.max_turns = 1
+c.rollout.max_tokens_per_turn = 16
+c.rollout.max_obs_tokens = 64
+c.rollout.max_response_tokens = 128
+c.loss.entropy_coef = 0.01
+c.optim.lr = 1e-2
+c.output.dir = out_dir
+c.output.checkpoint_every = 1
+c.output.progress = False
+c.output.tensorboard = False
+c.output.export_adapters = False
+c.mesh.shape = (2, 1, 4)
+t = Trainer(c)
+t.run()
+leaves = [np.asarray(multihost_utils.process_allgather(x, tiled=True)) if not x.is_fully_addressable
+          else np.asarray(x) for x in jax.tree.leaves(t.state.params)]
+if pid == 0:
+    np.savez(os.path.join(out_dir, "params.npz"), *leaves)
+    with open(os.path.join(out_dir, "collectives.json"), "w") as f:
+        json.dump({"reduce_scatter_ok": ok, "bytes_per_device_in": n * 4}, f)
+print(f"process {pid} done", flush=True)
