@@ -9,7 +9,8 @@ machine the host is split into as many devices as the largest mesh needs.
 decode segment with the sampler's state sharded on the mesh, for each decode layout (stacked,
 per_layer, shared), with decode tokens/s and device memory against weights + KV cache. MODEL is
 `config` (the config's model) or a random-init shape of the accelerator suite (`3b` = Qwen2.5-3B,
-`small`, `tiny`); `--train=false` skips the train-step sweep:
+`small`, `tiny`); `--train=false` skips the train-step sweep; `--rollout_abstract` compiles the decode
+without running it and reads XLA's memory analysis (a 3B model on a small host):
 
     python -m launch.sweep --config=configs/quickstart.py --mesh=1,1,1 --mesh=8,1,1 --mesh=2,1,4 \
         --rollout=3b --train=false --csv=rollout.csv
@@ -37,6 +38,9 @@ ROLLOUT = flags.DEFINE_string("rollout", "", "also sweep rollouts on this model:
 R_BATCH = flags.DEFINE_integer("rollout_batch", 16, "rollout rows", flag_values=CLI.flags)
 R_PROMPT = flags.DEFINE_integer("rollout_prompt", 256, "prompt tokens per row", flag_values=CLI.flags)
 R_NEW = flags.DEFINE_integer("rollout_new", 16, "decoded tokens per row", flag_values=CLI.flags)
+R_ABSTRACT = flags.DEFINE_boolean("rollout_abstract", False, "rollout memory from XLA's memory analysis only "
+                                  "(compile, allocate nothing, run nothing: models larger than the host)",
+                                  flag_values=CLI.flags)
 R_DTYPE = flags.DEFINE_string("rollout_dtype", "bfloat16", "dtype of a random-init rollout model",
                               flag_values=CLI.flags)
 
@@ -58,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if ROLLOUT.value:
         from dart_jax.bench import rollout_mesh
         r_rows = rollout_mesh.sweep_for(CLI.config.value, ROLLOUT.value, shapes, R_BATCH.value, R_PROMPT.value,
-                                        R_NEW.value, R_DTYPE.value)
+                                        R_NEW.value, R_DTYPE.value, abstract=R_ABSTRACT.value)
         print(rollout_mesh.table(r_rows))
         rows += [{"sweep": "rollout", **r} for r in r_rows]
     if CSV.value:

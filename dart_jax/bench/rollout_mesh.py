@@ -91,17 +91,77 @@ def rollout_row(cfg, base, mesh, layout: str, batch: int, prompt: int, new: int)
            "compile_s": compile_s, "decode_s": seconds, "tokens_per_s": batch * new / seconds,
            "weights_gib": w / 2 ** 30, "kv_gib": c / 2 ** 30, "temp_gib": temp / 2 ** 30,
            "peak_gib": peak / 2 ** 30, "ratio": peak / (w + c),
-           "kv_sharding": str(state.cache["k"][0].sharding.spec),
+           "kv_sharding": _spec_str(state.cache["k"][0].sharding),
            "device_peak_gib": (max((d.memory_stats() or {}).get("peak_bytes_in_use", 0) for d in devs) / 2 ** 30
                                if "peak_bytes_in_use" in stats else None)}
     del state, seg, dbase
     return row
 
 
+def _spec_str(sharding) -> str:
+    """A sharding's PartitionSpec without trailing Nones (jax drops them on computed arrays)."""
+    spec = list(sharding.spec)
+    while spec and spec[-1] is None:
+        spec.pop()
+    return str(type(sharding.spec)(*spec))
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def abstract_row(cfg, mesh, layout: str, batch: int, prompt: int, new: int) -> dict:
+    """`rollout_row` from XLA's memory analysis alone (nothing allocated, nothing run): for models that
+    do not fit the host (a 3B model on a 24 GB CPU VM). peak = the decode program's arguments +
+    temporaries per device, + the resident stacked layers under `per_layer` (the copy is the argument).
+    Checked against `rollout_row` on the small shape: the same ratios to 0.01 (docs/performance.md)."""
+    placement = RolloutMesh.of(mesh)
+    spec = dataclasses.replace(_spec(cfg), placement=placement)
+    sh = base_shardings(cfg, mesh)
+    stacked = jax.eval_shape(lambda k: transformer.init_params(cfg, k), jax.random.PRNGKey(0))
+    stacked = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), stacked, sh)
+    if layout == "stacked":
+        dbase = stacked
+    else:  # the per-layer tree's shapes and shardings (the copy's, or the shared tree's)
+        def split(layers, embed):
+            return transformer._split_layers(layers, embed, layout == "per_layer")
+        layers, head = jax.eval_shape(split, stacked["layers"], stacked["embed"])
+        drop = transformer._drop_leading
+        layers = tuple(jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=drop(s.sharding)),
+                                    lay, stacked["layers"]) for lay in layers)
+        dbase = dict(stacked, layers=layers)
+        if head is not None:
+            dbase["head"] = jax.ShapeDtypeStruct(head.shape, head.dtype,
+                                                 sharding=transformer._transposed(stacked["embed"].sharding))
+    capacity = cache_bucket(prompt + new + 1)
+    toks = jax.ShapeDtypeStruct((batch, prompt), jnp.int32)
+    cache = _abstract(jax.eval_shape(lambda: new_cache(cfg, batch, capacity, placement)))
+    cache = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), cache,
+                         placement.cache(cfg, batch, capacity))
+    state, _ = jax.eval_shape(lambda b, t, c: prefill(b, None, t, t, c, jax.random.PRNGKey(0), spec=spec),
+                              dbase, toks, cache)
+    ones, stop_on, budget = (jax.ShapeDtypeStruct((batch,), bool), jax.ShapeDtypeStruct((batch, 1), bool),
+                             jax.ShapeDtypeStruct((batch,), jnp.int32))
+    t0 = time.perf_counter()
+    compiled = decode_segment.lower(dbase, None, state, ones, stop_on, budget, spec=spec, length=new).compile()
+    ma = compiled.memory_analysis()
+    per_dev = lambda tree: sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize  # noqa: E731
+                               for x in jax.tree.leaves(tree))
+    w, c = per_dev(stacked), per_dev(cache)
+    args = int(ma.argument_size_in_bytes)
+    # per_layer: the run also holds its stacked layers (the argument is the copy + the shared embedding)
+    peak = args + int(ma.temp_size_in_bytes) + (per_dev(stacked["layers"]) if layout == "per_layer" else 0)
+    return {"mesh": "x".join(map(str, mesh.devices.shape)), "devices": mesh.size, "layout": layout, "batch": batch,
+            "prompt": prompt, "new_tokens": new, "capacity": capacity, "compile_s": time.perf_counter() - t0,
+            "weights_gib": w / 2 ** 30, "kv_gib": c / 2 ** 30, "temp_gib": ma.temp_size_in_bytes / 2 ** 30,
+            "peak_gib": peak / 2 ** 30, "ratio": peak / (w + c), "source": "xla memory analysis (not run)",
+            "kv_sharding": _spec_str(cache["k"][0].sharding)}
+
+
 def sweep_rollout(cfg, shapes, batch: int = 16, prompt: int = 256, new: int = 16,
-                  layouts=DECODE_LAYOUTS, base_for=None, log=print) -> list[dict]:
+                  layouts=DECODE_LAYOUTS, base_for=None, log=print, abstract: bool = False) -> list[dict]:
     """Rows of `rollout_row` for every mesh shape × decode layout; `base_for(mesh)` places the model
-    (default: a random init of `cfg`, sharded)."""
+    (default: a random init of `cfg`, sharded). `abstract`: `abstract_row` instead (nothing runs)."""
     rows = []
     for shape in shapes:
         n = math.prod(shape)
@@ -109,6 +169,11 @@ def sweep_rollout(cfg, shapes, batch: int = 16, prompt: int = 256, new: int = 16
             rows.append({"mesh": "x".join(map(str, shape)), "error": f"needs {n} devices, {jax.device_count()} available"})
             continue
         mesh = make_mesh(shape, jax.devices()[:n])
+        if abstract:
+            for layout in sorted(layouts, key=DECODE_LAYOUTS.index):
+                rows.append(abstract_row(cfg, mesh, layout, batch, prompt, new))
+                log(f"rollout sweep: {rows[-1]}")
+            continue
         base = (base_for or (lambda m: random_base(cfg, m)))(mesh)
         for layout in sorted(layouts, key=DECODE_LAYOUTS.index):  # stacked before per_layer's copy exists
             if layout == "shared":  # the run's tree becomes the per-layer one (the stacked arrays are freed)
@@ -127,7 +192,7 @@ def sweep_rollout(cfg, shapes, batch: int = 16, prompt: int = 256, new: int = 16
 
 
 def sweep_for(config, model: str, shapes, batch: int, prompt: int, new: int, dtype: str = "bfloat16",
-              log=print) -> list[dict]:
+              log=print, abstract: bool = False) -> list[dict]:
     """`launch.sweep --rollout=MODEL`: the config's model (`config`, loaded sharded per mesh) or a
     random-init model of an accelerator-suite shape (`3b`, `small`, `tiny`) in `dtype`."""
     if model == "config":
@@ -138,7 +203,7 @@ def sweep_for(config, model: str, shapes, batch: int, prompt: int, new: int, dty
         return sweep_rollout(cfg, shapes, batch, prompt, new,
                              base_for=lambda mesh: load_model(config.model.path, mesh=mesh, **over)[1], log=log)
     from dart_jax.bench.suite import model_config
-    return sweep_rollout(model_config(model, dtype), shapes, batch, prompt, new, log=log)
+    return sweep_rollout(model_config(model, dtype), shapes, batch, prompt, new, log=log, abstract=abstract)
 
 
 def table(rows: list[dict]) -> str:
@@ -149,7 +214,8 @@ def table(rows: list[dict]) -> str:
         if "error" in r:
             out.append(f"| {r['mesh']} | {r.get('layout', '')} | {r['error']} | | | | | | |")
             continue
-        out.append(f"| {r['mesh']} | {r['layout']} | `{r['kv_sharding']}` | {r['tokens_per_s']:.1f} | "
+        tps = f"{r['tokens_per_s']:.1f}" if "tokens_per_s" in r else "(not run)"
+        out.append(f"| {r['mesh']} | {r['layout']} | `{r['kv_sharding']}` | {tps} | "
                    + " | ".join(f"{r[k] * 1024:.1f}" for k in ("weights_gib", "kv_gib", "temp_gib", "peak_gib"))
                    + f" | {r['ratio']:.3f} |")
     return "\n".join(out)

@@ -61,3 +61,16 @@ def test_rollout_sweep_every_layout_on_meshes(tmp_path, capsys):
     # 4 data shards: a quarter of the cache per device; tensor=2 splits the tiny model's 2 KV heads
     assert [r["kv_sharding"] for r in ok if r["mesh"] == "4x1x2"][0] == "P('data', 'tensor')"
     assert "| 4x1x2 | shared |" in capsys.readouterr().out
+
+
+def test_rollout_memory_from_xla_analysis_matches_the_run():
+    """--rollout_abstract (compile only, nothing allocated) gives the measured run's memory ratios."""
+    from dart_jax.bench.rollout_mesh import sweep_rollout
+    from dart_jax.bench.suite import model_config
+    cfg = model_config("tiny", "float32")
+    run = sweep_rollout(cfg, [(2, 1, 4)], 8, 16, 4, log=lambda _: None)
+    est = sweep_rollout(cfg, [(2, 1, 4)], 8, 16, 4, log=lambda _: None, abstract=True)
+    for a, b in zip(run, est):
+        assert a["layout"] == b["layout"] and a["kv_sharding"] == b["kv_sharding"]
+        assert b["weights_gib"] == pytest.approx(a["weights_gib"]) and b["kv_gib"] == pytest.approx(a["kv_gib"])
+        assert b["ratio"] == pytest.approx(a["ratio"], rel=0.05), a["layout"]
