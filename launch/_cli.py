@@ -79,11 +79,14 @@ def define_distributed_flags(cmd: Command):
                                  flag_values=cmd.flags)
     pid = flags.DEFINE_integer("process-id", -1, "multi-process: this process's index in [0, num-processes)",
                                flag_values=cmd.flags)
+    auto = flags.DEFINE_bool("distributed", False, "multi-process: let jax detect the cluster (SLURM, Open MPI, "
+                                                   "Cloud TPU pods) and start its distributed runtime",
+                             flag_values=cmd.flags)
 
     def start() -> bool:
         from dart_jax.parallel.distributed import initialize
         try:
-            return initialize(coord.value, nproc.value, pid.value)
+            return initialize(coord.value, nproc.value, pid.value, auto=auto.value)
         except ValueError as e:
             print(f"{cmd.prog}: {e}", file=sys.stderr)
             raise SystemExit(2) from None

@@ -8,8 +8,9 @@
 A new run refuses an output.dir that holds a run (--resume continues it, --overwrite replaces it).
 
 Multi-process (multi-host): the same command on every process, with --coordinator=HOST:PORT
---num-processes=N --process-id=I, or under SLURM / Open MPI / a TPU pod without them (jax's cluster
-detection); launch/slurm/train.sbatch is an example. Process 0 writes the files.
+--num-processes=N --process-id=I, or with --distributed under SLURM / Open MPI / a Cloud TPU pod
+(jax's cluster detection; a SLURM or Open MPI job step with several tasks is detected without it);
+launch/slurm/train.sbatch is an example. Process 0 writes the files.
 """
 
 from __future__ import annotations

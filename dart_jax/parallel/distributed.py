@@ -2,18 +2,20 @@
 host-side loop needs.
 
     initialize(coordinator, num_processes, process_id)   explicit (--coordinator, --num-processes,
-                                                          --process-id on launch.train / evaluate / cea)
-    initialize()                                          auto: jax's cluster detection when the
-                                                          environment is a SLURM job step with > 1
-                                                          task, an Open MPI job with > 1 rank, or a
-                                                          multi-host TPU pod slice
+                                                          --process-id on launch.train)
+    initialize(auto=True)                                 jax's own cluster detection (--distributed:
+                                                          SLURM, Open MPI, Cloud TPU pods via their
+                                                          metadata server)
+    initialize()                                          the same, when the environment looks like a
+                                                          SLURM job step with > 1 task, an Open MPI
+                                                          job with > 1 rank or a GKE TPU pod
 
-SLURM notes: jax's SLURM detection gives each *task* the GPUs SLURM bound to it; with the default
-one task per GPU every process sees one local device. For one process per node launch one task per
-node (`--ntasks-per-node=1`) and let every process see all the node's GPUs (no `--gpus-per-task`),
-or set JAX_LOCAL_DEVICE_IDS / pass `local_device_ids`. A multi-node GPU job is multi-slice when the
-devices report a `slice_index`: `parallel.mesh.make_mesh` then lays the data axis over slices (DCN)
-and fsdp / tensor inside a slice (ICI / NVLink).
+SLURM notes: jax's SLURM detection restricts each process to the GPU numbered by its local task id
+(one task per GPU, one local device per process). For one process per node (`--ntasks-per-node=1`)
+set JAX_LOCAL_DEVICE_IDS=0,1,…,7 so each process keeps all its node's GPUs (launch/slurm/
+train.sbatch does). A multi-node GPU job is multi-slice when the devices report a `slice_index`:
+`parallel.mesh.make_mesh` then lays the data axis over slices (DCN) and fsdp / tensor inside a
+slice (ICI / NVLink).
 
 On CPU (tests: N processes × M forced host devices on localhost) collectives go through gloo.
 
@@ -27,9 +29,9 @@ checkpoints by all.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import pickle
 from typing import Any
 
 import jax
@@ -45,8 +47,8 @@ def cluster_detected() -> str | None:
     env = os.environ
     if int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1")) or 1) > 1 and "SLURM_STEP_ID" in env:
         return "slurm"
-    if int(env.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
-        return "openmpi"
+    if int(env.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1 and "OMPI_MCA_orte_hnp_uri" in env:
+        return "openmpi"  # what jax's Open MPI detection reads (Open MPI 5 does not set it: use --coordinator)
     hosts = env.get("TPU_WORKER_HOSTNAMES", "")
     if hosts and len(hosts.split(",")) > 1:
         return "tpu"
@@ -54,13 +56,16 @@ def cluster_detected() -> str | None:
 
 
 def initialize(coordinator: str = "", num_processes: int = 0, process_id: int = -1,
-               local_device_ids: list[int] | None = None) -> bool:
-    """Start the distributed runtime once: with explicit arguments, or when `cluster_detected()`.
-    -> whether this is a multi-process run. Must run before anything touches a jax backend."""
+               local_device_ids: list[int] | None = None, auto: bool = False) -> bool:
+    """Start the distributed runtime once: with explicit arguments, with jax's own detection (`auto`),
+    or when `cluster_detected()`. -> whether this is a multi-process run. Must run before anything
+    touches a jax backend."""
     if _STARTED:
         return jax.process_count() > 1
+    if num_processes == 1 and process_id in (-1, 0) and not coordinator:
+        return False  # one process, said explicitly
     explicit = bool(coordinator) or num_processes > 1 or process_id >= 0
-    cluster = cluster_detected()
+    cluster = "auto" if auto else cluster_detected()
     if not explicit and cluster is None:
         return False
     if explicit and not (coordinator and num_processes > 1 and process_id >= 0):
@@ -95,16 +100,44 @@ def barrier(name: str) -> None:
 
 
 def allgather_objects(obj: Any) -> list[Any]:
-    """Every process's JSON-serialisable `obj`, in process order (on every process)."""
+    """Every process's `obj` (any picklable value: our own processes, trusted), in process order,
+    on every process."""
     if jax.process_count() == 1:
         return [obj]
     from jax.experimental import multihost_utils
-    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
     sizes = multihost_utils.process_allgather(np.asarray([data.size], np.int64)).reshape(-1)
     buf = np.zeros(int(sizes.max()), np.uint8)
     buf[:data.size] = data
     allb = multihost_utils.process_allgather(buf).reshape(len(sizes), -1)
-    return [json.loads(allb[i, :sizes[i]].tobytes().decode()) for i in range(len(sizes))]
+    return [pickle.loads(allb[i, :sizes[i]].tobytes()) for i in range(len(sizes))]
+
+
+def on_main(fn, *args, **kwargs):
+    """Run fn on process 0 only; every process returns its result or raises its error (so a failure
+    on process 0 never leaves the others waiting at the next collective)."""
+    out, err = None, None
+    if is_main():
+        try:
+            out = fn(*args, **kwargs)
+        except Exception as e:  # re-raised below, on every process
+            err = e
+    got = allgather_objects(None if err is None else f"{type(err).__name__}: {err}")[0]
+    if err is not None:
+        raise err
+    if got is not None:
+        raise RuntimeError(f"process 0 failed: {got}")
+    return out
+
+
+def host_tree(tree):
+    """The tree's arrays as host numpy on every process (arrays split across processes all-gathered):
+    what a file writer on process 0 needs (collective: every process calls it)."""
+    if jax.process_count() == 1:
+        return tree
+    from jax.experimental import multihost_utils
+    return jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True))
+                        if isinstance(x, jax.Array) and not x.is_fully_addressable else x, tree)
 
 
 def local_mesh(mesh):
@@ -123,26 +156,41 @@ def local_mesh(mesh):
     return Mesh(block, mesh.axis_names, axis_types=mesh.axis_types)
 
 
+_VIEWS: dict = {}  # id(global array) -> (the array, its local view): the last call's
+
+
 def local_view(tree, lmesh):
     """`tree` (global arrays on a mesh) as arrays on this process's sub-mesh `lmesh`: without a copy
     where the process's shards already hold the whole array (every mesh axis the array is split over
     lies inside the process, e.g. weights replicated over a data axis that spans processes), else
-    gathered through the host (a copy: weights split over processes are all-gathered)."""
+    gathered through the host (a copy: weights split over processes are all-gathered). Views of the
+    previous call's arrays are reused, so a frozen base maps to the same local arrays every step (and
+    the decode layout's per-layer copy, memoised on array identity, is made once)."""
     if jax.process_count() == 1:
         return tree
     from jax.experimental import multihost_utils
     from jax.sharding import NamedSharding
+    views: dict = {}
 
     def one(x):
         if not isinstance(x, jax.Array) or x.is_fully_addressable:
             return x
+        hit = _VIEWS.get(id(x))
+        if hit is not None and hit[0] is x:
+            views[id(x)] = hit
+            return hit[1]
         spec = x.sharding.spec
         axes = [a for s in spec if s is not None for a in ((s,) if isinstance(s, str) else s)]
         target = NamedSharding(lmesh, spec)
         if all(lmesh.shape[a] == x.sharding.mesh.shape[a] for a in axes):
             by_dev = {s.device: s.data for s in x.addressable_shards}
-            return jax.make_array_from_single_device_arrays(
+            view = jax.make_array_from_single_device_arrays(
                 x.shape, target, [by_dev[d] for d in target.addressable_devices_indices_map(x.shape)])
-        full = np.asarray(multihost_utils.process_allgather(x, tiled=True))
-        return jax.device_put(full, target)
-    return jax.tree.map(one, tree)
+        else:
+            view = jax.device_put(np.asarray(multihost_utils.process_allgather(x, tiled=True)), target)
+        views[id(x)] = (x, view)
+        return view
+    out = jax.tree.map(one, tree)
+    _VIEWS.clear()
+    _VIEWS.update(views)
+    return out

@@ -19,8 +19,10 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dart_jax.adapters.method import MethodSpec, model_trees
+from dart_jax.models.sharding import batch_sharding
 from dart_jax.models.config import ModelConfig
 from dart_jax.rewards.training import QAReward, SQLReward
 from dart_jax.rl import batch as batch_lib
@@ -70,36 +72,17 @@ def gather_rollouts(ro: Rollouts) -> Rollouts:
     the whole batch, identical everywhere; parallel.distributed). Rows are right-padded to the
     longest trajectory of the step, as one process's rollout pads them."""
     from dart_jax.parallel.distributed import allgather_objects
-    tb = ro.tb
-    mine = {"rows": ro.rows, "metas": ro.metas, "uids": tb.uids, "finish": tb.finish_reason, "turns": tb.turns,
-            "texts": tb.response_text, "prompt_len": tb.prompt_len.tolist(), "length": tb.length.tolist(),
-            "arrays": {k: [getattr(tb, k)[i, :n].tolist() for i, n in enumerate(tb.length)]
-                       for k in ("ids", "loss_mask", "route_ids", "sampler_logprobs")}}
-    parts = allgather_objects(_jsonable(mine))
-    lengths = [n for p in parts for n in p["length"]]
-    b, width = len(lengths), max(lengths)
-    arrays = {"ids": np.zeros((b, width), np.int32), "loss_mask": np.zeros((b, width), np.float32),
-              "route_ids": np.full((b, width), -1, np.int32), "sampler_logprobs": np.zeros((b, width), np.float32)}
-    rows = [r for p in parts for r in zip(*(p["arrays"][k] for k in arrays))]
-    for i, vals in enumerate(rows):
-        for k, v in zip(arrays, vals):
-            arrays[k][i, :len(v)] = v
-    positions = np.where(np.arange(width)[None] < np.asarray(lengths)[:, None], np.arange(width)[None], -1)
-    cat = lambda key: [x for p in parts for x in p[key]]  # noqa: E731
-    tb = TrajectoryBatch(arrays["ids"], positions.astype(np.int32), arrays["loss_mask"], arrays["route_ids"],
-                         arrays["sampler_logprobs"], np.asarray(cat("prompt_len"), np.int32),
-                         np.asarray(lengths, np.int32), cat("uids"), cat("finish"), cat("turns"), cat("texts"))
-    return Rollouts(tb, cat("rows"), cat("metas"))
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        return x.item()
-    return x
+    parts = allgather_objects(ro)
+    width = max(p.tb.ids.shape[1] for p in parts)
+    pads = {"ids": 0, "positions": -1, "loss_mask": 0, "route_ids": -1, "sampler_logprobs": 0}
+    arrays = {k: np.concatenate([np.pad(getattr(p.tb, k), ((0, 0), (0, width - p.tb.ids.shape[1])),
+                                        constant_values=v) for p in parts]) for k, v in pads.items()}
+    cat = lambda get: [x for p in parts for x in get(p)]  # noqa: E731
+    tb = TrajectoryBatch(**arrays, prompt_len=np.concatenate([p.tb.prompt_len for p in parts]),
+                         length=np.concatenate([p.tb.length for p in parts]), uids=cat(lambda p: p.tb.uids),
+                         finish_reason=cat(lambda p: p.tb.finish_reason), turns=cat(lambda p: p.tb.turns),
+                         response_text=cat(lambda p: p.tb.response_text))
+    return Rollouts(tb, cat(lambda p: p.rows), cat(lambda p: p.metas))
 
 
 # -- scoring ------------------------------------------------------------------------------------------
@@ -154,8 +137,11 @@ class Updater:
             b, a = model_trees(method, params, base, None)
             return scorer(b, a, tokens, positions, routes)
 
-        self._old = jax.jit(old_logp)
-        self._ref = jax.jit(lambda base, tokens, positions: scorer(base, None, tokens, positions, None))
+        # inputs batch-sharded, outputs replicated: every process can read the log-probs back (multi-host)
+        rep = NamedSharding(mesh, P())
+        self._old = jax.jit(old_logp, out_shardings=rep)
+        self._ref = jax.jit(lambda base, tokens, positions: scorer(base, None, tokens, positions, None),
+                            out_shardings=rep)
 
     def logprobs(self, state: TrainState, base, batch: dict) -> tuple[np.ndarray, np.ndarray]:
         """(old, reference) log-probs f32[N, T]. old: recomputed teacher-forced (verl) or, with
@@ -167,7 +153,8 @@ class Updater:
         olds, refs = [], []
         params = state.compute_params()
         for s in range(0, n, mb):
-            t, p, r = (jnp.asarray(batch[k][s:s + mb]) for k in ("tokens", "positions", "route_ids"))
+            t, p, r = (jax.device_put(np.asarray(batch[k][s:s + mb]), batch_sharding(batch[k][s:s + mb].shape, self.mesh))
+                       for k in ("tokens", "positions", "route_ids"))
             if recompute:
                 olds.append(np.asarray(self._old(params, base, t, p, r)))
             if self.lc.kl_coef != 0:

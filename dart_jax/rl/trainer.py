@@ -49,7 +49,7 @@ from dart_jax.run.metrics import (
     wilson_interval,
 )
 from dart_jax.models.transformer import unstack_layers
-from dart_jax.parallel.distributed import barrier, is_main, local_mesh, local_view
+from dart_jax.parallel.distributed import barrier, host_tree, is_main, local_mesh, local_view, on_main
 from dart_jax.run.policy import ROUTE_MODE, load_policy, run_mesh
 from dart_jax.run.records import append_rollouts, trim_rollouts
 from dart_jax.run.task import build_tool, load_eval_rows, load_task_rows
@@ -194,9 +194,8 @@ class Trainer:
         oc, tc = self.config.output, self.config.train
         os.makedirs(oc.dir, exist_ok=True)
         ckdir = os.path.join(oc.dir, "checkpoints")
-        if not resume and is_main():  # files: process 0 writes them, every process reads them
-            run_dir.start_fresh(oc.dir, self.config, checkpoint_steps(ckdir), overwrite)
-        barrier("run_dir")
+        if not resume:  # files: process 0 writes them (its failure reaches every process), all read them
+            on_main(run_dir.start_fresh, oc.dir, self.config, checkpoint_steps(ckdir), overwrite)
         ckpt = Checkpointer(ckdir, keep=oc.keep)
         start = 0
         if resume:
@@ -239,11 +238,14 @@ class Trainer:
         plot = plot_curves(writer.path, os.path.join(oc.dir, "reward_curve.png")) if is_main() else None
         out = {"metrics": writer.path, "plot": plot, "checkpoints": ckpt.directory, "steps": tc.steps,
                "history": history}
-        if oc.export_adapters and self.method.variant == "dart" and is_main():
-            out["adapters"] = export_dart(os.path.join(oc.dir, "adapters"), self.state.compute_params(), self.cfg, self.base,
-                                          self.tok, self.protocol.tool_open, self.protocol.tool_close,
-                                          self.router.convention, base_model=self.config.model.path,
-                                          extra={"kind": "dart", "warm_start": self.config.get("warm_start", "")})
+        if oc.export_adapters and self.method.variant == "dart":
+            # collective: arrays split across processes come to every host; process 0 writes the files
+            tables = host_tree({k: self.base[k] for k in ("embed", "lm_head") if k in self.base})
+            out["adapters"] = on_main(export_dart, os.path.join(oc.dir, "adapters"),
+                                      host_tree(self.state.compute_params()), self.cfg, tables,
+                                      self.tok, self.protocol.tool_open, self.protocol.tool_close,
+                                      self.router.convention, base_model=self.config.model.path,
+                                      extra={"kind": "dart", "warm_start": self.config.get("warm_start", "")})
         return out
 
 

@@ -100,7 +100,9 @@ class Checkpointer:
         saved = self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
                                                                 meta=ocp.args.JsonSave(meta)))
         self.manager.wait_until_finished()
-        if not saved or not os.path.isdir(os.path.join(self.directory, str(step))):
+        from dart_jax.parallel.distributed import allgather_objects
+        written = all(allgather_objects(bool(saved) and os.path.isdir(os.path.join(self.directory, str(step)))))
+        if not written:  # decided together: no process waits at the barrier below for one that raised
             raise RuntimeError(f"checkpoint {step} was not written to {self.directory}: a checkpoint of that step "
                                "already exists (move it aside or resume from it); no manifest is written for "
                                "files this process did not write")
@@ -137,14 +139,21 @@ class Checkpointer:
         reasons kept in `failures` (None when none is usable). With `move_unusable` (a run resuming),
         the unusable checkpoints newer than the one restored are moved aside (`quarantine`); when none
         restores nothing is moved (a changed configuration fails every step of a healthy run)."""
+        from dart_jax.parallel.distributed import allgather_objects
         self.failures = {}
         for step in reversed(self.steps()):
+            why = None
             try:
                 state, meta = self.restore(step, like)
             except Exception as e:  # orbax raises many types for unreadable files
-                self.failures[step] = f"{type(e).__name__}: {str(e)[:300]}"
-                log.warning("checkpoint %d in %s is unusable (%s: %s); trying the previous one",
-                            step, self.directory, type(e).__name__, e)
+                why = f"{type(e).__name__}: {str(e)[:300]}"
+            # multi-host: a step is usable only if every process restored it (one process's unreadable
+            # shard fails the step everywhere, so all resume from the same step)
+            whys = [w for w in allgather_objects(why) if w is not None]
+            if whys:
+                self.failures[step] = whys[0]
+                log.warning("checkpoint %d in %s is unusable (%s); trying the previous one", step, self.directory,
+                            whys[0])
                 continue
             if move_unusable:
                 if jax.process_index() == 0:  # one process moves the files; the others see them moved

@@ -31,15 +31,21 @@ from dart_jax.rl.trainer import Trainer  # noqa: E402
 
 assert jax.device_count() == 8 and jax.process_count() == nproc
 
-# a reduce-scatter of 8 MiB per device: row d (on device d) holds d + 1 everywhere; the rows are summed
-# and the sum is scattered over the devices in 8 blocks (every element of the result is 1 + … + 8)
+# a reduce-scatter (lax.psum_scatter: the collective itself, not whatever XLA makes of a sum) of 8 MiB
+# per device: device d holds d + 1 everywhere; the sum is scattered in 8 blocks (each element 1 + … + 8)
+try:
+    from jax import shard_map
+except ImportError:  # older jax
+    from jax.experimental.shard_map import shard_map
 mesh = make_mesh((8, 1, 1))
 n = 2 ** 21  # float32: 8 MiB per device
-rows = jax.make_array_from_callback((8, n), NamedSharding(mesh, P("data")),
-                                    lambda idx: np.full((1, n), float(idx[0].start + 1), np.float32))
-summed = jax.jit(lambda x: x.reshape(8, 8, n // 8).sum(0), out_shardings=NamedSharding(mesh, P("data")))(rows)
-got = np.asarray(multihost_utils.process_allgather(summed, tiled=True))
-ok = bool(np.all(got == 36.0)) and got.shape == (8, n // 8)
+rows = jax.make_array_from_callback((8 * n,), NamedSharding(mesh, P("data")),
+                                    lambda idx: np.full((n,), float(idx[0].start // n + 1), np.float32))
+fn = jax.jit(shard_map(lambda x: jax.lax.psum_scatter(x, "data", scatter_dimension=0, tiled=True), mesh=mesh,
+                       in_specs=P("data"), out_specs=P("data")))
+hlo = fn.lower(rows).compile().as_text()
+got = np.asarray(multihost_utils.process_allgather(fn(rows), tiled=True))
+ok = bool(np.all(got == 36.0)) and got.shape == (n,) and "reduce-scatter" in hlo
 
 c = quickstart.get_config()
 c.model.path = model_dir
@@ -62,14 +68,22 @@ c.output.dir = out_dir
 c.output.checkpoint_every = 1
 c.output.progress = False
 c.output.tensorboard = False
-c.output.export_adapters = False
+c.output.export_adapters = True  # a collective: the adapters split across processes are gathered for process 0
 c.mesh.shape = (2, 1, 4)
 t = Trainer(c)
+
+
+def host(tree):
+    return [np.asarray(multihost_utils.process_allgather(x, tiled=True)) if not x.is_fully_addressable
+            else np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+init = host(t.state.params)
 t.run()
-leaves = [np.asarray(multihost_utils.process_allgather(x, tiled=True)) if not x.is_fully_addressable
-          else np.asarray(x) for x in jax.tree.leaves(t.state.params)]
+leaves = host(t.state.params)
 if pid == 0:
     np.savez(os.path.join(out_dir, "params.npz"), *leaves)
+    np.savez(os.path.join(out_dir, "init.npz"), *init)
     with open(os.path.join(out_dir, "collectives.json"), "w") as f:
         json.dump({"reduce_scatter_ok": ok, "bytes_per_device_in": n * 4}, f)
 print(f"process {pid} done", flush=True)
