@@ -140,6 +140,13 @@ def abstract_row(cfg, mesh, layout: str, batch: int, prompt: int, new: int) -> d
                          placement.cache(cfg, batch, capacity))
     state, _ = jax.eval_shape(lambda b, t, c: prefill(b, None, t, t, c, jax.random.PRNGKey(0), spec=spec),
                               dbase, toks, cache)
+    # the state as the sampler holds it between calls: cache and per-row vectors placed (eval_shape
+    # drops shardings), so the compiled decode sees the real input layout
+    state = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placement.rows(a.shape) if a.ndim
+                                       else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())),
+        state.replace(cache=None))
+    state = state.replace(cache=cache)
     ones, stop_on, budget = (jax.ShapeDtypeStruct((batch,), bool), jax.ShapeDtypeStruct((batch, 1), bool),
                              jax.ShapeDtypeStruct((batch,), jnp.int32))
     t0 = time.perf_counter()
@@ -201,7 +208,8 @@ def sweep_for(config, model: str, shapes, batch: int, prompt: int, new: int, dty
         over = model_overrides(config)
         _, cfg = open_source(config.model.path, **over)
         return sweep_rollout(cfg, shapes, batch, prompt, new,
-                             base_for=lambda mesh: load_model(config.model.path, mesh=mesh, **over)[1], log=log)
+                             base_for=lambda mesh: load_model(config.model.path, mesh=mesh, **over)[1], log=log,
+                             abstract=abstract)
     from dart_jax.bench.suite import model_config
     return sweep_rollout(model_config(model, dtype), shapes, batch, prompt, new, log=log, abstract=abstract)
 

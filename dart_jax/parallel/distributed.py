@@ -22,7 +22,7 @@ On CPU (tests: N processes × M forced host devices on localhost) collectives go
 The training loop's contract (rl.trainer): every process runs the same host loop on the same data
 stream; each rolls out its contiguous share of a step's prompts (whole GRPO groups) on its own
 local devices with its own tool instances; the trajectories are all-gathered on the host
-(`allgather_objects`: every process then holds the step's whole batch, identical everywhere), and
+(`allgather_objects`, pickled: every process then holds the step's whole batch, identical everywhere), and
 the update runs on the global mesh; metrics, plots and files are written by process 0 and orbax
 checkpoints by all.
 """

@@ -145,10 +145,12 @@ def test_decode_state_and_weight_copies_are_sharded(setup):
     # each device holds a quarter of the batch × half of the KV heads... of 8 devices: 1/8 of the cache
     k = st.cache["k"][0]
     assert k.addressable_shards[0].data.size * 8 == k.size
+    old = st.cache["k"][0]
     seg = pol.segment(np.ones(len(prompts), bool), np.ones((len(prompts), len(agent.spec.stops)), bool),
                       np.full(len(prompts), 8, np.int32), None)
     assert (seg.count > 0).all()
-    assert spec(pol.state.cache["k"][0]) == ("data", "tensor", None, None)  # donated, same layout
+    assert spec(pol.state.cache["k"][0]) == ("data", "tensor", None, None)  # same layout, and
+    assert old.is_deleted()  # the old cache was donated: updated in place, not copied
     # the decode layout's per-layer copies are placed as their stacked sources (minus the layer axis)
     layers = per_layer_params(base)
     assert spec(layers["layers"][0]["gate"]) == spec(base["layers"]["gate"])[1:] == (None, "tensor")
@@ -171,3 +173,25 @@ def test_stacked_decode_layout_is_the_same_rollout(setup, single):
     np.testing.assert_allclose(tb.sampler_logprobs, ref.sampler_logprobs, atol=2e-5, rtol=0)
     with pytest.raises(ValueError, match="decode_layout"):
         RolloutConfig(decode_layout="paged")
+
+
+def test_a_share_of_the_batch_draws_as_the_whole_batch(setup):
+    """Multi-host rollouts: a process rolling out rows [4, 8) with row_offset=4 samples what the whole
+    8-row batch samples there (keys by global row; log-probs to the rounding of another padding)."""
+    cfg, _, _, _, tok, prompts = setup
+    base, ads = _policy(setup, None)
+    rc = RolloutConfig(max_turns=2, max_tokens_per_turn=32, max_response_tokens=200, max_obs_tokens=48,
+                       invalid_action="none")
+    agent = Agent(cfg, tok, FREQUENT, tool_for(SQL, SQLiteTool(timeout_s=5.0)), SamplingConfig(temperature=1.0), rc)
+    metas = [{"db_path": DB}] * len(prompts)
+    whole = agent.rollout(base, ads, prompts, list(range(8)), metas, seed=5)
+    halves = [agent.rollout(base, ads, prompts[o:o + 4], list(range(o, o + 4)), metas[o:o + 4], seed=5, row_offset=o)
+              for o in (0, 4)]
+    for o, h in zip((0, 4), halves):
+        for i in range(4):
+            n = int(whole.length[o + i])
+            assert int(h.length[i]) == n
+            np.testing.assert_array_equal(h.ids[i, :n], whole.ids[o + i, :n])
+            np.testing.assert_allclose(h.sampler_logprobs[i, :n], whole.sampler_logprobs[o + i, :n], atol=2e-5)
+    other = agent.rollout(base, ads, prompts[4:], list(range(4)), metas[4:], seed=5)  # no offset: other draws
+    assert not np.array_equal(other.ids, halves[1].ids)
