@@ -37,11 +37,16 @@ from dart_jax.rollout.sampler import cache_bucket, decode_segment, prefill
 DECODE_LAYOUTS = ("stacked", "per_layer", "shared")  # the order measured: each adds no copy the next relies on
 
 
-def _bytes_by_device(arrays) -> dict:
+def _buffers(arrays) -> set:
+    return {(s.device, s.data.unsafe_buffer_pointer()) for x in arrays for s in getattr(x, "addressable_shards", ())}
+
+
+def _bytes_by_device(arrays, exclude: set = frozenset()) -> dict:
     """Bytes of the arrays' shards per device, each device buffer counted once (a shard's `.data` is
-    itself a live array over the same buffer, so jax.live_arrays() lists views too)."""
+    itself a live array over the same buffer, so jax.live_arrays() lists views too); buffers in
+    `exclude` (alive before the measurement began: another test's, the caller's) are not counted."""
     out: dict = {}
-    seen: set = set()
+    seen: set = set(exclude)
     for x in arrays:
         for s in getattr(x, "addressable_shards", ()):
             key = (s.device, s.data.unsafe_buffer_pointer())
@@ -57,8 +62,9 @@ def random_base(cfg, mesh, seed: int = 0):
     return init(jax.random.PRNGKey(seed))
 
 
-def rollout_row(cfg, base, mesh, layout: str, batch: int, prompt: int, new: int) -> dict:
-    """One (mesh, layout) measurement; `base` is already placed on `mesh`."""
+def rollout_row(cfg, base, mesh, layout: str, batch: int, prompt: int, new: int, exclude: set = frozenset()) -> dict:
+    """One (mesh, layout) measurement; `base` is already placed on `mesh`; `exclude`: device buffers
+    that were alive before the measurement and are not its."""
     placement = RolloutMesh.of(mesh)
     spec = dataclasses.replace(_spec(cfg), placement=placement)
     dbase = decode_params(base, layout)
@@ -75,7 +81,7 @@ def rollout_row(cfg, base, mesh, layout: str, batch: int, prompt: int, new: int)
     ma = compiled.memory_analysis()
     temp = int(ma.temp_size_in_bytes) if ma is not None else 0
     # everything alive now is what decode holds: the training tree, the layout copy, the state
-    live = _bytes_by_device(jax.live_arrays())
+    live = _bytes_by_device(jax.live_arrays(), exclude)
     weights = _bytes_by_device(jax.tree.leaves(base))
     kv = _bytes_by_device(jax.tree.leaves(state.cache))
     t = time.perf_counter()
@@ -176,6 +182,10 @@ def sweep_rollout(cfg, shapes, batch: int = 16, prompt: int = 256, new: int = 16
             rows.append({"mesh": "x".join(map(str, shape)), "error": f"needs {n} devices, {jax.device_count()} available"})
             continue
         mesh = make_mesh(shape, jax.devices()[:n])
+        # what the process held already is not this measurement's; holding the arrays keeps their buffers
+        # from being freed and their addresses reused by the measurement's own arrays
+        held = jax.live_arrays()
+        before = _buffers(held)
         if abstract:
             for layout in sorted(layouts, key=DECODE_LAYOUTS.index):
                 rows.append(abstract_row(cfg, mesh, layout, batch, prompt, new))
@@ -187,13 +197,13 @@ def sweep_rollout(cfg, shapes, batch: int = 16, prompt: int = 256, new: int = 16
                 base = transformer.unstack_layers(base)
                 gc.collect()
             try:
-                rows.append(rollout_row(cfg, base, mesh, layout, batch, prompt, new))
+                rows.append(rollout_row(cfg, base, mesh, layout, batch, prompt, new, before))
             except Exception as e:  # e.g. out of memory for one layout: the others still run
                 rows.append({"mesh": "x".join(map(str, shape)), "layout": layout, "error": f"{type(e).__name__}: {e}"})
             transformer.clear_decode_layout()  # the per-layer copy dies with this mesh's rows
             gc.collect()
             log(f"rollout sweep: {rows[-1]}")
-        del base
+        del base, held
         gc.collect()
     return rows
 
