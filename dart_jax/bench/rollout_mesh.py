@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import math
 import time
 
 import jax
@@ -28,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.bench.sampler import _spec
+from dart_jax.bench.sweep import sub_mesh
 from dart_jax.models import transformer
 from dart_jax.models.sharding import base_shardings
-from dart_jax.parallel.mesh import make_mesh
 from dart_jax.rollout.placement import RolloutMesh, decode_params, new_cache
 from dart_jax.rollout.sampler import cache_bucket, decode_segment, prefill
 
@@ -177,11 +176,10 @@ def sweep_rollout(cfg, shapes, batch: int = 16, prompt: int = 256, new: int = 16
     (default: a random init of `cfg`, sharded). `abstract`: `abstract_row` instead (nothing runs)."""
     rows = []
     for shape in shapes:
-        n = math.prod(shape)
-        if n > jax.device_count():
-            rows.append({"mesh": "x".join(map(str, shape)), "error": f"needs {n} devices, {jax.device_count()} available"})
+        mesh, error = sub_mesh(shape)
+        if error:
+            rows.append(error)
             continue
-        mesh = make_mesh(shape, jax.devices()[:n])
         # what the process held already is not this measurement's; holding the arrays keeps their buffers
         # from being freed and their addresses reused by the measurement's own arrays
         held = jax.live_arrays()

@@ -34,17 +34,24 @@ from dart_jax.rl.step import BATCH_KEYS, make_train_step
 from dart_jax.run.policy import model_overrides
 
 
+def sub_mesh(shape: tuple[int, int, int]):
+    """-> (mesh on the first prod(shape) devices, None), or (None, the sweep row saying it cannot)."""
+    n = math.prod(shape)
+    if n > jax.device_count():
+        return None, {"mesh": "x".join(map(str, shape)), "error": f"needs {n} devices, {jax.device_count()} available"}
+    return make_mesh(shape, jax.devices()[:n]), None
+
+
 def sweep_mesh(config, shapes: list[tuple[int, int, int]], length: int = 512, steps: int = 3) -> list[dict]:
     overrides = model_overrides(config)
     method, lc, oc = method_spec(config), loss_config(config), optim_config(config)
     micro, mini = config.train.micro_batch, config.train.mini_batch
     rows = []
     for shape in shapes:
-        n = math.prod(shape)
-        if n > jax.device_count():
-            rows.append({"mesh": "x".join(map(str, shape)), "error": f"needs {n} devices, {jax.device_count()} available"})
+        mesh, error = sub_mesh(shape)
+        if error:
+            rows.append(error)
             continue
-        mesh = make_mesh(shape, jax.devices()[:n])
         cfg, base = load_model(config.model.path, mesh=mesh, **overrides)
         opt = make_optimizer(oc)
         state, base = place_state(method, cfg, base, init_adapters(method, cfg, jax.random.PRNGKey(0)), opt, mesh)

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from configs import quickstart  # noqa: E402
+from rl.test_trainer import _config as trainer_config  # noqa: E402
 from dart_jax.parallel.mesh import make_mesh  # noqa: E402
 from dart_jax.rl.trainer import Trainer  # noqa: E402
 
@@ -47,27 +47,9 @@ hlo = fn.lower(rows).compile().as_text()
 got = np.asarray(multihost_utils.process_allgather(fn(rows), tiled=True))
 ok = bool(np.all(got == 36.0)) and got.shape == (n,) and "reduce-scatter" in hlo
 
-c = quickstart.get_config()
-c.model.path = model_dir
-c.warm_start = ""
-c.train.old_logp = "recompute"
-c.loss.kl_coef = 0.001
+c = trainer_config(model_dir, out_dir, steps=2)  # the trainer tests' tiny run, resized for 8 devices:
 c.eval.n = 0
-c.train.steps = 2
-c.train.prompts_per_step = 2
-c.train.group_size = 2
-c.train.mini_batch = 4
-c.train.micro_batch = 2
-c.rollout.max_turns = 1
-c.rollout.max_tokens_per_turn = 16
-c.rollout.max_obs_tokens = 64
-c.rollout.max_response_tokens = 128
-c.loss.entropy_coef = 0.01
-c.optim.lr = 1e-2
-c.output.dir = out_dir
-c.output.checkpoint_every = 1
-c.output.progress = False
-c.output.tensorboard = False
+c.train.mini_batch, c.train.micro_batch = 4, 2
 c.output.export_adapters = True  # a collective: the adapters split across processes are gathered for process 0
 c.mesh.shape = (2, 1, 4)
 t = Trainer(c)
