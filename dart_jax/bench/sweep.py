@@ -80,7 +80,7 @@ def sweep_mesh(config, shapes: list[tuple[int, int, int]], length: int = 512, st
                    - ma.alias_size_in_bytes)
             source = "xla estimate"
         tokens = mini * length
-        rows.append({"mesh": "x".join(map(str, shape)), "devices": n, "compile_s": compile_s,
+        rows.append({"mesh": "x".join(map(str, shape)), "devices": mesh.size, "compile_s": compile_s,
                      "step_s": float(np.median(times[1:] if len(times) > 1 else times)),
                      "tokens_per_s": tokens / float(np.median(times[1:] if len(times) > 1 else times)),
                      "memory_gib_per_device": mem / 2 ** 30, "memory_source": source,
