@@ -15,6 +15,10 @@ training run resumes from its newest checkpoint, so re-running the same command 
 h_reas), or `variant=PATH` six times; each PATH is `launch.evaluate --n-samples N`'s output
 directory or its per_question_accuracy.jsonl. The solve stage writes report.md, summary.json,
 beta.csv, per_question.jsonl and three PNGs.
+
+Multi-process: the same command on every process with --coordinator / --num-processes / --process-id
+(or --distributed, as launch.train): training and sampling run across the processes (a shared
+filesystem holds config.cea.out), process 0 decides what is done, writes the files and solves.
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ import os
 
 from absl import flags
 
-from launch._cli import Command
+from launch._cli import Command, define_distributed_flags
 
 CLI = Command("launch.cea", __doc__, config=True)
 F = CLI.flags
+START = define_distributed_flags(CLI)
 STAGE = flags.DEFINE_enum("stage", "all", ["all", "train", "sample", "solve"], "the stage to run (all: every "
                           "missing one, in order)", flag_values=F)
 INPUTS = flags.DEFINE_multi_string("inputs", [], "a directory of six variant sub-directories, or variant=PATH "
@@ -95,18 +100,24 @@ def main(argv: list[str] | None = None) -> int:
             config.cea[field] = flag.value
     if OUT.value:
         config.cea.out = OUT.value
+    START()
     from dart_jax.analysis.cea_run import STAGES, Stages
+    from dart_jax.parallel.distributed import is_main
     stages = Stages(config)
     if B23_ONLY.value:
         if STAGE.value != "solve":
             raise SystemExit("launch.cea --interference-only goes with --stage=solve")
         s = stages.solve(interference_only=True)
+        if not is_main():
+            return 0
         b = s["clip"]["b23"]
         print(f"{s['kept']} questions kept ({s['dropped']} dropped): β23 mean {b['mean']:+.3f} "
               f"[{b['mean_ci'][0]:+.3f}, {b['mean_ci'][1]:+.3f}], {b['share_negative']:.0%} negative, "
               f"sign test p = {b['sign_test_p']:.3g}; report: {os.path.join(config.cea.out, 'solve_b23', 'report.md')}")
         return 0
     s = stages.run(STAGES if STAGE.value == "all" else (STAGE.value,))
+    if not is_main():
+        return 0
     for stage, items in stages.times().items():
         print(f"{stage}: " + ", ".join(f"{k} {v['seconds'] / 60:.1f} min" for k, v in items.items()))
     if s is not None:

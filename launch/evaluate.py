@@ -10,6 +10,10 @@ tools; prints the tables and writes results.{md,csv,json} and per_question.jsonl
 Run again into the same --out (e.g. after an interruption, or with a larger --limit), an evaluation
 reuses the batches already sampled with the same settings and samples only the rest; the records are
 the ones a single uninterrupted run writes (dart_jax/eval/resume.py).
+
+Multi-process: the same command on every process with --coordinator / --num-processes / --process-id
+(or --distributed, as launch.train); each process samples every N-th batch on its own devices (the
+same batches and seeds as one process), process 0 gathers and writes the files.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ import time
 
 from absl import flags
 
-from launch._cli import Command
+from launch._cli import Command, define_distributed_flags
 
 CLI = Command("launch.evaluate", __doc__, config=True)
 F = CLI.flags
+START = define_distributed_flags(CLI)
 MODEL = flags.DEFINE_string("model", None, "model name or path (overrides config.model.path)", flag_values=F)
 TASK = flags.DEFINE_enum("task", None, ["qa", "sql"], "task (default: the config's)", flag_values=F)
 CHECKPOINT = flags.DEFINE_string("checkpoint", None, "a run directory, its checkpoints/, or a DART / warm-start "
@@ -66,6 +71,7 @@ QUIET = flags.DEFINE_bool("quiet", False, "no progress bar", flag_values=F)
 
 def main(argv: list[str] | None = None) -> int:
     CLI.parse(argv)
+    START()
     from configs import evaluate as eval_config
     config = CLI.config.value if CLI.config.value is not None else eval_config.get_config(TASK.value or "qa")
     if TASK.value:
@@ -92,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     results = evaluate(config, out, datasets, options, checkpoint=CHECKPOINT.value, peft=PEFT.value,
                        remove=REMOVE.value, step=STEP.value, fixed_retrieval=FIXED.value,
                        compare=COMPARE.value or None, compose=compose, resume_run=RESUME.value)
-    print(markdown(results))
-    for name, path in results["files"].items():
-        print(f"{name}: {path}")
+    from dart_jax.parallel.distributed import is_main
+    if is_main():
+        print(markdown(results))
+        for name, path in results["files"].items():
+            print(f"{name}: {path}")
     return 0
 
 

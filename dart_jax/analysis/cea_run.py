@@ -35,6 +35,7 @@ import time
 from dart_jax.analysis import cea
 
 from dart_jax.analysis.stage_log import StageLog
+from dart_jax.parallel.distributed import from_main, on_main
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +115,9 @@ class Stages(StageLog):
         done = {}
         for v in variants:
             vc = variant_config(self.config, v)
-            have, want = trained_steps(vc.output.dir), int(vc.train.steps)
-            diffs = config_mismatch(vc.output.dir, vc)
+            # read once, by process 0 (a multi-process run shares config.cea.out)
+            have, diffs = from_main(lambda: (trained_steps(vc.output.dir), config_mismatch(vc.output.dir, vc)))
+            want = int(vc.train.steps)
             if diffs:
                 raise ValueError(f"CEA train {v}: {vc.output.dir} was written by another configuration (" +
                                  "; ".join(diffs) + "): the three variants must share everything but their role "
@@ -161,7 +163,7 @@ class Stages(StageLog):
         from dart_jax.eval.runner import EvalOptions
         c, want = self.c, int(self.config.train.steps)
         needs = {SOURCES[v][0] for v in variants} | {SOURCES[v][1][1] for v in variants if SOURCES[v][1]}
-        missing = sorted(v for v in needs - {None} if trained_steps(train_dir(self.config, v)) < want)
+        missing = from_main(lambda: sorted(v for v in needs - {None} if trained_steps(train_dir(self.config, v)) < want))
         if missing:
             raise FileNotFoundError(f"CEA sample: the trained variants {missing} have no finished checkpoint at "
                                     f"train.steps = {want} under {self.out}/train (run the train stage first)")
@@ -170,7 +172,7 @@ class Stages(StageLog):
         done = {}
         for v in variants:
             out = self.sample_dir(v)
-            diffs = self.sample_mismatch(v)
+            diffs = from_main(self.sample_mismatch, v)
             if diffs == []:
                 log.info("CEA sample %s: done (%s)", v, out)
                 done[v] = "skipped"
@@ -179,7 +181,7 @@ class Stages(StageLog):
                 log.info("CEA sample %s: %s (%s): sampling the questions not sampled yet", v, out, diffs[0])
             elif diffs:
                 log.warning("CEA sample %s: %s was sampled differently (%s): sampling again", v, out, "; ".join(diffs))
-                shutil.rmtree(out)
+                on_main(shutil.rmtree, out)
             elif os.path.isdir(out):
                 log.info("CEA sample %s: resuming the interrupted sample in %s", v, out)
             main, compose = SOURCES[v]
@@ -196,7 +198,11 @@ class Stages(StageLog):
     # -- solve -------------------------------------------------------------------------------------
     def solve(self, interference_only: bool = False) -> dict:
         """β per question from the six sampled variants; with `interference_only`, β23 alone from the
-        four single-model variants (writes solve_b23/: for a study whose compositions were not sampled)."""
+        four single-model variants (writes solve_b23/: for a study whose compositions were not sampled).
+        Solved by process 0, its summary returned on every process."""
+        return from_main(self._solve, interference_only)
+
+    def _solve(self, interference_only: bool) -> dict:
         from dart_jax.analysis.cea_report import interference_and_report, read_inputs, solve_and_report
         c = self.c
         need = cea.SINGLE if interference_only else cea.VARIANTS

@@ -1,11 +1,14 @@
 """The wall-time record of a staged experiment (launch.cea, launch.grad_angles, launch.methods):
-OUT/stages.json = {stage: {item: {seconds, finished, ...}}}, rewritten atomically after each item."""
+OUT/stages.json = {stage: {item: {seconds, finished, ...}}}, rewritten atomically after each item (by
+process 0 of a multi-process run)."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
+
+import jax
 
 
 class StageLog:
@@ -18,6 +21,8 @@ class StageLog:
         return os.path.join(self.out, "stages.json")
 
     def _record(self, stage: str, item: str, seconds: float, **extra) -> None:
+        if jax.process_index() != 0:
+            return
         times = self.times()
         times.setdefault(stage, {})[item] = {"seconds": round(seconds, 1),
                                              "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}

@@ -22,6 +22,7 @@ from dart_jax.eval.runner import (
     write_per_question_accuracy,
 )
 from dart_jax.models.transformer import unstack_layers
+from dart_jax.parallel.distributed import from_main, is_main, local_mesh, local_view, on_main
 from dart_jax.rl.sections import section
 from dart_jax.rollout.agent import RolloutConfig, trajectory_settings
 from dart_jax.rollout.compose import Policy as CPolicy
@@ -69,7 +70,8 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
     compare_keys = [list(_paper_key(c, task)) for c in compare or ()]
     protocol = PROTOCOLS[task]
     mesh = run_mesh(config)
-    policy = _decode_ready(config, load_eval_policy(config, mesh, checkpoint, peft, remove, step, options.seed))
+    lmesh = local_mesh(mesh)  # multi-process: each process samples whole batches on its own devices
+    policy = _decode_ready(config, load_eval_policy(config, mesh, checkpoint, peft, remove, step, options.seed), lmesh)
     composition = None
     if compose:
         role, other_dir, other_step = (*compose, None) if len(compose) == 2 else compose
@@ -77,7 +79,8 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
             raise ValueError(f"compose role {role!r}; expected 'reasoning' or 'tool'")
         if isinstance(policy.base, TwoModels):
             raise ValueError("compose: the main policy is already a 2-Agent pair of models; compose single models")
-        other = _decode_ready(config, load_eval_policy(config, mesh, other_dir, None, None, other_step, options.seed))
+        other = _decode_ready(config, load_eval_policy(config, mesh, other_dir, None, None, other_step, options.seed),
+                              lmesh)
         if other.tokenizer.get_vocab() != policy.tokenizer.get_vocab():
             raise ValueError(f"compose: {other_dir}'s tokenizer differs from the main policy's; a composition "
                              "shares one token stream")
@@ -94,7 +97,7 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
         tool = build_tool(config, protocol)
     rollout = RolloutConfig(**section(config, "rollout"), route_mode=policy.route_mode)
     convention = policy.router_convention or config.router.convention
-    evaluator = Evaluator(policy.cfg, policy.tokenizer, protocol, tool, rollout, convention, options, mesh=mesh)
+    evaluator = Evaluator(policy.cfg, policy.tokenizer, protocol, tool, rollout, convention, options, mesh=lmesh)
     variant = policy.source.get("variant")
     p_method = paper.method_key(task, variant, int(config.method.rank)) if variant in ("dart", "lora", "full") else None
     setup = {"task": task, "policy": policy_name(policy.source), **{k: v for k, v in policy.source.items()},
@@ -105,6 +108,7 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
              "retriever": section(config, "retriever") if task == "qa" and not fixed_retrieval else {},
              "paper_model": paper.model_key(config.model.path), "paper_method": p_method,
              "devices": f"{jax.device_count()} × {jax.devices()[0].platform}", "seconds": 0.0,
+             "processes": jax.process_count(),
              "model_config": section(config, "model"), "mesh": list(config.mesh.shape),
              "db_root": options.db_root or "", "sql_timeout_s": options.sql_timeout_s,
              "files": resume.stamps(policy.source, fixed_retrieval)}
@@ -114,13 +118,14 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
                                 "mode": "two models, append-only hand-offs (rollout.compose)"}
         setup["policy"] = f"{compose[0]} by {compose[1]}, {'tool' if compose[0] == 'reasoning' else 'reasoning'} " \
                           f"by {setup['policy']}"
-    os.makedirs(out_dir, exist_ok=True)
     records = os.path.join(out_dir, "per_question.jsonl")
-    earlier = resume.prior(out_dir, setup, options.batch) if resume_run else {}
-    resume.clear_results(out_dir)  # an earlier run's summaries no longer describe the records
+    # files are read and written by process 0 (the others roll out their batches and gather)
+    earlier = from_main(_prepare, out_dir, setup, options.batch, resume_run)
     t0 = time.perf_counter()
-    per_set = evaluator.run(sets, policy.base, policy.adapters, records, composition, earlier,
-                            on_plan=lambda items: resume.write_progress(out_dir, setup, options.batch, items))
+    main = is_main()
+    per_set = evaluator.run(sets, policy.base, policy.adapters, records if main else None, composition, earlier,
+                            on_plan=(lambda items: resume.write_progress(out_dir, setup, options.batch, items))
+                            if main else None)
     if evaluator.resumed:
         setup["resumed"] = evaluator.resumed
         log.info("evaluate: reused %s trajectories sampled earlier in %s", evaluator.resumed, out_dir)
@@ -131,19 +136,29 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
     files = {"per_question": records}
     if options.n_samples > 1:
         files["per_question_accuracy"] = os.path.join(out_dir, "per_question_accuracy.jsonl")
-        write_per_question_accuracy(records, files["per_question_accuracy"])
+        on_main(write_per_question_accuracy, records, files["per_question_accuracy"])
     results["files"] = files
     setup["compare"] = compare_keys
-    results["files"].update(write_reports(out_dir, results))
+    results["files"].update(from_main(write_reports, out_dir, results))
     return results
 
 
-def _decode_ready(config, policy):
+def _prepare(out_dir: str, setup: dict, batch: int, resume_run: bool) -> dict:
+    """-> what an earlier run in out_dir sampled with this setup (eval.resume), its summaries removed."""
+    os.makedirs(out_dir, exist_ok=True)
+    earlier = resume.prior(out_dir, setup, batch) if resume_run else {}
+    resume.clear_results(out_dir)  # an earlier run's summaries no longer describe the records
+    return earlier
+
+
+def _decode_ready(config, policy, lmesh):
     """With rollout.decode_layout "shared" the evaluated base is held per layer (one tree for every
-    rollout batch, no copy: rollout.placement)."""
+    rollout batch, no copy: rollout.placement). Multi-process: the trees as seen by this process's
+    sub-mesh (parallel.distributed.local_view)."""
     if "rollout" in config and config.rollout.get("decode_layout") == "shared" and not isinstance(policy.base,
                                                                                                TwoModels):
         policy.base = unstack_layers(policy.base)
+    policy.base, policy.adapters = local_view((policy.base, policy.adapters), lmesh)
     return policy
 
 

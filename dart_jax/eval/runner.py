@@ -16,6 +16,7 @@ import dataclasses
 import json
 import time
 
+import jax
 import numpy as np
 
 from dart_jax.eval.datasets import GROUPS, EvalSet, load_set
@@ -69,6 +70,8 @@ def score_sql(text: str, db_path: str, gold_sql: str, semantics: str, timeout_s:
 class Evaluator:
     def __init__(self, cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, router_convention: str,
                  options: EvalOptions, mesh=None):
+        """`mesh`: where rollouts run — in a multi-process run this process's sub-mesh
+        (parallel.distributed.local_mesh), each process sampling whole batches on its own devices."""
         self.tok, self.protocol, self.options, self.tool_fn = tokenizer, protocol, options, tool_fn
         sampling = SamplingConfig(temperature=options.temperature, top_p=options.top_p, top_k=options.top_k)
         self.agent = Agent(cfg, tokenizer, protocol, tool_fn, sampling, rollout, router_convention, mesh=mesh)
@@ -114,7 +117,7 @@ class Evaluator:
         if on_plan:  # after the records: the plan never describes records of another plan
             on_plan({name: len(its) for name, its in items.items()})
         bar = tqdm(total=sum(len(its) for its in items.values()), desc="evaluate", unit="traj",
-                   disable=not self.options.progress)
+                   disable=not self.options.progress or jax.process_index() != 0)
         bar.update(sum(self.resumed.values()))
         results, done = {}, {}
         try:
@@ -132,31 +135,38 @@ class Evaluator:
 
     def _run_set(self, s: EvalSet, items: list[tuple[dict, int]], kept: list[dict], base, adapters, bar,
                  out) -> list[dict]:
+        """The batches not kept, in rounds of one batch per process (parallel.distributed.rounds: a
+        batch is the same batch, with the same seed, on any number of processes), each round's records
+        gathered in batch order on every process; `out` (process 0's) gets them appended."""
+        from dart_jax.parallel.distributed import allgather_objects, mine, rounds
         b = self.options.batch
-        task_fn = qa_task if s.task == "qa" else sql_task
         recs = list(kept)
-        for start in range(len(kept), len(items), b):
-            chunk = items[start:start + b]
-            prompts, uids, metas = task_fn(self.tok, [r for r, _ in chunk], self.agent.rc.prompt_tags)
-            metas = [dict(m, uid=r["id"], sample=k, question=r["question"], db_id=r.get("db_id", ""))
-                     for m, (r, k) in zip(metas, chunk)]
-            if hasattr(self.tool_fn, "reset"):
-                self.tool_fn.reset()
-            seed = self.options.seed + hash_seed(s.name, start)
-            if getattr(self, "composition", None):
-                tb = compose_rollout(self.agent, *self.composition, prompts, uids, metas, seed=seed)
-            else:
-                tb = rollout_policy(self.agent, base, adapters, prompts, uids, metas, seed=seed)
-            for i, (row, k) in enumerate(chunk):
-                rec = self._record(s, row, k, tb, i)
-                recs.append(rec)
+        for round_ in rounds(list(range(len(kept), len(items), b))):
+            start = mine(round_)
+            got = [] if start is None else self._batch(s, items[start:start + b], start, base, adapters)
+            for part in allgather_objects(got):
+                recs.extend(part)
                 if out:
-                    out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                    out.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part))
             if out:
                 out.flush()
-            bar.update(len(chunk))
+            bar.update(min(len(items), round_[-1] + b) - round_[0])
             bar.set_postfix({s.name: f"{np.mean([r['score'] for r in recs]):.3f}"})
         return recs
+
+    def _batch(self, s: EvalSet, chunk: list[tuple[dict, int]], start: int, base, adapters) -> list[dict]:
+        task_fn = qa_task if s.task == "qa" else sql_task
+        prompts, uids, metas = task_fn(self.tok, [r for r, _ in chunk], self.agent.rc.prompt_tags)
+        metas = [dict(m, uid=r["id"], sample=k, question=r["question"], db_id=r.get("db_id", ""))
+                 for m, (r, k) in zip(metas, chunk)]
+        if hasattr(self.tool_fn, "reset"):
+            self.tool_fn.reset()
+        seed = self.options.seed + hash_seed(s.name, start)
+        if getattr(self, "composition", None):
+            tb = compose_rollout(self.agent, *self.composition, prompts, uids, metas, seed=seed)
+        else:
+            tb = rollout_policy(self.agent, base, adapters, prompts, uids, metas, seed=seed)
+        return [self._record(s, row, k, tb, i) for i, (row, k) in enumerate(chunk)]
 
     def _record(self, s: EvalSet, row: dict, sample: int, tb, i: int) -> dict:
         text = tb.response_text[i]

@@ -130,6 +130,29 @@ def on_main(fn, *args, **kwargs):
     return out
 
 
+def from_main(fn, *args, **kwargs):
+    """fn's result on process 0, returned on every process (decisions read from files — is a stage
+    done, what an earlier run sampled — made once, so no process races another's writes)."""
+    out = on_main(fn, *args, **kwargs)
+    if jax.process_count() == 1:
+        return out
+    return allgather_objects(out if is_main() else None)[0]
+
+
+def rounds(items: list) -> list[list]:
+    """`items` in rounds of process_count: item k of a round is process k's (work split round-robin
+    across processes; their results, gathered in process order, come back in item order). A process
+    without an item in the last round only takes part in its gather."""
+    n = jax.process_count()
+    return [items[i:i + n] for i in range(0, len(items), n)]
+
+
+def mine(round_: list):
+    """This process's item of a round, or None."""
+    pid = jax.process_index()
+    return round_[pid] if pid < len(round_) else None
+
+
 def host_tree(tree):
     """The tree's arrays as host numpy on every process (arrays split across processes all-gathered):
     what a file writer on process 0 needs (collective: every process calls it)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dart_jax.parallel.distributed import allgather_objects, mine, rounds
 from dart_jax.rewards.qa import em_reward
 from dart_jax.rewards.training import make_reward
 from dart_jax.rollout.agent import Agent, RolloutConfig
@@ -23,7 +24,9 @@ def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, rout
     """-> {n, answer_rate, invalid_rate, tool_calls, reward, correct, example} over `rows` (task rows;
     rows without a reference — demonstrations from a file may have none — are skipped). `reward`: the
     run's training reward (`rewards.training`; default the task's paper reward); rows whose reference
-    fails (a broken gold query) leave the reward mean. `correct` counts EM = 1 / an execution match."""
+    fails (a broken gold query) leave the reward mean. `correct` counts EM = 1 / an execution match.
+    Multi-process: each process rolls out every process_count-th batch on `mesh` (its sub-mesh; the
+    same batches and seeds as one process) and the sums are gathered."""
     need = ("db_path", "query") if protocol.name == "sql" else ("golden_answers",)
     rows = [r for r in rows if all(r.get(k) for k in need)]
     if not rows:
@@ -37,25 +40,28 @@ def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, rout
     reward = reward or make_reward(protocol.name)
     agent = Agent(cfg, tokenizer, protocol, tool_fn, SamplingConfig(temperature=temperature), rollout,
                   router_convention, mesh=mesh)
-    out = {"n": len(rows), "answer_rate": 0.0, "invalid_rate": 0.0, "tool_calls": 0.0, "reward": 0.0, "correct": 0}
-    scored_rows = 0
-    for s in range(0, len(rows), batch):
-        tb = rollout_policy(agent, base, adapters, prompts[s:s + batch], uids[s:s + batch], metas[s:s + batch],
-                            seed=seed + s)
-        out["answer_rate"] += sum(f == "answer" for f in tb.finish_reason)
-        out["invalid_rate"] += sum(f == "invalid" for f in tb.finish_reason)
-        out["tool_calls"] += float(tb.tool_calls().sum())
-        scored = reward.score(tb.response_text, metas[s:s + batch])
-        out["reward"] += float(scored.scores[scored.valid].sum())
-        scored_rows += int(scored.valid.sum())
-        out["correct"] += int(task_accuracy(protocol.name, tb.response_text, metas[s:s + batch], scored.scores)[
-            scored.valid].sum())
-        if s == 0:
-            out["example"] = tb.response_text[0]
+    parts = []  # per batch: sums over its rows; batches split round-robin over processes, then gathered
+    for round_ in rounds(list(range(0, len(rows), batch))):
+        s = mine(round_)
+        if s is None:
+            continue
+        sl = slice(s, s + batch)
+        tb = rollout_policy(agent, base, adapters, prompts[sl], uids[sl], metas[sl], seed=seed + s)
+        scored = reward.score(tb.response_text, metas[sl])
+        parts.append({"start": s, "answer_rate": sum(f == "answer" for f in tb.finish_reason),
+                      "invalid_rate": sum(f == "invalid" for f in tb.finish_reason),
+                      "tool_calls": float(tb.tool_calls().sum()),
+                      "reward": float(scored.scores[scored.valid].sum()), "scored": int(scored.valid.sum()),
+                      "correct": int(task_accuracy(protocol.name, tb.response_text, metas[sl],
+                                                   scored.scores)[scored.valid].sum()),
+                      **({"example": tb.response_text[0]} if s == 0 else {})})
+    parts = sorted((p for got in allgather_objects(parts) for p in got), key=lambda p: p["start"])
+    out = {"n": len(rows), **{k: sum(p[k] for p in parts) for k in ("answer_rate", "invalid_rate", "tool_calls",
+                                                                   "reward", "scored", "correct")}}
+    out["example"] = next(p["example"] for p in parts if "example" in p)
     for k in ("answer_rate", "invalid_rate", "tool_calls"):
         out[k] /= len(rows)
-    out["reward"] = out["reward"] / scored_rows if scored_rows else float("nan")
-    out["scored"] = scored_rows
+    out["reward"] = out["reward"] / out["scored"] if out["scored"] else float("nan")
     return out
 
 

@@ -3,9 +3,12 @@
     python tests/parallel/multihost_worker.py MODEL_DIR OUT_DIR NUM_PROCESSES PROCESS_ID PORT LOCAL_DEVICES
 
 trains 2 GRPO steps of the tiny model on mesh (2, 1, 4) — data over the two processes, tensor inside
-each — and process 0 writes the final trainable parameters (gathered from every process) to
-OUT_DIR/params.npz; every process also runs a > 4 MiB reduce-scatter (gloo had bugs above 4 MiB
-upstream) and process 0 records its check in OUT_DIR/collectives.json."""
+each, with held-out evaluations (two batches: one per process) at steps 0 and 2 — and process 0
+writes the final trainable parameters (gathered from every process) to OUT_DIR/params.npz; then
+evaluates the trained run (launch.evaluate's function: 5 questions × 2 samples at T = 1 in batches
+of 2, so the processes take rounds of batches and the last round has one) into OUT_DIR/eval; every
+process also runs a > 4 MiB reduce-scatter (gloo had bugs above 4 MiB upstream) and process 0
+records its check in OUT_DIR/collectives.json."""
 
 import json
 import os
@@ -48,7 +51,7 @@ got = np.asarray(multihost_utils.process_allgather(fn(rows), tiled=True))
 ok = bool(np.all(got == 36.0)) and got.shape == (n,) and "reduce-scatter" in hlo
 
 c = trainer_config(model_dir, out_dir, steps=2)  # the trainer tests' tiny run, resized for 8 devices:
-c.eval.n = 0
+c.eval.n = 10  # two held-out batches of 8 and 2 (one per process)
 c.train.mini_batch, c.train.micro_batch = 4, 2
 c.output.export_adapters = True  # a collective: the adapters split across processes are gathered for process 0
 c.mesh.shape = (2, 1, 4)
@@ -68,4 +71,10 @@ if pid == 0:
     np.savez(os.path.join(out_dir, "init.npz"), *init)
     with open(os.path.join(out_dir, "collectives.json"), "w") as f:
         json.dump({"reduce_scatter_ok": ok, "bytes_per_device_in": n * 4}, f)
+
+from dart_jax.eval.job import evaluate  # noqa: E402
+from dart_jax.eval.runner import EvalOptions  # noqa: E402
+
+evaluate(c, os.path.join(out_dir, "eval"), ["nq"], EvalOptions(n_samples=2, temperature=1.0, limit=5, batch=2,
+                                                               progress=False), checkpoint=out_dir)
 print(f"process {pid} done", flush=True)

@@ -3,7 +3,9 @@ coordinator on a loopback port) run 2 GRPO steps of a tiny model on mesh (2, 1, 
 processes, each rolling out its share of the prompts on its own devices — and end with the same
 trainable parameters as 1 process × 8 devices (tolerance 1e-5 absolute: fp32, the same rollouts;
 the gradient all-reduce runs through gloo instead of in-process, which may sum in another order).
-A > 4 MiB reduce-scatter through gloo is checked on the way. Only process 0 writes the run's files."""
+A > 4 MiB reduce-scatter through gloo is checked on the way. Only process 0 writes the run's files.
+Held-out evaluation during training and launch.evaluate's function split their batches across the
+processes and give the single process's numbers and records (the same batches and seeds)."""
 
 import json
 import os
@@ -63,6 +65,22 @@ def test_two_processes_train_like_one(tiny_smollm_dir, tmp_path):
     assert {"dart_adapters.json", "reasoning", "tool", "sentinel_embeddings.safetensors"} <= exported
     coll = json.loads((two / "collectives.json").read_text())
     assert coll["reduce_scatter_ok"] and coll["bytes_per_device_in"] > 4 * 2 ** 20
-    steps = [json.loads(line)["step"] for line in (two / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2]  # one writer: process 0
+    rows = {n: [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+            for n, d in (("one", one), ("two", two))}
+    assert [r["step"] for r in rows["two"]] == [0, 1, 2]  # one writer: process 0 (step 0: the first evaluation)
+    evals = {n: [{k: v for k, v in r.items() if k.startswith("eval/")} for r in rs if "eval/n" in r]
+             for n, rs in rows.items()}
+    assert len(evals["two"]) == 2 and all(e["eval/n"] == 10 for e in evals["two"])
+    for e1, e2 in zip(evals["one"], evals["two"], strict=True):  # batch 8 on process 0, batch 2 on process 1
+        assert e1.keys() == e2.keys()
+        for k in e1:
+            assert e2[k] == pytest.approx(e1[k], abs=1e-6), k
+    # launch.evaluate across processes: the records of one process, in the same order, written once
+    recs = {n: [json.loads(line) for line in (d / "eval" / "per_question.jsonl").read_text().splitlines()]
+            for n, d in (("one", one), ("two", two))}
+    assert len(recs["two"]) == 10 and len({r["response"] for r in recs["two"]}) > 1
+    key = lambda r: (r["id"], r["sample"], r["response"], r["score"], r["finish"])  # noqa: E731
+    assert [key(r) for r in recs["two"]] == [key(r) for r in recs["one"]]
+    res = json.loads((two / "eval" / "results.json").read_text())
+    assert res["setup"]["processes"] == 2 and res["datasets"]["nq"]["trajectories"] == 10
     assert sorted(os.listdir(two / "checkpoints" / "integrity")) == ["1.json", "2.json"]
