@@ -5,6 +5,7 @@
     python -m launch.bench adapters                   fwd+bwd: DART vs one LoRA vs full, and PEFT in torch
     python -m launch.bench sampler --batches=1,8,32   decode tok/s vs transformers generate
     python -m launch.bench resume --obs-len=400       KV-cache resume vs re-prefilling the history per turn
+    python -m launch.bench cache_blocks --length=768  decode attention over the cache's written blocks vs its capacity
     python -m launch.bench prefill --batch=2          a GRPO group's shared prompt prefill vs one per row (SQL schemas)
     python -m launch.bench handoff --turns=4          two-model rollout: append-only hand-offs vs re-encoding the history
     python -m launch.bench methods                    training state and update time: DART, LoRA-16, full, MixLoRA, 2-Agent (full / LoRA)
@@ -36,10 +37,11 @@ from launch._cli import Command
 # spin on the cores the next (JAX) side needs. Passive waiting must be set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-BENCHES = ("forward", "adapters", "sampler", "resume", "train", "prefill", "handoff", "retrieval", "methods",
+BENCHES = ("forward", "adapters", "sampler", "resume", "cache_blocks", "train", "prefill", "handoff", "retrieval", "methods",
            "suite")
 DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(batch=4, length=256, repeats=5),
-            "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4), "train": dict(batch=4, length=512,
+            "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4),
+            "cache_blocks": dict(batch=32, length=768, repeats=4), "train": dict(batch=4, length=512,
                                                                                           repeats=5),
             "prefill": dict(batch=2, repeats=3), "handoff": dict(batch=1, repeats=3), "retrieval": dict(repeats=1),
             "methods": dict(batch=4, length=256, repeats=3), "suite": dict(repeats=None)}
@@ -47,7 +49,7 @@ CLI = Command("launch.bench", __doc__)
 F = CLI.flags
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
 BATCH = flags.DEFINE_integer("batch", None, "rows (forward 8, adapters 4, resume 8, train 4)", flag_values=F)
-LENGTH = flags.DEFINE_integer("length", None, "tokens per row (forward 512, adapters 256, train 512)", flag_values=F)
+LENGTH = flags.DEFINE_integer("length", None, "tokens per row (forward 512, adapters 256, train 512; cache_blocks: slots written, 768)", flag_values=F)
 REPEATS = flags.DEFINE_integer("repeats", None, "interleaved rounds (5; resume 4)", flag_values=F)
 DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "forward / sampler: weights and compute "
                           "on both sides", flag_values=F)
@@ -62,6 +64,8 @@ OBS_LEN = flags.DEFINE_integer("obs-len", 400, "resume / handoff: observation to
 PROMPT_LEN = flags.DEFINE_integer("prompt-len", 256, "resume / handoff: prompt tokens", flag_values=F)
 REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch", "save_qkv_proj"],
                           "train: remat policy", flag_values=F)
+CAPACITY = flags.DEFINE_integer("capacity", None, "cache_blocks: cache slots (default 2 × --length, the slots "
+                                "written)", flag_values=F)
 GROUP = flags.DEFINE_integer("group", 4, "prefill: samples per prompt (GRPO group size)", flag_values=F)
 CLIENTS = flags.DEFINE_integer("clients", 64, "retrieval: concurrent clients", flag_values=F)
 REQUESTS = flags.DEFINE_integer("requests", 20, "retrieval: requests per client", flag_values=F)
@@ -123,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{res['turns']} tool calls, batch {res['batch']}, prompt {res['prompt_len']}, "
               f"{res['gen_per_turn']} generated + {res['obs_len']} observation tokens per turn: cache resume {res['resume_s']:.2f} s, "
               f"re-prefill {res['reprefill_s']:.2f} s, re-prefill / resume {fmt_ratio(res['ratio'])}")
+    if args.which == "cache_blocks":
+        from dart_jax.bench.sampler import bench_cache_blocks
+        res = bench_cache_blocks(args.model, args.batch, args.length, CAPACITY.value or 2 * args.length,
+                                 args.new_tokens, args.repeats, dtype=args.dtype)
+        print(f"decode {res['new_tokens']} tokens, batch {res['batch']}, cache {res['filled']} of {res['capacity']} "
+              f"slots ({res['dtype']}): written blocks of {res['block']} {res['blocks_s']:.2f} s, whole capacity "
+              f"{res['whole_s']:.2f} s, whole / blocks {fmt_ratio(res['ratio'])}; same tokens: {res['same_tokens']}")
     if args.which == "train":
         from dart_jax.bench.train import bench_train
         res = bench_train(args.model, args.batch, args.length, args.repeats, not args.no_torch, args.remat)

@@ -104,6 +104,42 @@ def bench_sampler(model: str = "smollm2-135m-instruct", batches=(1, 8, 32), new_
             "dtype": dtype, "temperature": temperature, "matmul_flops": peak, "rows": rows}
 
 
+def bench_cache_blocks(model: str = "smollm2-135m-instruct", batch: int = 32, filled: int = 768,
+                       capacity: int = 1536, new_tokens: int = 64, repeats: int = 4, block: int = 128,
+                       dtype: str = "float32") -> dict:
+    """Decode attention over the cache's written blocks (`cache_block`) vs over its whole capacity:
+    a batch whose cache holds `filled` slots of `capacity` (a decode segment's worst case is a cache
+    grown for the longest turn and a turn that stops early) decodes `new_tokens` tokens, greedy, on
+    both sides from copies of one prefilled state; interleaved with a matmul probe."""
+    path = resolve(model)
+    cfg, base = load_model(path, param_dtype=dtype, compute_dtype=dtype)
+    base = per_layer_params(base)
+    rng = np.random.default_rng(0)
+    prompt = jnp.asarray(rng.integers(100, cfg.vocab_size, (batch, filled)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(filled, dtype=jnp.int32), (batch, filled))
+    state0, _ = prefill(base, None, prompt, pos, init_cache(cfg, batch, capacity), jax.random.PRNGKey(0),
+                        spec=_spec(cfg))
+    ones, stop_on, budget = jnp.ones((batch,), bool), jnp.ones((batch, 1), bool), jnp.full((batch,), new_tokens,
+                                                                                          jnp.int32)
+
+    def side(c):
+        spec = _spec(c)
+
+        def run():
+            state = jax.tree.map(jnp.copy, state0)  # decode_segment donates its state
+            _, seg = decode_segment(base, None, state, ones, stop_on, budget, spec=spec, length=new_tokens)
+            return jax.block_until_ready(seg.tokens)
+        return run
+    blocked, whole = side(cfg.replace(cache_block=block)), side(cfg.replace(cache_block=0))
+    same = bool(np.array_equal(np.asarray(blocked()), np.asarray(whole())))
+    mm, mm_flops = matmul_probe()
+    res = interleaved({"blocks": blocked, "whole": whole, "matmul": mm}, repeats=repeats)
+    return {"bench": "cache_blocks", "model": model, "batch": batch, "filled": filled, "capacity": capacity,
+            "new_tokens": new_tokens, "block": block, "dtype": dtype, "same_tokens": same,
+            "blocks_s": res["blocks"]["median_s"], "whole_s": res["whole"]["median_s"],
+            "ratio": ratio(res, "whole", "blocks"), "matmul_flops": float(np.median(peak_per_round(res, mm_flops)))}
+
+
 def resume_sides(cfg, base, batch: int, prompt_len: int, turns: int, gen_per_turn: int, obs_len: int,
                  seed: int = 0):
     """(resume, reprefill): closures running one rollout with `turns` tool calls over random ids on

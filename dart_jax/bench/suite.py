@@ -15,7 +15,8 @@ On whatever backend jax finds, on one device, with a random-init model of Qwen2.
     decode       `batch` rows × `new_tokens` greedy tokens after a `prompt`-token prefill (the sampler's
                  prefill + one decode segment); tokens/s and the achieved memory bandwidth: per
                  decoded token the step reads every layer weight and the output head once, `batch`
-                 rows of the embedding table, and the KV cache at the capacity the step attends over
+                 rows of the embedding table, and the KV cache's written blocks the step attends over
+                 (`cache_block`); the same segment reading the whole capacity is timed beside it
     attention    the DART update with `attention_impl="xla"` (causal query blocks) vs `"cudnn"`
                  (jax.nn.dot_product_attention with cuDNN, as training calls it: the dense
                  position mask, so its bias path rather than the causal-only kernel; reported as
@@ -92,7 +93,8 @@ FIELDS = {
     "train.method": ("trainable_params", "compile_s", "step_s", "tokens_per_s", "model_flops", "flops_per_s",
                      "mfu_measured", "mfu_nominal"),
     "decode": ("batch", "prompt", "new_tokens", "compile_s", "seconds", "tokens_per_s", "bytes_per_step",
-               "bandwidth_bytes_s", "bandwidth_share", "flops_share"),
+               "bandwidth_bytes_s", "bandwidth_share", "flops_share", "cache_block", "capacity", "whole_capacity_s",
+               "whole_over_blocks"),
     "attention": ("xla_s", "cudnn_s", "cudnn_over_xla", "cudnn_error"),
     "resume": ("batch", "prompt", "turns", "gen_per_turn", "obs_len", "resume_s", "reprefill_s", "speedup"),
     "rollout_memory": ("batch", "prompt", "new_tokens", "layouts"),
@@ -198,30 +200,37 @@ def _tree_bytes(tree) -> int:
 
 
 def bench_decode(cfg, layers, batch: int, prompt: int, new: int, repeats: int, peaks: dict) -> dict:
-    spec = _spec(cfg)
+    """The decode segment as rollouts run it (attention over the cache's written blocks of
+    `cfg.cache_block`), and the same segment reading the cache's whole capacity (cache_block 0),
+    interleaved: what the block loop costs or saves on this backend."""
     toks = jnp.asarray(np.random.default_rng(1).integers(100, cfg.vocab_size, (batch, prompt)), jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(prompt, dtype=jnp.int32), (batch, prompt))
     capacity = bucket(prompt + new + 1)
     ones, stop_on, budget = jnp.ones((batch,), bool), jnp.ones((batch, 1), bool), jnp.full((batch,), new, jnp.int32)
 
-    def start():
+    def start(spec):
         state, _ = prefill(layers, None, toks, pos, init_cache(cfg, batch, capacity), jax.random.PRNGKey(0), spec=spec)
         return _block(state)
 
-    def decode(state):
+    def decode(state, spec):
         _, seg = decode_segment(layers, None, state, ones, stop_on, budget, spec=spec, length=new)
         return _block(seg.tokens)
+    specs = {"blocks": _spec(cfg), "whole": _spec(cfg.replace(cache_block=0))}
     t0 = time.perf_counter()
-    decode(start())
+    decode(start(specs["blocks"]), specs["blocks"])
     compile_s = time.perf_counter() - t0
-    times = []
+    decode(start(specs["whole"]), specs["whole"])
+    times: dict = {k: [] for k in specs}
     for _ in range(repeats):
-        state = start()  # prefill untimed: the decode segment alone
-        t = time.perf_counter()
-        decode(state)
-        times.append(time.perf_counter() - t)
-    seconds = float(np.median(times))
-    kv = 2 * cfg.num_layers * batch * cfg.num_kv_heads * cfg.head_dim * capacity * cfg.dtype.itemsize
+        for k, spec in specs.items():
+            state = start(spec)  # prefill untimed: the decode segment alone
+            t = time.perf_counter()
+            decode(state, spec)
+            times[k].append(time.perf_counter() - t)
+    seconds = float(np.median(times["blocks"]))
+    blk = cfg.cache_block if 0 < cfg.cache_block < capacity and capacity % cfg.cache_block == 0 else capacity
+    read = np.mean([min(capacity, -(-(prompt + i + 1) // blk) * blk) for i in range(new)])  # slots a step reads
+    kv = 2 * cfg.num_layers * batch * cfg.num_kv_heads * cfg.head_dim * read * cfg.dtype.itemsize
     # every weight once but the embedding table, of which a step gathers `batch` rows
     emb = layers["embed"]
     per_step = _tree_bytes(layers) - _tree_bytes(emb) + batch * emb.shape[1] * emb.dtype.itemsize + kv
@@ -229,7 +238,9 @@ def bench_decode(cfg, layers, batch: int, prompt: int, new: int, repeats: int, p
     flops = batch * new * decode_flops_per_token(cfg, prompt + new // 2)
     return {"batch": batch, "prompt": prompt, "new_tokens": new, "compile_s": compile_s, "seconds": seconds,
             "tokens_per_s": batch * new / seconds, "bytes_per_step": int(per_step), "bandwidth_bytes_s": bw,
-            "bandwidth_share": bw / peaks["bandwidth_bytes_s"], "flops_share": flops / seconds / peaks["matmul_flops"]}
+            "bandwidth_share": bw / peaks["bandwidth_bytes_s"], "flops_share": flops / seconds / peaks["matmul_flops"],
+            "cache_block": cfg.cache_block, "capacity": capacity, "whole_capacity_s": float(np.median(times["whole"])),
+            "whole_over_blocks": float(np.median([w / b for w, b in zip(times["whole"], times["blocks"])]))}
 
 
 def bench_attention(cfg, base, batch: int, length: int, repeats: int, xla_run=None) -> dict:
@@ -375,7 +386,8 @@ def table(res: dict) -> str:
     def decode(d):
         return [f"decode {d['batch']} × {d['new_tokens']} tokens after {d['prompt']}: {d['tokens_per_s']:.0f} tok/s, "
                 f"{d['bandwidth_bytes_s'] / 1e9:.1f} GB/s = {100 * d['bandwidth_share']:.0f}% of the measured copy "
-                f"bandwidth"]
+                f"bandwidth; attention over written blocks of {d['cache_block']} vs the whole {d['capacity']}-slot "
+                f"cache: whole / blocks = {d['whole_over_blocks']:.2f}×"]
 
     def attention(a):
         other = (f"{a['cudnn_s']:.3f} s (xla / cudnn = {a['cudnn_over_xla']:.2f}×)" if a["cudnn_s"] else

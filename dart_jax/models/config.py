@@ -56,6 +56,7 @@ class ModelConfig:
     scan_layers: bool = True
     attention_impl: str = "xla"
     causal_block: int = 128  # "xla" attention without a cache: query blocks skip later keys (0 = off)
+    cache_block: int = 128   # attention over a KV cache reads only its written blocks of this many slots (0 = all)
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:

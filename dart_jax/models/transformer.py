@@ -162,8 +162,49 @@ def cached_attention(cfg: ModelConfig, k_buf: jnp.ndarray, v_buf: jnp.ndarray, i
     aux = the updated (kᵀ, v) buffers."""
     def attend(q, k, v):
         kb, vb = cache_lib.write_layer(k_buf, v_buf, k, v, index)
+        blk = cfg.cache_block
+        if cfg.attention_impl == "xla" and 0 < blk < kb.shape[3] and kb.shape[3] % blk == 0:
+            return filled_blocks_attention(q, kb, vb, mask, cfg, index + q.shape[1], blk), (kb, vb)
         return attention(q, kb, vb, mask, cfg, cache_layout=True), (kb, vb)
     return attend
+
+
+def filled_blocks_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray, cfg: ModelConfig,
+                            filled: jnp.ndarray, block: int) -> jnp.ndarray:
+    """`attention` over a KV cache (kᵀ [B, K, H, S], v [B, K, S, H], S a multiple of `block`) that
+    reads only the blocks of slots before `filled` (the cache's write index after this chunk, one
+    for the batch): a loop over ceil(filled / block) blocks with an online softmax (running max,
+    sum and output per query, fp32), so a decode step's attention costs what the cache holds, not
+    its capacity. Every slot at or after `filled` is empty (position −1, never attended; zeros, as
+    the cache is created and grown), so the result equals `attention` over the whole buffer up to
+    fp32 rounding of the rescaling."""
+    b, t, n, h = q.shape
+    kv = k.shape[1]
+    g = n // kv
+    qm = q.reshape(b, t, kv, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
+    low = jnp.finfo(jnp.float32).min
+
+    def body(i, carry):
+        m, l, acc = carry
+        start = i * block
+        kb = jax.lax.dynamic_slice_in_dim(k, start, block, axis=3).astype(q.dtype)
+        vb = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2).astype(q.dtype)
+        mb = jax.lax.dynamic_slice_in_dim(mask, start, block, axis=3)[:, :, None]  # [B, 1, 1, T, blk]
+        sc = jnp.matmul(qm, kb, preferred_element_type=jnp.float32).reshape(b, kv, g, t, block) * (h ** -0.5)
+        sc = jnp.where(mb, sc, low)
+        m_new = jnp.maximum(m, sc.max(axis=-1))
+        p = jnp.where(mb, jnp.exp(sc - m_new[..., None]), 0.0)
+        corr = jnp.exp(m - m_new)
+        pv = jnp.matmul(p.reshape(b, kv, g * t, block).astype(v.dtype), vb,
+                        preferred_element_type=jnp.float32).reshape(b, kv, g, t, h)
+        return m_new, l * corr + p.sum(axis=-1), acc * corr[..., None] + pv
+
+    init = (jnp.full((b, kv, g, t), low, jnp.float32), jnp.zeros((b, kv, g, t), jnp.float32),
+            jnp.zeros((b, kv, g, t, h), jnp.float32))
+    blocks = (jnp.asarray(filled, jnp.int32) + block - 1) // block
+    _, l, acc = jax.lax.fori_loop(0, blocks, body, init)
+    o = (acc / jnp.maximum(l, jnp.finfo(jnp.float32).tiny)[..., None]).astype(q.dtype)
+    return o.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
 def causal_blocked_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray,

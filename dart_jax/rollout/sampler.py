@@ -102,15 +102,18 @@ CACHE_STEP = 256
 
 
 def cache_bucket(need: int) -> int:
-    """Capacity for `need` slots: power-of-two buckets up to 512, then multiples of CACHE_STEP,
-    so at most CACHE_STEP empty slots are read per decode step on long episodes."""
+    """Capacity for `need` slots: power-of-two buckets up to 512, then multiples of CACHE_STEP (at
+    most CACHE_STEP slots held beyond the need; every capacity ≥ 128 is a multiple of the default
+    cache_block, so the block loop applies)."""
     return bucket(need) if need <= 2 * CACHE_STEP else -(-need // CACHE_STEP) * CACHE_STEP
 
 
 def ensure_capacity(state: DecodeState, need: int, placement: RolloutMesh | None = None) -> DecodeState:
-    """Grow the cache to cache_bucket(need) slots when it holds fewer. Decode attention reads every
-    slot of the cache, so it is kept near what the episode has used (one copy per growth, a
-    bounded number of compiled shapes) instead of being preallocated for the longest episode."""
+    """Grow the cache to cache_bucket(need) slots when it holds fewer: near what the episode has used
+    (one copy per growth, a bounded number of compiled shapes) instead of preallocated for the
+    longest episode, so a batch of short episodes holds a short cache. Decode attention reads only
+    the written blocks of `cache_block` slots (models.transformer.filled_blocks_attention), not the
+    capacity."""
     if cache_lib.capacity(state.cache) >= need:
         return state
     return _grow(state, capacity=cache_bucket(need), placement=placement)

@@ -52,11 +52,12 @@ def test_llama3_rope_scaling_is_read_and_matters(tiny_dirs):
     assert np.abs(np.asarray(ours) - ref)[positions >= 0].max() > 100 * TOL
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_cached_chunks_equal_full_forward(tiny_dirs, family):
-    """Prefill in two chunks through the KV cache == one forward over all tokens."""
+@pytest.mark.parametrize("family,cache_block", [(f, 128) for f in FAMILIES] + [("qwen2", 8)])
+def test_cached_chunks_equal_full_forward(tiny_dirs, family, cache_block):
+    """Prefill in two chunks through the KV cache == one forward over all tokens (cache_block 8: the
+    second chunk attends the cache's 3 written blocks of 8 out of 4, by the block loop)."""
     path, _ = tiny_dirs[family]
-    cfg, base = load_model(path)
+    cfg, base = load_model(path, cache_block=cache_block)
     _, tokens, positions = left_padded_batch(seed=1)
     full, _ = forward(base, None, jnp.asarray(tokens), jnp.asarray(positions), None, None, cfg=cfg)
     cache = init_cache(cfg, tokens.shape[0], 32)
@@ -68,10 +69,12 @@ def test_cached_chunks_equal_full_forward(tiny_dirs, family):
     np.testing.assert_allclose(chunked[valid], np.asarray(full)[valid], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_decode_matches_generate(tiny_dirs, family):
+@pytest.mark.parametrize("family,cache_block", [(f, 128) for f in FAMILIES] + [("llama", 4)])
+def test_greedy_decode_matches_generate(tiny_dirs, family, cache_block):
+    """cache_block 4: each decode step reads only the cache's written blocks (a loop of 5 to 9
+    blocks of 4 slots over a 36-slot cache), the default reads the whole cache."""
     path, model = tiny_dirs[family]
-    cfg, base = load_model(path)
+    cfg, base = load_model(path, cache_block=cache_block)
     prompts, tokens, positions = left_padded_batch(seed=2)
     ours = np.asarray(greedy_generate(base, None, jnp.asarray(tokens), jnp.asarray(positions),
                                       cfg=cfg, max_new_tokens=16))
@@ -139,3 +142,35 @@ def test_causal_block_attention_matches_transformers_and_unblocked(tiny_dirs, bl
     g_plain = jax.grad(loss)(base, cfg0)
     for a, b in zip(jax.tree.leaves(g_blocked), jax.tree.leaves(g_plain)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-6), (jnp.bfloat16, 2e-2)])
+def test_filled_blocks_attention_reads_only_written_blocks(dtype, tol):
+    """The block loop equals attention over the whole cache (left-padded rows, GQA, a chunk of 3
+    queries and a decode query), and never reads a block after the one holding the write index:
+    those slots hold NaN here, which any read would spread through the matmul (the whole-cache
+    attention's output is NaN, the block loop's is not). Unwritten slots in the last read block
+    are zeros, as in a cache (created and grown with zeros)."""
+    from dart_jax.models.config import ModelConfig
+    from dart_jax.models.transformer import attention, attention_mask, filled_blocks_attention
+    rng = np.random.default_rng(0)
+    b, kv, g, h, s, block, filled = 3, 2, 3, 16, 64, 16, 37
+    cfg = ModelConfig(model_type="llama", vocab_size=8, hidden_size=kv * g * h, intermediate_size=8, num_layers=1, num_heads=kv * g,
+                      num_kv_heads=kv, head_dim=h)
+    k = rng.normal(size=(b, kv, h, s)).astype(np.float32)
+    v = rng.normal(size=(b, kv, s, h)).astype(np.float32)
+    pos = np.full((b, s), -1, np.int32)
+    for row, pad in enumerate((0, 5, 20)):  # left padding: the first `pad` slots empty
+        pos[row, pad:filled] = np.arange(filled - pad)
+    k[..., filled:], v[:, :, filled:] = 0.0, 0.0
+    k[..., 48:], v[:, :, 48:] = np.nan, np.nan  # after the third block of 16
+    for t in (3, 1):  # the chunk's queries are the last t written slots
+        q = jnp.asarray(rng.normal(size=(b, t, kv * g, h)), dtype)
+        mask = attention_mask(jnp.asarray(pos[:, filled - t:filled]), jnp.asarray(pos))
+        ours = filled_blocks_attention(q, jnp.asarray(k, dtype), jnp.asarray(v, dtype), mask, cfg,
+                                       jnp.asarray(filled), block)
+        whole = attention(q, jnp.asarray(k, dtype), jnp.asarray(v, dtype), mask, cfg, cache_layout=True)
+        clean = attention(q, jnp.asarray(np.nan_to_num(k), dtype), jnp.asarray(np.nan_to_num(v), dtype), mask, cfg,
+                          cache_layout=True)
+        assert np.isnan(np.asarray(whole, np.float32)).all() and np.isfinite(np.asarray(ours, np.float32)).all()
+        np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(clean, np.float32), atol=tol, rtol=0)
