@@ -138,13 +138,13 @@ class Evaluator:
         """The batches not kept, in rounds of one batch per process (parallel.distributed.rounds: a
         batch is the same batch, with the same seed, on any number of processes), each round's records
         gathered in batch order on every process; `out` (process 0's) gets them appended."""
-        from dart_jax.parallel.distributed import allgather_objects, mine, rounds
+        from dart_jax.parallel.distributed import gather_results, mine, rounds
         b = self.options.batch
         recs = list(kept)
         for round_ in rounds(list(range(len(kept), len(items), b))):
             start = mine(round_)
-            got = [] if start is None else self._batch(s, items[start:start + b], start, base, adapters)
-            for part in allgather_objects(got):
+            for part in gather_results(lambda: [] if start is None else  # noqa: B023 (called at once)
+                                       self._batch(s, items[start:start + b], start, base, adapters)):
                 recs.extend(part)
                 if out:
                     out.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part))

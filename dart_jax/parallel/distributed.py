@@ -139,6 +139,32 @@ def from_main(fn, *args, **kwargs):
     return allgather_objects(out if is_main() else None)[0]
 
 
+class _Failed:
+    def __init__(self, what: str):
+        self.what = what
+
+
+def gather_results(fn, *args, **kwargs) -> list:
+    """fn's result on every process, in process order, on every process; a process whose fn raises
+    makes every process raise (no process is left waiting at the gather)."""
+    if jax.process_count() == 1:
+        return [fn(*args, **kwargs)]
+    try:
+        out = fn(*args, **kwargs)
+    except Exception as e:  # re-raised below, on every process
+        err = e
+        out = _Failed(f"{type(e).__name__}: {e}")
+    else:
+        err = None
+    parts = allgather_objects(out)
+    failed = [(i, p.what) for i, p in enumerate(parts) if isinstance(p, _Failed)]
+    if err is not None:
+        raise err
+    if failed:
+        raise RuntimeError(f"process {failed[0][0]} failed: {failed[0][1]}")
+    return parts
+
+
 def rounds(items: list) -> list[list]:
     """`items` in rounds of process_count: item k of a round is process k's (work split round-robin
     across processes; their results, gathered in process order, come back in item order). A process

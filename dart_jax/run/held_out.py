@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dart_jax.parallel.distributed import allgather_objects, mine, rounds
+from dart_jax.parallel.distributed import gather_results, mine, rounds
 from dart_jax.rewards.qa import em_reward
 from dart_jax.rewards.training import make_reward
 from dart_jax.rollout.agent import Agent, RolloutConfig
@@ -40,22 +40,22 @@ def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, rout
     reward = reward or make_reward(protocol.name)
     agent = Agent(cfg, tokenizer, protocol, tool_fn, SamplingConfig(temperature=temperature), rollout,
                   router_convention, mesh=mesh)
-    parts = []  # per batch: sums over its rows; batches split round-robin over processes, then gathered
-    for round_ in rounds(list(range(0, len(rows), batch))):
-        s = mine(round_)
-        if s is None:
-            continue
+
+    def batch_sums(s: int) -> dict:
         sl = slice(s, s + batch)
         tb = rollout_policy(agent, base, adapters, prompts[sl], uids[sl], metas[sl], seed=seed + s)
         scored = reward.score(tb.response_text, metas[sl])
-        parts.append({"start": s, "answer_rate": sum(f == "answer" for f in tb.finish_reason),
-                      "invalid_rate": sum(f == "invalid" for f in tb.finish_reason),
-                      "tool_calls": float(tb.tool_calls().sum()),
-                      "reward": float(scored.scores[scored.valid].sum()), "scored": int(scored.valid.sum()),
-                      "correct": int(task_accuracy(protocol.name, tb.response_text, metas[sl],
-                                                   scored.scores)[scored.valid].sum()),
-                      **({"example": tb.response_text[0]} if s == 0 else {})})
-    parts = sorted((p for got in allgather_objects(parts) for p in got), key=lambda p: p["start"])
+        correct = task_accuracy(protocol.name, tb.response_text, metas[sl], scored.scores)[scored.valid]
+        return {"answer_rate": sum(f == "answer" for f in tb.finish_reason),
+                "invalid_rate": sum(f == "invalid" for f in tb.finish_reason),
+                "tool_calls": float(tb.tool_calls().sum()), "reward": float(scored.scores[scored.valid].sum()),
+                "scored": int(scored.valid.sum()), "correct": int(correct.sum()),
+                **({"example": tb.response_text[0]} if s == 0 else {})}
+
+    # per batch, in batch order: sums over its rows; batches dealt round-robin over processes
+    parts = [p for round_ in rounds(list(range(0, len(rows), batch)))
+             for p in gather_results(lambda r=round_: None if mine(r) is None else batch_sums(mine(r)))
+             if p is not None]
     out = {"n": len(rows), **{k: sum(p[k] for p in parts) for k in ("answer_rate", "invalid_rate", "tool_calls",
                                                                    "reward", "scored", "correct")}}
     out["example"] = next(p["example"] for p in parts if "example" in p)
