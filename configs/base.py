@@ -14,7 +14,8 @@ def get() -> ConfigDict:
     c.init_from = ""                    # a DART adapter directory to start from
     c.warm_start = ""                   # a LoRA warm-start directory (launch.sft) merged into the base
     c.model = ConfigDict(dict(path="", param_dtype="bfloat16", compute_dtype="bfloat16",
-                              remat_policy="dots", scan_layers=True))
+                              remat_policy="dots", scan_layers=True,
+                              cache_block=128))  # attention over a KV cache reads its written blocks of 128 slots (0: all)
     c.method = ConfigDict(dict(variant="dart", rank=8, alpha=16.0,
                                targets=("q", "k", "v", "o", "gate", "up", "down"), init="normal",
                                init_std=0.02, rslora=False, dropout=0.0, isolation="forward",

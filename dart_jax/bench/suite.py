@@ -215,6 +215,8 @@ def bench_decode(cfg, layers, batch: int, prompt: int, new: int, repeats: int, p
     def decode(state, spec):
         _, seg = decode_segment(layers, None, state, ones, stop_on, budget, spec=spec, length=new)
         return _block(seg.tokens)
+    if not (0 < cfg.cache_block < capacity and capacity % cfg.cache_block == 0):  # small shapes: smaller blocks,
+        cfg = cfg.replace(cache_block=capacity // 4)  # so the block loop runs (and the CPU smoke exercises it)
     specs = {"blocks": _spec(cfg), "whole": _spec(cfg.replace(cache_block=0))}
     t0 = time.perf_counter()
     decode(start(specs["blocks"]), specs["blocks"])
@@ -228,7 +230,7 @@ def bench_decode(cfg, layers, batch: int, prompt: int, new: int, repeats: int, p
             decode(state, spec)
             times[k].append(time.perf_counter() - t)
     seconds = float(np.median(times["blocks"]))
-    blk = cfg.cache_block if 0 < cfg.cache_block < capacity and capacity % cfg.cache_block == 0 else capacity
+    blk = cfg.cache_block
     read = np.mean([min(capacity, -(-(prompt + i + 1) // blk) * blk) for i in range(new)])  # slots a step reads
     kv = 2 * cfg.num_layers * batch * cfg.num_kv_heads * cfg.head_dim * read * cfg.dtype.itemsize
     # every weight once but the embedding table, of which a step gathers `batch` rows

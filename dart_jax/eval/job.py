@@ -22,7 +22,7 @@ from dart_jax.eval.runner import (
     write_per_question_accuracy,
 )
 from dart_jax.models.transformer import unstack_layers
-from dart_jax.parallel.distributed import from_main, is_main, local_mesh, local_view, on_main
+from dart_jax.parallel.distributed import allgather_objects, from_main, is_main, local_mesh, local_view, on_main
 from dart_jax.rl.sections import section
 from dart_jax.rollout.agent import RolloutConfig, trajectory_settings
 from dart_jax.rollout.compose import Policy as CPolicy
@@ -131,7 +131,9 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
         log.info("evaluate: reused %s trajectories sampled earlier in %s", evaluator.resumed, out_dir)
     results = {"setup": setup, "datasets": per_set, "groups": group_scores(task, per_set)}
     if fixed_retrieval:
-        results["fixed_retrieval_stats"] = dict(tool.stats)
+        from collections import Counter
+        results["fixed_retrieval_stats"] = dict(sum((Counter(c) for c in allgather_objects(dict(tool.stats))),
+                                                    Counter()))  # every process's calls
     setup["seconds"] = round(time.perf_counter() - t0, 1)
     files = {"per_question": records}
     if options.n_samples > 1:

@@ -24,14 +24,19 @@ log = logging.getLogger(__name__)
 
 PROGRESS = "progress.json"
 RECORDS = "per_question.jsonl"
-VOLATILE = ("seconds", "compare", "limit", "resumed")  # setup keys that do not shape a trajectory
+# setup keys that do not shape a trajectory (a batch is the same batch on any number of processes)
+VOLATILE = ("seconds", "compare", "limit", "resumed", "processes")
+LAYOUT_MODEL = ("cache_block",)  # model settings that change how attention reads the cache, not what it computes
 SUMMARIES = ("results.json", "results.md", "results.csv", "per_question_accuracy.jsonl")
 PATH_KEYS = ("checkpoint", "adapters", "peft", "warm_start", "model")
 
 
 def fingerprint(setup: dict) -> dict:
     """The part of an evaluation's setup that determines its trajectories, JSON-normalised."""
-    return json.loads(json.dumps({k: v for k, v in setup.items() if k not in VOLATILE}, default=str))
+    fp = {k: v for k, v in setup.items() if k not in VOLATILE}
+    if isinstance(fp.get("model_config"), dict):
+        fp["model_config"] = {k: v for k, v in fp["model_config"].items() if k not in LAYOUT_MODEL}
+    return json.loads(json.dumps(fp, default=str))
 
 
 def _read_json(path: str) -> dict | None:

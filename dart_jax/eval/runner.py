@@ -105,7 +105,9 @@ class Evaluator:
 
         from dart_jax.eval.resume import reusable, write_records
 
-        loaded = [(s, *self.load(s)) for s in sets]
+        from dart_jax.parallel.distributed import from_main
+        # process 0 loads (an SQL gold query that times out on one loaded host must not on another)
+        loaded = [(s, *from_main(self.load, s)) for s in sets]
         n, b = self.options.n_samples, self.options.batch
         items = {s.name: [(r, k) for r in rows for k in range(n)] for s, rows, _ in loaded}
         kept = {name: reusable(its, (earlier or {}).get(name), b) for name, its in items.items()}

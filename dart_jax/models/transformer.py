@@ -163,7 +163,7 @@ def cached_attention(cfg: ModelConfig, k_buf: jnp.ndarray, v_buf: jnp.ndarray, i
     def attend(q, k, v):
         kb, vb = cache_lib.write_layer(k_buf, v_buf, k, v, index)
         blk = cfg.cache_block
-        if cfg.attention_impl == "xla" and 0 < blk < kb.shape[3] and kb.shape[3] % blk == 0:
+        if 0 < blk < kb.shape[3] and kb.shape[3] % blk == 0:
             return filled_blocks_attention(q, kb, vb, mask, cfg, index + q.shape[1], blk), (kb, vb)
         return attention(q, kb, vb, mask, cfg, cache_layout=True), (kb, vb)
     return attend
@@ -177,7 +177,8 @@ def filled_blocks_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask
     sum and output per query, fp32), so a decode step's attention costs what the cache holds, not
     its capacity. Every slot at or after `filled` is empty (position −1, never attended; zeros, as
     the cache is created and grown), so the result equals `attention` over the whole buffer up to
-    fp32 rounding of the rescaling."""
+    fp32 rounding of the rescaling — except for a query that sees no key at all (a padding or
+    finished row, whose output is discarded): 0 here, the mean of V there."""
     b, t, n, h = q.shape
     kv = k.shape[1]
     g = n // kv
@@ -201,7 +202,7 @@ def filled_blocks_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask
 
     init = (jnp.full((b, kv, g, t), low, jnp.float32), jnp.zeros((b, kv, g, t), jnp.float32),
             jnp.zeros((b, kv, g, t, h), jnp.float32))
-    blocks = (jnp.asarray(filled, jnp.int32) + block - 1) // block
+    blocks = jnp.minimum((jnp.asarray(filled, jnp.int32) + block - 1) // block, k.shape[3] // block)
     _, l, acc = jax.lax.fori_loop(0, blocks, body, init)
     o = (acc / jnp.maximum(l, jnp.finfo(jnp.float32).tiny)[..., None]).astype(q.dtype)
     return o.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)

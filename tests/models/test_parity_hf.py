@@ -144,8 +144,9 @@ def test_causal_block_attention_matches_transformers_and_unblocked(tiny_dirs, bl
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-6), (jnp.bfloat16, 2e-2)])
-def test_filled_blocks_attention_reads_only_written_blocks(dtype, tol):
+@pytest.mark.parametrize("dtype,tol,filled", [(jnp.float32, 1e-6, 37), (jnp.float32, 1e-6, 48),
+                                              (jnp.bfloat16, 2e-2, 37)])
+def test_filled_blocks_attention_reads_only_written_blocks(dtype, tol, filled):
     """The block loop equals attention over the whole cache (left-padded rows, GQA, a chunk of 3
     queries and a decode query), and never reads a block after the one holding the write index:
     those slots hold NaN here, which any read would spread through the matmul (the whole-cache
@@ -154,7 +155,7 @@ def test_filled_blocks_attention_reads_only_written_blocks(dtype, tol):
     from dart_jax.models.config import ModelConfig
     from dart_jax.models.transformer import attention, attention_mask, filled_blocks_attention
     rng = np.random.default_rng(0)
-    b, kv, g, h, s, block, filled = 3, 2, 3, 16, 64, 16, 37
+    b, kv, g, h, s, block = 3, 2, 3, 16, 64, 16  # filled 48: exactly three blocks
     cfg = ModelConfig(model_type="llama", vocab_size=8, hidden_size=kv * g * h, intermediate_size=8, num_layers=1, num_heads=kv * g,
                       num_kv_heads=kv, head_dim=h)
     k = rng.normal(size=(b, kv, h, s)).astype(np.float32)
