@@ -19,6 +19,14 @@ from jax.ad_checkpoint import checkpoint_name
 
 from dart_jax.models import cache as cache_lib, lora as lora_lib, mixlora as mixlora_lib, rope
 from dart_jax.models.cache import KVCache
+from dart_jax.models.attention import (  # noqa: F401  (re-exported: callers import them from here)
+    attention,
+    attention_mask,
+    cached_attention,
+    causal_blocked_attention,
+    filled_blocks_attention,
+    self_attention,
+)
 from dart_jax.models.config import ModelConfig
 
 Params = dict[str, Any]
@@ -95,12 +103,6 @@ def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
     return weight.astype(x.dtype) * xf.astype(x.dtype)
 
 
-def attention_mask(q_pos: jnp.ndarray, k_pos: jnp.ndarray) -> jnp.ndarray:
-    """bool[B, 1, T, S]: key s is visible to query t iff 0 ≤ pos_s ≤ pos_t."""
-    m = (k_pos[:, None, :] >= 0) & (k_pos[:, None, :] <= q_pos[:, :, None])
-    return m[:, None, :, :]
-
-
 def _proj(x, w, spec, layer_adapters, target, route_ids):
     y = jnp.einsum(spec, x, w.astype(x.dtype))
     delta = lora_lib.routed_delta(x, layer_adapters, target, route_ids)
@@ -140,119 +142,6 @@ def _layer(cfg: ModelConfig, x, p, layer_adapters, attend, cos, sin, route_ids):
     up = _proj(h, p["up"], "btd,df->btf", layer_adapters, "up", route_ids)
     mlp = _proj(jax.nn.silu(gate) * up, p["down"], "btf,fd->btd", layer_adapters, "down", route_ids)
     return x + mlp, aux, None
-
-
-def self_attention(cfg: ModelConfig, mask: jnp.ndarray):
-    """attend() for a chunk with no cache: causal query blocks ("xla", long chunks) or one block.
-    aux = the chunk's (k, v), for a prefill to write into an empty cache."""
-    def attend(q, k, v):
-        if cfg.attention_impl == "xla" and 0 < cfg.causal_block < q.shape[1]:
-            return causal_blocked_attention(q, k, v, mask, cfg), (k, v)
-        return attention(q, k, v, mask, cfg), (k, v)
-    return attend
-
-
-def cached_attention(cfg: ModelConfig, k_buf: jnp.ndarray, v_buf: jnp.ndarray, index: jnp.ndarray,
-                     mask: jnp.ndarray):
-    """attend() for a chunk resuming from a KV cache: the chunk's keys and values are written into
-    this layer's buffers at `index` first, then the queries attend the whole buffer (`mask` from
-    the cache positions after the write; the chunk sees itself causally through the positions).
-    Write-then-read lets XLA update the donated buffer in place: reading the old buffer and
-    writing it afterwards made XLA copy the cache at every layer and step.
-    aux = the updated (kᵀ, v) buffers."""
-    def attend(q, k, v):
-        kb, vb = cache_lib.write_layer(k_buf, v_buf, k, v, index)
-        blk = cfg.cache_block
-        if 0 < blk < kb.shape[3] and kb.shape[3] % blk == 0:
-            return filled_blocks_attention(q, kb, vb, mask, cfg, index + q.shape[1], blk), (kb, vb)
-        return attention(q, kb, vb, mask, cfg, cache_layout=True), (kb, vb)
-    return attend
-
-
-def filled_blocks_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray, cfg: ModelConfig,
-                            filled: jnp.ndarray, block: int) -> jnp.ndarray:
-    """`attention` over a KV cache (kᵀ [B, K, H, S], v [B, K, S, H], S a multiple of `block`) that
-    reads only the blocks of slots before `filled` (the cache's write index after this chunk, one
-    for the batch): a loop over ceil(filled / block) blocks with an online softmax (running max,
-    sum and output per query, fp32), so a decode step's attention costs what the cache holds, not
-    its capacity. Every slot at or after `filled` is empty (position −1, never attended; zeros, as
-    the cache is created and grown), so the result equals `attention` over the whole buffer up to
-    fp32 rounding of the rescaling — except for a query that sees no key at all (a padding or
-    finished row, whose output is discarded): 0 here, the mean of V there."""
-    b, t, n, h = q.shape
-    kv = k.shape[1]
-    g = n // kv
-    qm = q.reshape(b, t, kv, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
-    low = jnp.finfo(jnp.float32).min
-
-    def body(i, carry):
-        m, l, acc = carry
-        start = i * block
-        kb = jax.lax.dynamic_slice_in_dim(k, start, block, axis=3).astype(q.dtype)
-        vb = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2).astype(q.dtype)
-        mb = jax.lax.dynamic_slice_in_dim(mask, start, block, axis=3)[:, :, None]  # [B, 1, 1, T, blk]
-        sc = jnp.matmul(qm, kb, preferred_element_type=jnp.float32).reshape(b, kv, g, t, block) * (h ** -0.5)
-        sc = jnp.where(mb, sc, low)
-        m_new = jnp.maximum(m, sc.max(axis=-1))
-        p = jnp.where(mb, jnp.exp(sc - m_new[..., None]), 0.0)
-        corr = jnp.exp(m - m_new)
-        pv = jnp.matmul(p.reshape(b, kv, g * t, block).astype(v.dtype), vb,
-                        preferred_element_type=jnp.float32).reshape(b, kv, g, t, h)
-        return m_new, l * corr + p.sum(axis=-1), acc * corr[..., None] + pv
-
-    init = (jnp.full((b, kv, g, t), low, jnp.float32), jnp.zeros((b, kv, g, t), jnp.float32),
-            jnp.zeros((b, kv, g, t, h), jnp.float32))
-    blocks = jnp.minimum((jnp.asarray(filled, jnp.int32) + block - 1) // block, k.shape[3] // block)
-    _, l, acc = jax.lax.fori_loop(0, blocks, body, init)
-    o = (acc / jnp.maximum(l, jnp.finfo(jnp.float32).tiny)[..., None]).astype(q.dtype)
-    return o.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
-
-
-def causal_blocked_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray,
-                             cfg: ModelConfig) -> jnp.ndarray:
-    """Self-attention of a chunk with no cache, query block by query block: block [s, e) attends
-    keys [0, e) only. Exact under the position rule because positions increase along a row, so a
-    key after the query block is never visible; at T = 512 with blocks of 128 it skips 37.5% of
-    the score and softmax work (→ 50% as T grows). Keys and values are put in the cache layout
-    once, and each block reads a prefix of them."""
-    t, c = q.shape[1], cfg.causal_block
-    kt, vt = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
-    outs = []
-    for start in range(0, t, c):
-        end = min(start + c, t)
-        outs.append(attention(q[:, start:end], kt[..., :end], vt[:, :, :end], mask[:, :, start:end, :end], cfg,
-                              cache_layout=True))
-    return jnp.concatenate(outs, axis=1)
-
-
-def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray, cfg: ModelConfig,
-              cache_layout: bool = False) -> jnp.ndarray:
-    """Softmax attention of q: [B, T, N, H] over keys / values k, v: [B, S, K, H] (KV heads not
-    repeated) — or, with `cache_layout`, kᵀ [B, K, H, S] and v [B, K, S, H] as the KV cache
-    stores them; mask: bool[B, 1, T, S].
-
-    "xla": grouped-query attention as two batched matmuls over (batch, KV head), the queries of a
-    head's group stacked: [B, K, G·T, H] × [B, K, H, S] -> scores (fp32, masked, softmax) ×
-    [B, K, S, H]. Repeated KV heads are never materialised. Written with explicit layouts because
-    XLA:CPU ran the equivalent einsums with per-call transposes or as generic dots: at 4 × 512
-    (SmolLM2 heads, causal blocks) the forward is 34 → 12 ms per layer, forward + backward
-    64 → 53 ms; in decode the score dot went from ~1 ms per layer to its matmul kernel.
-    "cudnn" / "auto": `jax.nn.dot_product_attention`, for cache-free forwards (training,
-    prefill); chunks attending a cache (decode, append) use the matmuls over the cache layout."""
-    if cfg.attention_impl != "xla" and not cache_layout:
-        impl = None if cfg.attention_impl == "auto" else cfg.attention_impl
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=cfg.head_dim ** -0.5, implementation=impl)
-    if not cache_layout:
-        k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
-    b, t, n, h = q.shape
-    kv, s = k.shape[1], k.shape[3]
-    g = n // kv
-    qm = q.reshape(b, t, kv, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
-    sc = jnp.matmul(qm, k.astype(q.dtype), preferred_element_type=jnp.float32).reshape(b, kv, g, t, s)
-    sc = jnp.where(mask[:, :, None], sc * (h ** -0.5), jnp.finfo(jnp.float32).min)
-    p = jax.nn.softmax(sc, axis=-1).astype(v.dtype).reshape(b, kv, g * t, s)
-    o = jnp.matmul(p, v.astype(q.dtype)).reshape(b, kv, g, t, h)
-    return o.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
 _REMAT = {

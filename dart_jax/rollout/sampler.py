@@ -112,7 +112,7 @@ def ensure_capacity(state: DecodeState, need: int, placement: RolloutMesh | None
     """Grow the cache to cache_bucket(need) slots when it holds fewer: near what the episode has used
     (one copy per growth, a bounded number of compiled shapes) instead of preallocated for the
     longest episode, so a batch of short episodes holds a short cache. Decode attention reads only
-    the written blocks of `cache_block` slots (models.transformer.filled_blocks_attention), not the
+    the written blocks of `cache_block` slots (models.attention.filled_blocks_attention), not the
     capacity."""
     if cache_lib.capacity(state.cache) >= need:
         return state

@@ -153,7 +153,7 @@ def test_filled_blocks_attention_reads_only_written_blocks(dtype, tol, filled):
     attention's output is NaN, the block loop's is not). Unwritten slots in the last read block
     are zeros, as in a cache (created and grown with zeros)."""
     from dart_jax.models.config import ModelConfig
-    from dart_jax.models.transformer import attention, attention_mask, filled_blocks_attention
+    from dart_jax.models.attention import attention, attention_mask, filled_blocks_attention
     rng = np.random.default_rng(0)
     b, kv, g, h, s, block = 3, 2, 3, 16, 64, 16  # filled 48: exactly three blocks
     cfg = ModelConfig(model_type="llama", vocab_size=8, hidden_size=kv * g * h, intermediate_size=8, num_layers=1, num_heads=kv * g,
