@@ -325,7 +325,8 @@ def select_rows(rows: list[dict], spec: dict, path: str = "") -> list[dict]:
     cross-database split, `data.spider_split`), `shuffle` (a seed: rows in a seeded random order, so
     `limit` takes a sample across the file instead of its first databases) and `query_fold` = [i, k]
     (keep the rows whose gold query hashes to fold i of k, see `query_fold`; `fold_db_alias` maps a
-    copied database to its original for the hash)."""
+    copied database to its original for the hash) and `max_hardness` (keep the rows whose gold query's
+    Spider hardness, `sql_hardness.hardness`, is at most this level: easy < medium < hard < extra)."""
     if spec.get("db_ids") is not None:
         keep = set(spec["db_ids"])
         rows = [r for r in rows if r.get("db_id") in keep]
@@ -340,12 +341,20 @@ def select_rows(rows: list[dict], spec: dict, path: str = "") -> list[dict]:
             raise DataError(f"{path}: query_fold needs SQL rows (a gold `query` per row)")
         alias = dict(spec.get("fold_db_alias") or {})
         rows = [r for r in rows if query_fold(r, int(fold[1]), alias) == int(fold[0])]
+    if spec.get("max_hardness"):
+        from dart_jax.data.sql_hardness import HardnessError, hardness, rank
+        top = rank(str(spec["max_hardness"]))
+        try:
+            rows = [r for r in rows if rank(hardness(str(r.get("query") or ""))) <= top]
+        except HardnessError as e:
+            raise DataError(f"{path}: max_hardness needs gold queries Spider's hardness can grade: {e}") from None
     return rows
 
 
 def load_rows(spec: dict, base_dir: str | None = None, require_db: bool = True) -> list[dict]:
     """One dataset from a config entry {"reader", "path", "data_source", "db_root", "limit", "offset",
-    "exclude", "db_ids", "shuffle", "query_fold", "fold_db_alias"}. `db_ids` / `shuffle` / `query_fold` select rows
+    "exclude", "db_ids", "shuffle", "query_fold", "fold_db_alias", "max_hardness"}. `db_ids` / `shuffle` /
+    `query_fold` / `max_hardness` select rows
     (`select_rows`);
     `exclude` lists datasets (entries of the same form) whose questions are removed
     before offset / limit apply: evaluation questions never reach training (their databases need
