@@ -1,7 +1,10 @@
 """The method comparison's report: held-out EM per method (each seed's count with its Wilson interval,
 the mean and the spread over seeds), training reward curves overlaid, step time and memory per
 method, and the paper's 3B-Base numbers beside them for orientation (a different backbone, corpus
-and budget: never a comparison)."""
+and budget: never a comparison). The runs answer the same questions, so differences are also paired
+question by question: each run against the warm start every run starts from (what GRPO gained and
+lost) and DART against each other method of the same seed, with the exact McNemar test (a two-sided
+binomial test on the discordant questions)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,30 @@ from dart_jax.run.metrics import read_metrics, wilson_interval
 PAPER_KEY = {"dart": "dart", "lora16": "lora16", "full": "search_r1", "mixlora": "mixlora", "2agent": "2agent"}
 
 
+def _outcomes(eval_dir: str, datasets: list[str]) -> dict:
+    """{(dataset, question id): correct} from an evaluation's per_question.jsonl (greedy: one record each)."""
+    out = {}
+    with open(os.path.join(eval_dir, "per_question.jsonl")) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                if r["dataset"] in datasets:
+                    out[(r["dataset"], str(r["id"]))] = bool(r["score"] > 0)
+    return out
+
+
+def paired(a: dict, b: dict, dataset: str) -> dict:
+    """Questions of `dataset` both evaluations answered: right only in a, right only in b, right in both,
+    questions, and the exact McNemar p (two-sided binomial on the discordant pairs; 1 when none)."""
+    from scipy.stats import binomtest
+    keys = [k for k in a if k[0] == dataset and k in b]
+    only_a = sum(a[k] and not b[k] for k in keys)
+    only_b = sum(b[k] and not a[k] for k in keys)
+    both = sum(a[k] and b[k] for k in keys)
+    p = float(binomtest(only_a, only_a + only_b, 0.5).pvalue) if only_a + only_b else 1.0
+    return {"only_a": only_a, "only_b": only_b, "both": both, "n": len(keys), "p": p}
+
+
 def _eval_counts(eval_dir: str, datasets: list[str]) -> dict:
     """{dataset: (correct, questions)} from an evaluation's per_question.jsonl (greedy: one record each)."""
     out = {d: [0, 0] for d in datasets}
@@ -31,16 +58,21 @@ def _eval_counts(eval_dir: str, datasets: list[str]) -> dict:
     return {d: tuple(v) for d, v in out.items()}
 
 
+def run_name_of(runs: dict, method: str, seed: int) -> str | None:
+    return next((n for n, r in runs.items() if r["method"] == method and r["seed"] == seed), None)
+
+
 def _median(rows: list[dict], key: str) -> float:
     vals = [r[key] for r in rows if key in r]
     return float(statistics.median(vals)) if vals else float("nan")
 
 
 def write_report(runs: dict, out: str, datasets: list[str], times: dict | None = None,
-                 missing: list[str] | None = None) -> dict:
+                 missing: list[str] | None = None, reference: str | None = None) -> dict:
     """runs: {name: {method, seed, train (run dir), eval (evaluation dir)}} -> summary (also written:
     report.md, summary.json, results.csv, reward_curves.png under `out`). `missing`: the comparison's
-    runs not trained and evaluated yet, named in the report."""
+    runs not trained and evaluated yet, named in the report. `reference`: the evaluation directory of
+    the starting policy (no GRPO), the row every run is paired against."""
     os.makedirs(out, exist_ok=True)
     per_run, curves = {}, {}
     for name, r in runs.items():
@@ -69,6 +101,18 @@ def write_report(runs: dict, out: str, datasets: list[str], times: dict | None =
         for k in ("step_s", "update_s", "rollout_s", "train_state_mib", "peak_rss_mib"):
             entry[k] = float(np.nanmedian([r[k] for r in rs]))
         summary["methods"][m] = entry
+    outcomes = {name: _outcomes(r["eval"], datasets) for name, r in runs.items()}
+    pairs = []
+    if reference:
+        ref = _outcomes(reference, datasets)
+        summary["reference"] = {"counts": _eval_counts(reference, datasets)}
+        for name in runs:
+            pairs += [dict(a=name, b="warm_start", dataset=d, **paired(outcomes[name], ref, d)) for d in datasets]
+    for name, r in runs.items():
+        dart = run_name_of(runs, "dart", r["seed"])
+        if r["method"] != "dart" and dart:
+            pairs += [dict(a=dart, b=name, dataset=d, **paired(outcomes[dart], outcomes[name], d)) for d in datasets]
+    summary["paired"] = pairs
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     with open(os.path.join(out, "results.csv"), "w", newline="") as f:
@@ -94,7 +138,12 @@ def _markdown(summary: dict, per_run: dict, datasets: list[str], times: dict) ->
              "seeds. Step time = median seconds per GRPO step (rollout + update); memory = one device's train "
              "state (fp32 masters + AdamW moments) and the process's peak resident memory.", "",
              "| run | " + " | ".join(datasets) + " | steps |", "|---|" + "---|" * (len(datasets) + 1)]
-    for name, r in per_run.items():
+    rows = list(per_run.items())
+    if summary.get("reference"):
+        rows = [("warm start (no GRPO)", {"counts": summary["reference"]["counts"], "steps": 0,
+                                          "em": {d: k / n if n else float("nan")
+                                                 for d, (k, n) in summary["reference"]["counts"].items()}})] + rows
+    for name, r in rows:
         cells = []
         for d in datasets:
             k, n = r["counts"][d]
@@ -113,6 +162,18 @@ def _markdown(summary: dict, per_run: dict, datasets: list[str], times: dict) ->
                      f"{'%.3f' % paper if paper is not None else '—'} |")
     lines += ["", "The paper's column is Qwen2.5-3B-Base on wiki-18 with 100 steps of 256 × 16 trajectories "
               "(METHOD §6; full = Search-R1's row): orientation only.", "", "![reward curves](reward_curves.png)"]
+    if summary.get("paired"):
+        lines += ["", "## Paired on the same questions", "",
+                  "Each row: questions right only in A / only in B / in both, of n; p = exact McNemar "
+                  "(two-sided binomial on the discordant questions).", "",
+                  "| A | B | " + " | ".join(datasets) + " |", "|---|---|" + "---|" * len(datasets)]
+        by = {}
+        for q in summary["paired"]:
+            by.setdefault((q["a"], q["b"]), {})[q["dataset"]] = q
+        for (a, b), qs in by.items():
+            cells = [f"{q['only_a']} / {q['only_b']} / {q['both']} of {q['n']}, p {q['p']:.2g}"
+                     for q in (qs[d] for d in datasets)]
+            lines.append(f"| {a} | {b} | " + " | ".join(cells) + " |")
     if summary.get("missing"):
         lines += ["", f"**Partial comparison**: not yet trained and evaluated: {', '.join(summary['missing'])}."]
     if times:

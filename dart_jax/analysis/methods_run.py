@@ -6,6 +6,9 @@
                               directory written by another configuration is refused, field by field
     eval/<method>_s<seed>/    greedy held-out evaluation of the run's last checkpoint (eval.job; an
                               interrupted evaluation continues: eval.resume)
+    eval/warm_start/          the same evaluation of the policy every run starts from (the warm start,
+                              no GRPO): the reference each run's gains and losses are paired against
+                              (`methods.reference`)
     report/                   report.md, summary.json, results.csv, reward_curves.png (methods_report)
     stages.json               each stage's wall time and when it finished
 """
@@ -23,6 +26,7 @@ from dart_jax.analysis.stage_log import StageLog
 log = logging.getLogger(__name__)
 
 STAGES = ("train", "eval", "report")
+REFERENCE = "warm_start"
 
 
 def _methods(config):
@@ -101,6 +105,8 @@ class Stages(StageLog):
         options = EvalOptions(batch=int(self.m.batch), limit=int(self.m.limit) if self.m.limit else None,
                               progress=True)
         done = {}
+        if self.m.get("reference", True):
+            done[REFERENCE] = self._evaluate_reference(options)
         for method, seed in self.runs:
             name = run_name(method, seed)
             rc = run_config(self.config, method, seed)
@@ -119,6 +125,17 @@ class Stages(StageLog):
             done[name] = {k: r["score"] for k, r in res["datasets"].items()}
         return done
 
+    def _evaluate_reference(self, options):
+        """The starting policy (the config's model + warm start, no adapters) evaluated like the runs."""
+        from dart_jax.eval.job import evaluate
+        if self.evaluated(REFERENCE, None, options.limit):
+            return "skipped"
+        t0 = time.perf_counter()
+        res = evaluate(copy.deepcopy(self.config), self.eval_dir(REFERENCE), self.datasets, options)
+        scores = {k: r["score"] for k, r in res["datasets"].items()}
+        self._record("eval", REFERENCE, time.perf_counter() - t0, scores=scores)
+        return scores
+
     def report(self) -> dict:
         from dart_jax.analysis.methods_report import write_report
         t0 = time.perf_counter()
@@ -131,8 +148,9 @@ class Stages(StageLog):
                  if self.evaluated(n, int(run_config(self.config, r["method"], r["seed"]).train.steps), limit)}
         if not ready:
             raise FileNotFoundError(f"methods report: no evaluated run under {self.out}/eval (run train and eval first)")
+        reference = self.eval_dir(REFERENCE) if self.evaluated(REFERENCE, None, limit) else None
         summary = write_report(ready, os.path.join(self.out, "report"), self.datasets, self.times(),
-                               missing=[n for n in runs if n not in ready])
+                               missing=[n for n in runs if n not in ready], reference=reference)
         self._record("report", "all", time.perf_counter() - t0)
         return summary
 

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from configs import methods_quickstart
+from dart_jax.analysis.methods_report import paired
 from dart_jax.run.run_dir import config_dict
 from launch import methods as launch_methods
 
@@ -35,6 +36,15 @@ def test_runs_differ_only_in_method_and_seed():
         methods_quickstart.get_config("sft")
 
 
+def test_paired_mcnemar_by_hand():
+    a = {("nq", str(i)): i < 7 for i in range(10)}          # right on 0..6
+    b = {("nq", str(i)): i in (0, 7) for i in range(10)}     # right on 0 and 7
+    q = paired(a, b, "nq")
+    assert (q["only_a"], q["only_b"], q["both"], q["n"]) == (6, 1, 1, 10)
+    assert q["p"] == pytest.approx(2 * (1 + 7) / 2 ** 7)      # two-sided binomial, 1 of 7 discordant
+    assert paired(a, a, "nq")["p"] == 1.0 and paired(a, b, "hotpotqa")["n"] == 0
+
+
 def test_launch_methods_end_to_end(tiny_smollm_dir, tmp_path, capsys):
     out = tmp_path / "methods"
     assert launch_methods.main(_args(tiny_smollm_dir, out)) == 0
@@ -49,7 +59,14 @@ def test_launch_methods_end_to_end(tiny_smollm_dir, tmp_path, capsys):
     assert (out / "report" / "reward_curves.png").is_file() and (out / "report" / "results.csv").is_file()
     assert "| dart_s0 |" in open(out / "report" / "report.md").read()
     times = json.load(open(out / "stages.json"))
-    assert set(times["train"]) == set(times["eval"]) == {"dart_s0", "2agent_s0"}
+    assert set(times["train"]) == {"dart_s0", "2agent_s0"} and set(times["eval"]) == {"warm_start", "dart_s0", "2agent_s0"}
+    # the starting policy evaluated on the same questions; every run paired against it, and DART against 2-Agent
+    assert all(n == 2 for _, n in summary["reference"]["counts"].values())
+    pairs = {(q["a"], q["b"], q["dataset"]): q for q in summary["paired"]}
+    assert {(a, b) for a, b, _ in pairs} == {("dart_s0", "warm_start"), ("2agent_s0", "warm_start"), ("dart_s0", "2agent_s0")}
+    assert all(q["n"] == 2 and q["only_a"] + q["only_b"] + q["both"] <= 2 for q in pairs.values())
+    report = open(out / "report" / "report.md").read()
+    assert "| warm start (no GRPO) |" in report and "## Paired on the same questions" in report
     capsys.readouterr()
     # again: everything is skipped (the stage times are unchanged), the report rewritten
     assert launch_methods.main(_args(tiny_smollm_dir, out)) == 0
