@@ -12,6 +12,7 @@ import numpy as np
 from configs import quickstart_sql, sft_sql_quickstart
 from dart_jax.data.readers import query_fold
 from dart_jax.data.spider_split import DK_COPIES, HELDOUT_DBS, TRAIN_DBS
+from dart_jax.data.sql_hardness import hardness
 from dart_jax.rl.trainer import Trainer
 from dart_jax.run.metrics import read_metrics
 from dart_jax.sft.trainer import SFTTrainer
@@ -55,6 +56,7 @@ def test_sql_warm_start_then_grpo_one_step_each(tiny_smollm_dir, tmp_path):
     t = Trainer(g)
     assert {r["db_id"] for r in t.rows} <= set(TRAIN_DBS)
     assert all(query_fold(r, 2, DK_COPIES) == sft_sql_quickstart.RL_FOLD for r in t.rows)
+    assert len(t.rows) == 205 and all(hardness(r["query"]) == quickstart_sql.MAX_HARDNESS for r in t.rows)
     assert {r["db_id"] for r in t.eval_rows} <= set(HELDOUT_DBS)
     res = t.run()
     rows = read_metrics(res["metrics"])
