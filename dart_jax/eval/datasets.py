@@ -32,6 +32,7 @@ class EvalSet:
     db_ids: tuple[str, ...] | None = None  # only these databases' questions (the SQL quickstart's split)
     offset: int = 0                    # rows [offset, …) of the file, after `exclude` (QA only)
     exclude: tuple[str, ...] = ()      # names of evaluation sets whose questions are removed first
+    max_hardness: str = ""             # sql: only gold queries Spider grades at most this (data.sql_hardness)
 
     def exclusion_spec(self) -> dict:
         """This set as a `readers.load_rows` entry for `exclude` (questions only, databases not needed):
@@ -57,6 +58,8 @@ class EvalSet:
             spec["db_root"] = list(([db_root] if db_root else []) + list(self.db_root))
         if self.db_ids is not None:
             spec["db_ids"] = list(self.db_ids)
+        if self.max_hardness:
+            spec["max_hardness"] = self.max_hardness
         if self.offset:
             spec["offset"] = int(self.offset)
         if self.exclude:
@@ -92,6 +95,10 @@ SQL_SETS = (
 # quickstart, which trains on the other databases, is evaluated on
 HELDOUT_SETS = tuple(dataclasses.replace(s, name=f"{s.name}_heldout", label=f"{s.label} (held-out dbs)",
                                          db_ids=HELDOUT_DBS) for s in SQL_SETS if s.name.startswith("spider"))
+# its easy-graded questions (Spider hardness): where the SQL quickstart's GRPO, which trains on easy questions,
+# should show first (108 Spider dev questions)
+HELDOUT_SETS += (dataclasses.replace(HELDOUT_SETS[0], name="spider_dev_heldout_easy",
+                                     label="Spider-dev (held-out dbs, easy)", max_hardness="easy"),)
 # questions whose evidence is in the shipped corpus, for studies on the embedded default (CEA's quickstart):
 # nq_oracle rows after the quickstart's GRPO prompts (the first 1,024 eligible) and its warm-start
 # demonstrations (the next 640), with the NQ evaluation slice removed — never trained on; and the HotpotQA
@@ -141,13 +148,18 @@ def load_set(s: EvalSet, limit: int | None = None, db_root: str | None = None) -
     path = spec["path"] if os.path.isabs(spec["path"]) else os.path.join(DATA, spec["path"])
     if s.db_ids is not None:  # the split's databases, then the first N of their questions
         rows, _ = READERS[s.reader](path, roots, data_source=s.name, require_db=False)
-        rows, missing = drop_missing_db(select_rows(rows, {"db_ids": s.db_ids}, path)[:limit or None], path)
+        keep = {"db_ids": s.db_ids, "max_hardness": s.max_hardness or None}
+        rows, missing = drop_missing_db(select_rows(rows, keep, path)[:limit or None], path)
         if not rows and missing:
             raise FileNotFoundError(f"{s.name}: none of the {missing} questions has its database under {roots} "
                                     "(DIR/<db_id>/<db_id>.sqlite)")
         return rows, {"questions": len(rows), "skipped_no_db": missing}
     # the first N *questions* (the paper's first 1,000), then those without a database are skipped
-    rows, missing = READERS[s.reader](path, roots, data_source=s.name, limit=limit)
+    if s.max_hardness:  # the first N questions of that hardness
+        rows, missing = READERS[s.reader](path, roots, data_source=s.name)
+        rows = select_rows(rows, {"max_hardness": s.max_hardness}, path)[:limit or None]
+    else:
+        rows, missing = READERS[s.reader](path, roots, data_source=s.name, limit=limit)
     if not rows and missing:
         raise FileNotFoundError(f"{s.name}: none of the {missing} questions has its database under {roots} "
                                 "(DIR/<db_id>/<db_id>.sqlite)")

@@ -76,9 +76,18 @@ def test_select_rows_filters_and_errors():
         readers.select_rows([{"id": "x", "question": "q"}], {"query_fold": [0, 2]})
 
 
+def rows_all(eval_set):
+    return load_set(eval_set)[0]
+
+
 def test_heldout_evaluation_sets():
     rows, counts = load_set(EVAL_SETS["spider_dev_heldout"])
     assert counts == {"questions": 479, "skipped_no_db": 62} and {r["db_id"] for r in rows} <= set(HELDOUT_DBS)
     rows, _ = load_set(EVAL_SETS["spider_dk_heldout"], limit=5)
     assert len(rows) == 5 and {r["db_id"] for r in rows} <= set(HELDOUT_DBS)
     assert EVAL_SETS["spider_syn_heldout"].exclusion_spec()["db_ids"] == list(HELDOUT_DBS)
+    # the held-out databases' easy-graded Spider dev questions (what the SQL quickstart's curriculum trains on)
+    from dart_jax.data.sql_hardness import hardness
+    easy, counts = load_set(EVAL_SETS["spider_dev_heldout_easy"])
+    assert counts["questions"] == 108 and all(hardness(r["query"]) == "easy" for r in easy)
+    assert {r["question"] for r in easy} < {r["question"] for r in rows_all(EVAL_SETS["spider_dev_heldout"])}
