@@ -14,13 +14,16 @@ databases, before the first and after the last step, execution match as counts w
     python -m launch.train --config=configs/quickstart_sql.py
 
 CPU-sized deviations from the paper setup (configs/paper_sql.py), all fields: 3 turns of ≤ 128
-tokens, observations ≤ 256 tokens, 4 prompts × 4 samples per step, old log-probs from the sampler,
-no KL term. Schema prompts are 500–900 tokens on the training databases: each group's prompt is
+tokens, observations ≤ 256 tokens, 4 prompts × 8 samples per step, old log-probs from the sampler,
+no KL term, and a curriculum for a 135M model: only questions whose gold query Spider grades easy
+(`max_hardness`, dart_jax/data/sql_hardness.py), sampled at T = 0.5 (the loss's log-probs at the same
+temperature). Schema prompts are 500–900 tokens on the training databases: each group's prompt is
 prefilled once and its cache shared by the group's samples (`rollout.share_prompt_prefill`).
 
-Measured (docs/results/quickstart_sql.md, ~36 min of compute on 2 cores, peak ~9 GB RSS): the
-protocol holds under sampling (73% of 128 trajectories end in a `<solution>`), but 1 of 128 sampled
-SQL answers is right, so 7 of 8 steps carry no GRPO signal; held-out greedy 4/32 → 4/32.
+Measured (docs/results/quickstart_sql.md, ~96 min on 2 cores, peak ~17 GB RSS): 45 of 256 sampled
+trajectories execute to the gold result and 8 of 32 groups have mixed outcomes (the first recipe —
+all questions, groups of 4 at T = 1 — had 1 of 128 and no signal in 7 of 8 steps); the held-out
+greedy check did not move (4/32 → 2/32): signal, but no learning detectable in 8 steps.
 """
 
 from configs import base
