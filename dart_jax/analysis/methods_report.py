@@ -46,16 +46,10 @@ def paired(a: dict, b: dict, dataset: str) -> dict:
 
 
 def _eval_counts(eval_dir: str, datasets: list[str]) -> dict:
-    """{dataset: (correct, questions)} from an evaluation's per_question.jsonl (greedy: one record each)."""
-    out = {d: [0, 0] for d in datasets}
-    with open(os.path.join(eval_dir, "per_question.jsonl")) as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                if r["dataset"] in out:
-                    out[r["dataset"]][0] += int(r["score"] > 0)
-                    out[r["dataset"]][1] += 1
-    return {d: tuple(v) for d, v in out.items()}
+    """{dataset: (correct, questions)} from an evaluation's per-question outcomes."""
+    outcomes = _outcomes(eval_dir, datasets)
+    return {d: (sum(v for (ds, _), v in outcomes.items() if ds == d), sum(ds == d for ds, _ in outcomes))
+            for d in datasets}
 
 
 def run_name_of(runs: dict, method: str, seed: int) -> str | None:
