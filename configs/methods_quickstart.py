@@ -39,6 +39,7 @@ METHODS = {
     "2agent_lora": dict(variant="2agent", agent_params="lora", rank=8, alpha=16.0, lr=2e-4),
 }
 OUT = "runs/methods_quickstart"
+ARCHIVE = "docs/results/data/methods_smollm2/runs"
 
 
 def apply_method(c, method: str, seed: int):
@@ -65,7 +66,10 @@ def get_config(arg: str | None = None):
     c = quickstart.get_config()
     # lists as comma-separated strings, so the command line can set them (--config.methods.methods=dart,full)
     c.methods = ConfigDict(dict(out=OUT, methods="dart,lora16,full,mixlora,2agent,2agent_lora", seeds="0,1",
-                                datasets="nq_corpus_heldout,hotpotqa_corpus", limit=64, batch=16))
+                                datasets="nq_corpus_heldout,hotpotqa_corpus", limit=64, batch=16,
+                                # finished runs kept small and committed (metrics, evaluations, stage times):
+                                # archived runs are not retrained; "" turns it off
+                                archive=ARCHIVE))
     c.eval.n = 0  # the eval stage is the held-out evaluation
     method = parts[0] if parts else "dart"
     seed = int(parts[1]) if len(parts) > 1 else 0

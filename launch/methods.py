@@ -3,12 +3,14 @@ MixLoRA and 2-Agent with the same warm start, data, steps and seeds, evaluate ea
 held-out questions, and report EM with its spread over seeds, reward curves, step time and memory.
 
     python -m launch.methods --config=configs/methods_quickstart.py                 # every missing stage
-    python -m launch.methods --config=configs/methods_quickstart.py --stage=train   # train | eval | report
+    python -m launch.methods --config=configs/methods_quickstart.py --stage=train   # train | eval | archive | report
     python -m launch.methods --config=configs/methods_quickstart.py --config.methods.methods=dart,mixlora
 
 Everything is written under config.methods.out (train/<method>_s<seed>/, eval/<method>_s<seed>/,
 report/, stages.json); a run that reached train.steps and an evaluation already written are
 skipped, an interrupted run resumes from its newest checkpoint, so re-running finishes the job.
+Finished runs are also kept, small, in config.methods.archive (committed with the findings): an
+archived run is not trained again, and the report reads it from there when `out` has lost it.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from launch._cli import Command
 
 CLI = Command("launch.methods", __doc__, config=True)
 F = CLI.flags
-STAGE = flags.DEFINE_enum("stage", "all", ["all", "train", "eval", "report"], "the stage to run (all: every "
-                          "missing one, in order)", flag_values=F)
+STAGE = flags.DEFINE_enum("stage", "all", ["all", "train", "eval", "archive", "report"], "the stage to run "
+                          "(all: every missing one, in order; archive: copy finished runs into "
+                          "methods.archive)", flag_values=F)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ binomial test on the discordant questions)."""
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import os
 import statistics
@@ -22,9 +23,11 @@ PAPER_KEY = {"dart": "dart", "lora16": "lora16", "full": "search_r1", "mixlora":
 
 
 def _outcomes(eval_dir: str, datasets: list[str]) -> dict:
-    """{(dataset, question id): correct} from an evaluation's per_question.jsonl (greedy: one record each)."""
+    """{(dataset, question id): correct} from an evaluation's per_question.jsonl (greedy: one record each;
+    per_question.jsonl.gz in an archived evaluation)."""
     out = {}
-    with open(os.path.join(eval_dir, "per_question.jsonl")) as f:
+    path = os.path.join(eval_dir, "per_question.jsonl")
+    with (open(path) if os.path.isfile(path) else gzip.open(path + ".gz", "rt")) as f:
         for line in f:
             if line.strip():
                 r = json.loads(line)

@@ -11,21 +11,30 @@
                               (`methods.reference`)
     report/                   report.md, summary.json, results.csv, reward_curves.png (methods_report)
     stages.json               each stage's wall time and when it finished
+
+`methods.archive` (a directory; "" for none) keeps what the report needs of every finished run, small
+enough to commit, so the comparison survives the loss of `out` (a fresh clone, a new machine): each
+run's train/<run>/metrics.jsonl, eval/<run>/results.json and per_question.jsonl.gz, and the stage
+times. A run archived with a finished evaluation is neither trained nor evaluated again; the report
+reads each run from `out` where it is there and from the archive otherwise. Every evaluation is
+archived as soon as it finishes (and `--stage=archive` archives what `out` holds).
 """
 
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 import logging
 import os
+import shutil
 import time
 
 from dart_jax.analysis.stage_log import StageLog
 
 log = logging.getLogger(__name__)
 
-STAGES = ("train", "eval", "report")
+STAGES = ("train", "eval", "archive", "report")
 REFERENCE = "warm_start"
 
 
@@ -58,6 +67,14 @@ class Stages(StageLog):
         os.makedirs(self.out, exist_ok=True)
         self.datasets = as_list(self.m.datasets)
         self.runs = [(m, int(s)) for m in as_list(self.m.methods) for s in as_list(self.m.seeds)]
+        self.archive_dir = str(self.m.get("archive", "") or "")
+
+    def times(self) -> dict:
+        """Stage times: the archive's, overridden item by item by `out`'s."""
+        merged = _read_json(os.path.join(self.archive_dir, "stages.json")) if self.archive_dir else {}
+        for stage, items in self._own_times().items():
+            merged.setdefault(stage, {}).update(items)
+        return merged
 
     def train(self) -> dict:
         from dart_jax.analysis.cea_run import trained_steps
@@ -68,6 +85,10 @@ class Stages(StageLog):
             name = run_name(method, seed)
             rc = run_config(self.config, method, seed)
             have, want = trained_steps(rc.output.dir), int(rc.train.steps)
+            if have < want and self.archived(name, want, self._limit()):
+                log.info("methods train %s: archived in %s (trained and evaluated earlier)", name, self.archive_dir)
+                done[name] = "archived"
+                continue
             saved = saved_config(rc.output.dir)
             diffs = config_differences(saved, config_dict(rc), ignore=RESUMABLE) if saved else []
             if diffs:
@@ -86,17 +107,71 @@ class Stages(StageLog):
     def eval_dir(self, name: str) -> str:
         return os.path.join(self.out, "eval", name)
 
-    def evaluated(self, name: str, step: int, limit: int | None) -> bool:
-        """The run's evaluation is finished for this comparison: results.json (written last) of the
-        checkpoint at `step`, with this limit, over these datasets."""
-        path = os.path.join(self.eval_dir(name), "results.json")
+    def _limit(self) -> int | None:
+        return int(self.m.limit) if self.m.limit else None
+
+    def _finished(self, eval_dir: str, step: int | None, limit: int | None) -> bool:
+        """results.json (written last) in eval_dir is of the checkpoint at `step`, with this limit, over
+        these datasets."""
+        path = os.path.join(eval_dir, "results.json")
         if not os.path.isfile(path):
             return False
-        with open(path) as f:
-            done = json.load(f)
-        setup = done["setup"]
+        setup = (done := _read_json(path))["setup"]
         return setup.get("step") == step and setup.get("limit") == limit and \
             sorted(done["datasets"]) == sorted(self.datasets)
+
+    def evaluated(self, name: str, step: int | None, limit: int | None) -> bool:
+        """The run's evaluation is finished for this comparison, in `out`."""
+        return self._finished(self.eval_dir(name), step, limit)
+
+    def archived(self, name: str, step: int | None, limit: int | None) -> bool:
+        """The run's finished evaluation (and, for a trained run, its metrics) are in the archive."""
+        if not self.archive_dir or not self._finished(os.path.join(self.archive_dir, "eval", name), step, limit):
+            return False
+        return name == REFERENCE or os.path.isfile(os.path.join(self.archive_dir, "train", name, "metrics.jsonl"))
+
+    def archive(self) -> dict:
+        """Copy what the report needs of every run finished in `out` into the archive (idempotent)."""
+        if not self.archive_dir:
+            return {}
+        limit, done = self._limit(), {}
+        names = [(REFERENCE, None)] + [(run_name(m, s), int(run_config(self.config, m, s).train.steps))
+                                       for m, s in self.runs]
+        for name, step in names:
+            if self.evaluated(name, step, limit):
+                done[name] = self._archive_run(name)
+        return done
+
+    def _archive_run(self, name: str) -> str:
+        if not self.archive_dir:
+            return "no archive"
+        src, dst = self.eval_dir(name), os.path.join(self.archive_dir, "eval", name)
+        os.makedirs(dst, exist_ok=True)
+        with open(os.path.join(src, "per_question.jsonl"), "rb") as f, \
+                gzip.GzipFile(os.path.join(dst, "per_question.jsonl.gz"), "wb", mtime=0) as g:
+            shutil.copyfileobj(f, g)
+        if name != REFERENCE:
+            m = os.path.join(self.out, "train", name, "metrics.jsonl")
+            os.makedirs(os.path.join(self.archive_dir, "train", name), exist_ok=True)
+            shutil.copyfile(m, os.path.join(self.archive_dir, "train", name, "metrics.jsonl"))
+        shutil.copyfile(os.path.join(src, "results.json"), os.path.join(dst, "results.json"))  # last: the mark
+        times = _read_json(os.path.join(self.archive_dir, "stages.json"))
+        for stage, items in self._own_times().items():
+            for item, t in items.items():
+                if item == name:
+                    times.setdefault(stage, {})[item] = t
+        _write_json(os.path.join(self.archive_dir, "stages.json"), times)
+        log.info("methods archive %s: %s", name, dst)
+        return "archived"
+
+    def _source(self, name: str, step: int | None, limit: int | None) -> dict | None:
+        """{train, eval} directories of a finished run (out first, then the archive), or None."""
+        if self.evaluated(name, step, limit):
+            return {"train": os.path.join(self.out, "train", name), "eval": self.eval_dir(name)}
+        if self.archived(name, step, limit):
+            return {"train": os.path.join(self.archive_dir, "train", name),
+                    "eval": os.path.join(self.archive_dir, "eval", name)}
+        return None
 
     def evaluate(self) -> dict:
         from dart_jax.analysis.cea_run import trained_steps
@@ -111,6 +186,9 @@ class Stages(StageLog):
             name = run_name(method, seed)
             rc = run_config(self.config, method, seed)
             want = int(rc.train.steps)
+            if not self.evaluated(name, want, options.limit) and self.archived(name, want, options.limit):
+                done[name] = "archived"
+                continue
             if trained_steps(rc.output.dir) < want:
                 raise FileNotFoundError(f"methods eval {name}: {rc.output.dir} has no finished checkpoint at step "
                                         f"{want} (run the train stage first)")
@@ -122,6 +200,7 @@ class Stages(StageLog):
                            step=want)
             self._record("eval", name, time.perf_counter() - t0,
                          scores={k: r["score"] for k, r in res["datasets"].items()})
+            self._archive_run(name)
             done[name] = {k: r["score"] for k, r in res["datasets"].items()}
         return done
 
@@ -130,27 +209,34 @@ class Stages(StageLog):
         from dart_jax.eval.job import evaluate
         if self.evaluated(REFERENCE, None, options.limit):
             return "skipped"
+        if self.archived(REFERENCE, None, options.limit):
+            return "archived"
         t0 = time.perf_counter()
         res = evaluate(copy.deepcopy(self.config), self.eval_dir(REFERENCE), self.datasets, options)
         scores = {k: r["score"] for k, r in res["datasets"].items()}
         self._record("eval", REFERENCE, time.perf_counter() - t0, scores=scores)
+        self._archive_run(REFERENCE)
         return scores
 
     def report(self) -> dict:
         from dart_jax.analysis.methods_report import write_report
         t0 = time.perf_counter()
-        runs = {run_name(m, s): {"method": m, "seed": s,
-                                 "train": run_config(self.config, m, s).output.dir,
-                                 "eval": self.eval_dir(run_name(m, s))} for m, s in self.runs}
+        limit = self._limit()
         # a run not yet trained and evaluated (or whose evaluation is unfinished) is listed as missing
-        limit = int(self.m.limit) if self.m.limit else None
-        ready = {n: r for n, r in runs.items()
-                 if self.evaluated(n, int(run_config(self.config, r["method"], r["seed"]).train.steps), limit)}
-        if not ready:
-            raise FileNotFoundError(f"methods report: no evaluated run under {self.out}/eval (run train and eval first)")
-        reference = self.eval_dir(REFERENCE) if self.evaluated(REFERENCE, None, limit) else None
-        summary = write_report(ready, os.path.join(self.out, "report"), self.datasets, self.times(),
-                               missing=[n for n in runs if n not in ready], reference=reference)
+        runs, missing = {}, []
+        for m, s in self.runs:
+            src = self._source(run_name(m, s), int(run_config(self.config, m, s).train.steps), limit)
+            if src is None:
+                missing.append(run_name(m, s))
+            else:
+                runs[run_name(m, s)] = {"method": m, "seed": s, **src}
+        if not runs:
+            where = f"{self.out}/eval" + (f" or {self.archive_dir}/eval" if self.archive_dir else "")
+            raise FileNotFoundError(f"methods report: no evaluated run under {where} (run train and eval first)")
+        ref = self._source(REFERENCE, None, limit)
+        reference = ref["eval"] if ref else None
+        summary = write_report(runs, os.path.join(self.out, "report"), self.datasets, self.times(),
+                               missing=missing, reference=reference)
         self._record("report", "all", time.perf_counter() - t0)
         return summary
 
@@ -163,6 +249,23 @@ class Stages(StageLog):
             self.train()
         if "eval" in stages:
             self.evaluate()
+        if "archive" in stages:
+            self.archive()
         if "report" in stages:
             out = self.report()
         return out
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write_json(path: str, obj) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)

@@ -23,7 +23,7 @@ class StageLog:
     def _record(self, stage: str, item: str, seconds: float, **extra) -> None:
         if jax.process_index() != 0:
             return
-        times = self.times()
+        times = self._own_times()
         times.setdefault(stage, {})[item] = {"seconds": round(seconds, 1),
                                              "finished": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
         tmp = self.log_path + ".tmp"
@@ -32,6 +32,10 @@ class StageLog:
         os.replace(tmp, self.log_path)
 
     def times(self) -> dict:
+        return self._own_times()
+
+    def _own_times(self) -> dict:
+        """What OUT/stages.json holds (times() may add records kept elsewhere)."""
         if not os.path.isfile(self.log_path):
             return {}
         with open(self.log_path) as f:

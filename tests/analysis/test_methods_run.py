@@ -12,9 +12,9 @@ from dart_jax.run.run_dir import config_dict
 from launch import methods as launch_methods
 
 
-def _args(model_dir, out):
+def _args(model_dir, out, archive=""):
     return ["--config=configs/methods_quickstart.py", f"--config.model.path={model_dir}", "--config.warm_start=",
-            f"--config.methods.out={out}", "--config.methods.methods=dart,2agent", "--config.methods.seeds=0",
+            f"--config.methods.out={out}", f"--config.methods.archive={archive}", "--config.methods.methods=dart,2agent", "--config.methods.seeds=0",
             "--config.methods.limit=2", "--config.methods.batch=2", "--config.train.steps=1",
             "--config.train.prompts_per_step=2", "--config.train.group_size=2", "--config.train.mini_batch=4",
             "--config.train.micro_batch=2", "--config.output.checkpoint_every=1", "--config.rollout.max_turns=1",
@@ -79,3 +79,35 @@ def test_launch_methods_end_to_end(tiny_smollm_dir, tmp_path, capsys):
     partial = json.load(open(out / "report" / "summary.json"))
     assert set(partial["methods"]) == {"dart", "2agent"} and partial["missing"] == ["lora16_s0"]
     assert "not yet trained and evaluated: lora16_s0" in open(out / "report" / "report.md").read()
+
+
+def test_methods_archive_outlives_the_output_directory(tiny_smollm_dir, tmp_path):
+    """Every finished evaluation is archived as it finishes; with `out` gone (a fresh clone), the archived
+    runs are not trained again and the report from the archive equals the one from `out`."""
+    import shutil
+    out, archive = tmp_path / "methods", tmp_path / "archive"
+    args = [a for a in _args(tiny_smollm_dir, out, archive) if not a.startswith("--config.methods.methods=")]
+    args.append("--config.methods.methods=dart")
+    assert launch_methods.main(args) == 0
+    first = json.load(open(out / "report" / "summary.json"))
+    assert (archive / "eval" / "dart_s0" / "per_question.jsonl.gz").is_file()
+    assert (archive / "eval" / "warm_start" / "results.json").is_file()
+    assert (archive / "train" / "dart_s0" / "metrics.jsonl").is_file()
+    kept = json.load(open(archive / "stages.json"))
+    assert set(kept["train"]) == {"dart_s0"} and set(kept["eval"]) == {"warm_start", "dart_s0"}
+    shutil.rmtree(archive)                         # --stage=archive rebuilds it from what out holds
+    assert launch_methods.main(args + ["--stage=archive"]) == 0
+    assert json.load(open(archive / "stages.json")) == kept
+    assert (archive / "eval" / "dart_s0" / "per_question.jsonl.gz").is_file()
+    shutil.rmtree(out)
+    assert launch_methods.main(args) == 0          # nothing to train or evaluate: the report from the archive
+    assert not (out / "train").exists() and not (out / "eval").exists()
+    again = json.load(open(out / "report" / "summary.json"))
+    for k in ("runs", "methods", "reference", "paired", "missing"):
+        assert again[k] == first[k], k
+    times = json.load(open(out / "stages.json"))
+    assert set(times) == {"report"}                # out's own record; the runs' times stay in the archive
+    # a half-written archive (results.json is copied last) is not a finished run
+    (archive / "eval" / "dart_s0" / "results.json").unlink()
+    with pytest.raises(FileNotFoundError, match="has no finished checkpoint"):
+        launch_methods.main(args + ["--stage=eval"])
