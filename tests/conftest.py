@@ -6,11 +6,13 @@ import shutil
 import sys
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+sys.path.insert(0, os.path.dirname(__file__))
+from xla_env import xla_flags  # noqa: E402
+
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))  # 8 forced devices; compile settings: tests/xla_env.py
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-sys.path.insert(0, os.path.dirname(__file__))
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -18,8 +20,11 @@ import pytest  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 # One compilation cache for the session: tests that build the same program (a tiny model's train step,
 # a sampler segment) from fresh closures compile it once (measured: test_train_step.py 315 s -> 230 s).
-_CACHE = tempfile.mkdtemp(prefix="dart_jax_test_xla_")
-atexit.register(shutil.rmtree, _CACHE, True)
+# tests/run_suite.py hands every group's process the same directory (DART_JAX_TEST_XLA_CACHE), so a
+# program compiled by one group is a cache hit in the next.
+_CACHE = os.environ.get("DART_JAX_TEST_XLA_CACHE") or tempfile.mkdtemp(prefix="dart_jax_test_xla_")
+if "DART_JAX_TEST_XLA_CACHE" not in os.environ:
+    atexit.register(shutil.rmtree, _CACHE, True)
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -9,8 +9,9 @@ tests/sft/test_sql_quickstart.py when ~300 other tests have compiled their progr
 process, reproducibly on this host and on CI (Python traceback: jax compiler.backend_compile_and_load
 <- pxla compile <- rl/stages.py's jitted update), while the same test, and tests/sft alone, pass in a
 fresh process. A fresh process per directory bounds what one XLA process accumulates, keeps each
-group's shared compilation cache (conftest.py) and fixtures, and costs a few seconds of start-up per
-group. Every group runs even when one fails; the exit status is
+group's fixtures, and costs a few seconds of start-up per group. The groups share one on-disk XLA
+compilation cache (DART_JAX_TEST_XLA_CACHE, read by conftest.py): a program another group compiled is
+loaded, not compiled again. Every group runs even when one fails; the exit status is
 the first non-zero one.
 """
 
@@ -18,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -52,16 +55,21 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [g for g in chosen if names[g] in want]
     results = []
     first_bad = 0
+    # one XLA compilation cache for every group's process (tests/conftest.py), removed at the end
+    cache = os.environ.get("DART_JAX_TEST_XLA_CACHE") or tempfile.mkdtemp(prefix="dart_jax_suite_xla_")
+    env = {**os.environ, "DART_JAX_TEST_XLA_CACHE": cache}
     for group in chosen:
         t0 = time.time()
         print(f"=== {group}", flush=True)
         rc = subprocess.call([sys.executable, "-m", "pytest", *pytest_args, *group.split()],
-                             cwd=os.path.dirname(ROOT))
+                             cwd=os.path.dirname(ROOT), env=env)
         # 5: no test collected in this group (e.g. all deselected by -m): not a failure
         rc = 0 if rc == 5 else rc
         results.append((group, rc, time.time() - t0))
         if rc and not first_bad:
             first_bad = rc
+    if "DART_JAX_TEST_XLA_CACHE" not in os.environ:
+        shutil.rmtree(cache, ignore_errors=True)
     print("\n=== summary")
     for group, rc, dt in results:
         print(f"{'ok  ' if rc == 0 else f'FAIL (exit {rc})'} {dt:7.1f} s  {group}")

@@ -25,6 +25,7 @@ from dart_jax.rollout.agent import Agent, RolloutConfig
 from dart_jax.rollout.protocol import QA
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.tasks import qa_rows, qa_task
+from xla_env import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -171,7 +172,7 @@ def test_cli_sql_on_real_spider_databases(tiny_smollm_dir, tmp_path):
            f"--config.model.path={tiny_smollm_dir}", "--config.rollout.max_turns=1",
            "--config.rollout.max_tokens_per_turn=8", "--config.rollout.max_response_tokens=64",
            "--dataset", "spider_dev,spider_dk", "--limit", "3", "--batch", "3", "--out", str(out), "--quiet"]
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1))
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "| EX | Spider-dev | Spider-DK | Avg (these sets) |" in p.stdout

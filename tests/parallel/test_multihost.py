@@ -27,7 +27,6 @@ def _port() -> int:
 
 def _env():
     env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)  # the worker sets its own device count
     env["JAX_PLATFORMS"] = "cpu"
     return env
 

@@ -20,6 +20,7 @@ from dart_jax.run.run_dir import RunDirError
 from dart_jax.rl.trainer import Trainer
 
 from rl.test_trainer import _config
+from xla_env import xla_flags
 
 
 def _snapshot(d):
@@ -105,7 +106,7 @@ def test_sigkill_during_a_checkpoint_save_falls_back(tmp_path, delay):
     d = str(tmp_path / "ck")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.Popen([sys.executable, "-c", KILLER, d], cwd=root, stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu", XLA_FLAGS=""))
+                            env=dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(1)))
     for line in proc.stdout:
         if line.startswith("saving") and int(line.split()[1]) == 3:
             time.sleep(delay)

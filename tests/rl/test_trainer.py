@@ -14,6 +14,7 @@ from configs import quickstart
 from dart_jax.run.checkpoint import Checkpointer
 from dart_jax.run.metrics import read_metrics
 from dart_jax.rl.trainer import DataStream, Trainer
+from xla_env import xla_flags
 
 
 def _config(model_dir, out_dir, steps=3):
@@ -183,7 +184,7 @@ def test_launch_train_cli_with_overrides_and_resume(tiny_smollm_dir, tmp_path):
             "--config.train.prompts_per_step=2", "--config.train.group_size=2", "--config.train.mini_batch=4",
             "--config.train.micro_batch=2", "--config.rollout.max_turns=1", "--config.rollout.max_tokens_per_turn=8",
             "--config.output.progress=False", "--config.mesh.shape=(1,1,1)"]
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
     first = subprocess.run(args + ["--config.train.steps=1"], cwd=root, env=env, capture_output=True, text=True,
                            timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]

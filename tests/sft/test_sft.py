@@ -26,6 +26,7 @@ from dart_jax.roles.router import RouterSpec
 from dart_jax.sft import demos as D
 from dart_jax.tokenization.sentinels import row_params, sentinel_ids
 from dart_jax.checkpoints.registry import load_tagged_model
+from xla_env import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -80,7 +81,7 @@ def _sft_args(model_dir, out, extra=()):
 @pytest.mark.slow  # CI budget: kept out of the default run (python -m pytest -m slow)
 def test_launch_sft_then_grpo_starts_at_the_warm_started_policy(tiny_smollm_dir, tmp_path):
     out = tmp_path / "sft"
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
     run = subprocess.run(_sft_args(tiny_smollm_dir, out), cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
