@@ -3,7 +3,7 @@ fine-tuning with Search-R1's settings, MixLoRA and 2-Agent, each trained from th
 with the same data, steps and seeds, then evaluated greedily on held-out questions.
 
     python -m launch.methods --config=configs/methods_quickstart.py                  # every missing stage
-    python -m launch.methods --config=configs/methods_quickstart.py --stage=train    # train | eval | report
+    python -m launch.methods --config=configs/methods_quickstart.py --stage=train    # train | eval | archive | report
     python -m launch.train --config=configs/methods_quickstart.py:mixlora,1          # one run alone
 
 Every run is the quickstart (configs/quickstart.py: SmolLM2-135M-Instruct + NQ warm start, 24 GRPO
@@ -39,7 +39,7 @@ METHODS = {
     "2agent_lora": dict(variant="2agent", agent_params="lora", rank=8, alpha=16.0, lr=2e-4),
 }
 OUT = "runs/methods_quickstart"
-ARCHIVE = "docs/results/data/methods_smollm2/runs"
+ARCHIVE = "docs/results/data/methods_smollm2/archive"  # relative to the repository
 
 
 def apply_method(c, method: str, seed: int):

@@ -12,12 +12,16 @@
     report/                   report.md, summary.json, results.csv, reward_curves.png (methods_report)
     stages.json               each stage's wall time and when it finished
 
-`methods.archive` (a directory; "" for none) keeps what the report needs of every finished run, small
-enough to commit, so the comparison survives the loss of `out` (a fresh clone, a new machine): each
-run's train/<run>/metrics.jsonl, eval/<run>/results.json and per_question.jsonl.gz, and the stage
-times. A run archived with a finished evaluation is neither trained nor evaluated again; the report
-reads each run from `out` where it is there and from the archive otherwise. Every evaluation is
-archived as soon as it finishes (and `--stage=archive` archives what `out` holds).
+`methods.archive` (a directory, relative to the repository; "" for none) keeps what the report needs
+of every finished run, small enough to commit, so the comparison survives the loss of `out` (a fresh
+clone, a new machine): train/<run>/metrics.jsonl; eval/<run>/results.json, per_question.jsonl.gz and
+config.json (the run's configuration); stages.json (the archived runs' stage times). A run archived
+finished (same step, limit and datasets, and the same configuration apart from `methods`, what a
+resume may change and output.dir) is neither trained nor evaluated again, and the report reads it
+from the archive when `out` lacks it. Evaluations are archived as they finish, and an evaluation found
+finished in `out` but not archived is archived when the eval stage passes it (`--stage=archive`: all
+of them). A finished entry made differently (a trial with fewer steps, another configuration) is never
+overwritten: give trials another archive, or `--config.methods.archive=`.
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ import os
 import shutil
 import time
 
+import jax
+
 from dart_jax.analysis.stage_log import StageLog
+from dart_jax.run.run_dir import RESUMABLE
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +66,14 @@ def run_config(config, method: str, seed: int):
     return apply_method(copy.deepcopy(config), method, seed)
 
 
+# what may differ between an archived run's configuration and the comparison's (besides the `methods`
+# section, which names the comparison and never changes a run)
+ARCHIVE_IGNORE = RESUMABLE + ("output.dir",)
+# sections that do not change the starting policy's evaluation (the reference run)
+REFERENCE_IRRELEVANT = ("methods", "method", "optim", "train", "loss", "output", "eval", "data")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
 class Stages(StageLog):
     def __init__(self, config):
         self.config = config
@@ -67,7 +82,9 @@ class Stages(StageLog):
         os.makedirs(self.out, exist_ok=True)
         self.datasets = as_list(self.m.datasets)
         self.runs = [(m, int(s)) for m in as_list(self.m.methods) for s in as_list(self.m.seeds)]
-        self.archive_dir = str(self.m.get("archive", "") or "")
+        archive = str(self.m.get("archive", "") or "")
+        # a relative archive is the repository's (committed with the findings), wherever the command runs
+        self.archive_dir = os.path.join(REPO, archive) if archive and not os.path.isabs(archive) else archive
 
     def times(self) -> dict:
         """Stage times: the archive's, overridden item by item by `out`'s."""
@@ -79,7 +96,7 @@ class Stages(StageLog):
     def train(self) -> dict:
         from dart_jax.analysis.cea_run import trained_steps
         from dart_jax.rl.trainer import Trainer
-        from dart_jax.run.run_dir import RESUMABLE, config_dict, config_differences, saved_config
+        from dart_jax.run.run_dir import config_dict, config_differences, saved_config
         done = {}
         for method, seed in self.runs:
             name = run_name(method, seed)
@@ -90,7 +107,8 @@ class Stages(StageLog):
                 done[name] = "archived"
                 continue
             saved = saved_config(rc.output.dir)
-            diffs = config_differences(saved, config_dict(rc), ignore=RESUMABLE) if saved else []
+            diffs = config_differences(_without(saved, "methods"), _without(config_dict(rc), "methods"),
+                                       ignore=RESUMABLE) if saved else []
             if diffs:
                 raise ValueError(f"methods train {name}: {rc.output.dir} was written by another configuration ("
                                  + "; ".join(diffs) + "). Move it aside, or give the comparison another methods.out")
@@ -98,9 +116,11 @@ class Stages(StageLog):
                 log.info("methods train %s: done (%s holds step %d)", name, rc.output.dir, have)
                 done[name] = "skipped"
                 continue
+            # a resumed run's time adds to what its earlier segments took
+            before = self._own_times().get("train", {}).get(name, {}).get("seconds", 0.0) if have else 0.0
             t0 = time.perf_counter()
             Trainer(rc).run(resume=have > 0, overwrite=have == 0)
-            self._record("train", name, time.perf_counter() - t0, steps=want, resumed_from=have)
+            self._record("train", name, before + time.perf_counter() - t0, steps=want, resumed_from=have)
             done[name] = "trained"
         return done
 
@@ -113,10 +133,13 @@ class Stages(StageLog):
     def _finished(self, eval_dir: str, step: int | None, limit: int | None) -> bool:
         """results.json (written last) in eval_dir is of the checkpoint at `step`, with this limit, over
         these datasets."""
-        path = os.path.join(eval_dir, "results.json")
-        if not os.path.isfile(path):
+        try:
+            done = _read_json(os.path.join(eval_dir, "results.json"))
+        except ValueError:  # cut short while written: not a finished evaluation
             return False
-        setup = (done := _read_json(path))["setup"]
+        if not done:
+            return False
+        setup = done["setup"]
         return setup.get("step") == step and setup.get("limit") == limit and \
             sorted(done["datasets"]) == sorted(self.datasets)
 
@@ -124,43 +147,87 @@ class Stages(StageLog):
         """The run's evaluation is finished for this comparison, in `out`."""
         return self._finished(self.eval_dir(name), step, limit)
 
+    def _run_settings(self, name: str) -> dict:
+        """The configuration an archived run must have been made with to stand for `name` here."""
+        from dart_jax.run.run_dir import config_dict
+        if name == REFERENCE:
+            return {k: v for k, v in config_dict(self.config).items() if k not in REFERENCE_IRRELEVANT}
+        method, seed = next((m, s) for m, s in self.runs if run_name(m, s) == name)
+        return _without(config_dict(run_config(self.config, method, seed)), "methods")
+
+    def _archive_differences(self, name: str) -> list[str]:
+        from dart_jax.run.run_dir import config_differences
+        saved = _read_json(os.path.join(self.archive_dir, "eval", name, "config.json"))
+        if not saved:
+            return ["no config.json"]
+        return config_differences(saved, self._run_settings(name), ignore=ARCHIVE_IGNORE)
+
     def archived(self, name: str, step: int | None, limit: int | None) -> bool:
-        """The run's finished evaluation (and, for a trained run, its metrics) are in the archive."""
+        """The archive holds this run finished: its evaluation (step, limit, datasets), its training metrics,
+        made with this comparison's configuration of the run (else it is not used, with a warning)."""
         if not self.archive_dir or not self._finished(os.path.join(self.archive_dir, "eval", name), step, limit):
             return False
-        return name == REFERENCE or os.path.isfile(os.path.join(self.archive_dir, "train", name, "metrics.jsonl"))
+        if name != REFERENCE and not os.path.isfile(os.path.join(self.archive_dir, "train", name, "metrics.jsonl")):
+            return False
+        diffs = self._archive_differences(name)
+        if diffs:
+            log.warning("methods archive %s: made with another configuration (%s): not used", name, "; ".join(diffs))
+            return False
+        return True
 
     def archive(self) -> dict:
-        """Copy what the report needs of every run finished in `out` into the archive (idempotent)."""
+        """Copy what the report needs of this comparison's runs (and the reference) finished in `out` into
+        the archive (idempotent)."""
         if not self.archive_dir:
+            log.warning("methods archive: methods.archive is empty: nothing archived")
             return {}
         limit, done = self._limit(), {}
         names = [(REFERENCE, None)] + [(run_name(m, s), int(run_config(self.config, m, s).train.steps))
                                        for m, s in self.runs]
         for name, step in names:
             if self.evaluated(name, step, limit):
-                done[name] = self._archive_run(name)
+                done[name] = self._archive_run(name, step, limit)
         return done
 
-    def _archive_run(self, name: str) -> str:
-        if not self.archive_dir:
-            return "no archive"
+    def _archive_run(self, name: str, step: int | None, limit: int | None) -> str:
+        """Archive one run finished in `out`: never over a finished entry made differently (a trial run
+        with fewer steps or questions, another configuration); the eval directory is swapped in whole,
+        after the metrics, so an entry is complete or absent."""
+        if not self.archive_dir or jax.process_index() != 0:
+            return "not archived"
         src, dst = self.eval_dir(name), os.path.join(self.archive_dir, "eval", name)
-        os.makedirs(dst, exist_ok=True)
-        with open(os.path.join(src, "per_question.jsonl"), "rb") as f, \
-                gzip.GzipFile(os.path.join(dst, "per_question.jsonl.gz"), "wb", mtime=0) as g:
-            shutil.copyfileobj(f, g)
+        if os.path.isfile(os.path.join(dst, "results.json")):
+            diffs = [] if self._finished(dst, step, limit) else ["its step, limit or datasets"]
+            diffs += self._archive_differences(name) if not diffs else []
+            if diffs:
+                log.warning("methods archive %s: %s holds a finished run made differently (%s); left as it is "
+                            "(give a trial comparison another methods.archive, or '' for none)", name, dst,
+                            "; ".join(diffs))
+                return "kept the archive's"
         if name != REFERENCE:
-            m = os.path.join(self.out, "train", name, "metrics.jsonl")
-            os.makedirs(os.path.join(self.archive_dir, "train", name), exist_ok=True)
-            shutil.copyfile(m, os.path.join(self.archive_dir, "train", name, "metrics.jsonl"))
-        shutil.copyfile(os.path.join(src, "results.json"), os.path.join(dst, "results.json"))  # last: the mark
-        times = _read_json(os.path.join(self.archive_dir, "stages.json"))
+            train = os.path.join(self.archive_dir, "train", name)
+            os.makedirs(train, exist_ok=True)
+            shutil.copyfile(os.path.join(self.out, "train", name, "metrics.jsonl"), os.path.join(train, "metrics.tmp"))
+            os.replace(os.path.join(train, "metrics.tmp"), os.path.join(train, "metrics.jsonl"))
+        tmp = dst + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        with open(os.path.join(src, "per_question.jsonl"), "rb") as f, \
+                gzip.GzipFile(os.path.join(tmp, "per_question.jsonl.gz"), "wb", mtime=0) as g:
+            shutil.copyfileobj(f, g)
+        _write_json(os.path.join(tmp, "config.json"), self._run_settings(name))
+        shutil.copyfile(os.path.join(src, "results.json"), os.path.join(tmp, "results.json"))
+        if os.path.isdir(dst):
+            shutil.rmtree(dst + ".old", ignore_errors=True)
+            os.replace(dst, dst + ".old")
+        os.replace(tmp, dst)
+        shutil.rmtree(dst + ".old", ignore_errors=True)
+        path = os.path.join(self.archive_dir, "stages.json")
+        times = {stage: {k: v for k, v in items.items() if k != name} for stage, items in _read_json(path).items()}
         for stage, items in self._own_times().items():
-            for item, t in items.items():
-                if item == name:
-                    times.setdefault(stage, {})[item] = t
-        _write_json(os.path.join(self.archive_dir, "stages.json"), times)
+            if name in items:
+                times.setdefault(stage, {})[name] = items[name]
+        _write_json(path, {stage: items for stage, items in times.items() if items})
         log.info("methods archive %s: %s", name, dst)
         return "archived"
 
@@ -173,12 +240,16 @@ class Stages(StageLog):
                     "eval": os.path.join(self.archive_dir, "eval", name)}
         return None
 
+    def _archive_if_missing(self, name: str, step: int | None, limit: int | None) -> None:
+        """An evaluation finished in `out` before (another process, older code) goes to the archive too."""
+        if self.archive_dir and not self.archived(name, step, limit):
+            self._archive_run(name, step, limit)
+
     def evaluate(self) -> dict:
         from dart_jax.analysis.cea_run import trained_steps
         from dart_jax.eval.job import evaluate
         from dart_jax.eval.runner import EvalOptions
-        options = EvalOptions(batch=int(self.m.batch), limit=int(self.m.limit) if self.m.limit else None,
-                              progress=True)
+        options = EvalOptions(batch=int(self.m.batch), limit=self._limit(), progress=True)
         done = {}
         if self.m.get("reference", True):
             done[REFERENCE] = self._evaluate_reference(options)
@@ -186,21 +257,22 @@ class Stages(StageLog):
             name = run_name(method, seed)
             rc = run_config(self.config, method, seed)
             want = int(rc.train.steps)
-            if not self.evaluated(name, want, options.limit) and self.archived(name, want, options.limit):
+            if self.evaluated(name, want, options.limit):
+                self._archive_if_missing(name, want, options.limit)
+                done[name] = "skipped"
+                continue
+            if self.archived(name, want, options.limit):
                 done[name] = "archived"
                 continue
             if trained_steps(rc.output.dir) < want:
                 raise FileNotFoundError(f"methods eval {name}: {rc.output.dir} has no finished checkpoint at step "
                                         f"{want} (run the train stage first)")
-            if self.evaluated(name, want, options.limit):
-                done[name] = "skipped"
-                continue
             t0 = time.perf_counter()
             res = evaluate(rc, self.eval_dir(name), self.datasets, options, checkpoint=rc.output.dir,
                            step=want)
             self._record("eval", name, time.perf_counter() - t0,
                          scores={k: r["score"] for k, r in res["datasets"].items()})
-            self._archive_run(name)
+            self._archive_run(name, want, options.limit)
             done[name] = {k: r["score"] for k, r in res["datasets"].items()}
         return done
 
@@ -208,6 +280,7 @@ class Stages(StageLog):
         """The starting policy (the config's model + warm start, no adapters) evaluated like the runs."""
         from dart_jax.eval.job import evaluate
         if self.evaluated(REFERENCE, None, options.limit):
+            self._archive_if_missing(REFERENCE, None, options.limit)
             return "skipped"
         if self.archived(REFERENCE, None, options.limit):
             return "archived"
@@ -215,7 +288,7 @@ class Stages(StageLog):
         res = evaluate(copy.deepcopy(self.config), self.eval_dir(REFERENCE), self.datasets, options)
         scores = {k: r["score"] for k, r in res["datasets"].items()}
         self._record("eval", REFERENCE, time.perf_counter() - t0, scores=scores)
-        self._archive_run(REFERENCE)
+        self._archive_run(REFERENCE, None, options.limit)
         return scores
 
     def report(self) -> dict:
@@ -235,7 +308,10 @@ class Stages(StageLog):
             raise FileNotFoundError(f"methods report: no evaluated run under {where} (run train and eval first)")
         ref = self._source(REFERENCE, None, limit)
         reference = ref["eval"] if ref else None
-        summary = write_report(runs, os.path.join(self.out, "report"), self.datasets, self.times(),
+        shown = set(runs) | ({REFERENCE} if reference else set())  # the times of what the report covers
+        times = {stage: {k: v for k, v in items.items() if k in shown or stage == "report"}
+                 for stage, items in self.times().items()}
+        summary = write_report(runs, os.path.join(self.out, "report"), self.datasets, times,
                                missing=missing, reference=reference)
         self._record("report", "all", time.perf_counter() - t0)
         return summary
@@ -264,8 +340,13 @@ def _read_json(path: str) -> dict:
 
 
 def _write_json(path: str, obj) -> None:
+    import tempfile
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
         json.dump(obj, f, indent=1)
     os.replace(tmp, path)
+
+
+def _without(d: dict | None, key: str) -> dict | None:
+    return None if d is None else {k: v for k, v in d.items() if k != key}

@@ -14,7 +14,7 @@ from launch import methods as launch_methods
 
 def _args(model_dir, out, archive=""):
     return ["--config=configs/methods_quickstart.py", f"--config.model.path={model_dir}", "--config.warm_start=",
-            f"--config.methods.out={out}", f"--config.methods.archive={archive}", "--config.methods.methods=dart,2agent", "--config.methods.seeds=0",
+            f"--config.methods.out={out}", f"--config.methods.archive={archive}",  # "": none "--config.methods.methods=dart,2agent", "--config.methods.seeds=0",
             "--config.methods.limit=2", "--config.methods.batch=2", "--config.train.steps=1",
             "--config.train.prompts_per_step=2", "--config.train.group_size=2", "--config.train.mini_batch=4",
             "--config.train.micro_batch=2", "--config.output.checkpoint_every=1", "--config.rollout.max_turns=1",
@@ -93,13 +93,15 @@ def test_methods_archive_outlives_the_output_directory(tiny_smollm_dir, tmp_path
     assert (archive / "eval" / "dart_s0" / "per_question.jsonl.gz").is_file()
     assert (archive / "eval" / "warm_start" / "results.json").is_file()
     assert (archive / "train" / "dart_s0" / "metrics.jsonl").is_file()
+    assert json.load(open(archive / "eval" / "dart_s0" / "config.json"))["optim"]["lr"] == 2e-4
     kept = json.load(open(archive / "stages.json"))
     assert set(kept["train"]) == {"dart_s0"} and set(kept["eval"]) == {"warm_start", "dart_s0"}
     shutil.rmtree(archive)                         # --stage=archive rebuilds it from what out holds
     assert launch_methods.main(args + ["--stage=archive"]) == 0
     assert json.load(open(archive / "stages.json")) == kept
     assert (archive / "eval" / "dart_s0" / "per_question.jsonl.gz").is_file()
-    shutil.rmtree(out)
+    out_kept = tmp_path / "methods_kept"
+    shutil.move(out, out_kept)
     assert launch_methods.main(args) == 0          # nothing to train or evaluate: the report from the archive
     assert not (out / "train").exists() and not (out / "eval").exists()
     again = json.load(open(out / "report" / "summary.json"))
@@ -107,6 +109,27 @@ def test_methods_archive_outlives_the_output_directory(tiny_smollm_dir, tmp_path
         assert again[k] == first[k], k
     times = json.load(open(out / "stages.json"))
     assert set(times) == {"report"}                # out's own record; the runs' times stay in the archive
+    # what the archive stands for: the same configuration of the run (methods section, output.dir and
+    # resumable fields aside); another one is not taken for it, and a trial never overwrites the entry
+    from dart_jax.analysis.methods_run import Stages
+
+    def stages(*extra):
+        launch_methods.CLI.parse(args + list(extra))
+        return Stages(launch_methods.CLI.config.value)
+
+    assert stages(f"--config.methods.out={tmp_path / 'elsewhere'}").archived("dart_s0", 1, 2)
+    assert not stages("--config.train.prompts_per_step=4").archived("dart_s0", 1, 2)
+    assert stages("--config.train.prompts_per_step=4").archived("warm_start", None, 2)  # the same starting policy
+    assert not stages("--config.warm_start=data/warm_start/smollm2-135m-nq").archived("warm_start", None, 2)
+    trial = stages("--config.methods.limit=1", f"--config.methods.out={tmp_path / 'trial'}")
+    shutil.copytree(out_kept / "train" / "dart_s0", tmp_path / "trial" / "train" / "dart_s0")
+    shutil.copytree(out_kept / "eval" / "dart_s0", tmp_path / "trial" / "eval" / "dart_s0")
+    res = json.load(open(tmp_path / "trial" / "eval" / "dart_s0" / "results.json"))
+    res["setup"]["limit"] = 1
+    json.dump(res, open(tmp_path / "trial" / "eval" / "dart_s0" / "results.json", "w"))
+    before = (archive / "eval" / "dart_s0" / "results.json").read_bytes()
+    assert trial.archive() == {"dart_s0": "kept the archive's"}
+    assert (archive / "eval" / "dart_s0" / "results.json").read_bytes() == before
     # a half-written archive (results.json is copied last) is not a finished run
     (archive / "eval" / "dart_s0" / "results.json").unlink()
     with pytest.raises(FileNotFoundError, match="has no finished checkpoint"):
