@@ -14,7 +14,8 @@ from launch import methods as launch_methods
 
 def _args(model_dir, out, archive=""):
     return ["--config=configs/methods_quickstart.py", f"--config.model.path={model_dir}", "--config.warm_start=",
-            f"--config.methods.out={out}", f"--config.methods.archive={archive}",  # "": none "--config.methods.methods=dart,2agent", "--config.methods.seeds=0",
+            f"--config.methods.out={out}", f"--config.methods.archive={archive}",  # "": no archive
+            "--config.methods.methods=dart,2agent", "--config.methods.seeds=0",
             "--config.methods.limit=2", "--config.methods.batch=2", "--config.train.steps=1",
             "--config.train.prompts_per_step=2", "--config.train.group_size=2", "--config.train.mini_batch=4",
             "--config.train.micro_batch=2", "--config.output.checkpoint_every=1", "--config.rollout.max_turns=1",
