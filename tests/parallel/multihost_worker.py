@@ -15,9 +15,7 @@ import os
 import sys
 
 model_dir, out_dir, nproc, pid, port, local = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
-# its own device count; the suite's other XLA flags (tests/conftest.py) kept
-os.environ["XLA_FLAGS"] = " ".join([f"--xla_force_host_platform_device_count={local}"] + [
-    f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")])
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local}"
 sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", ".."), os.path.join(os.path.dirname(__file__), "..")]
 
 from dart_jax.parallel.distributed import initialize  # noqa: E402
