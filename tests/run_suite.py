@@ -13,6 +13,13 @@ group's fixtures, and costs a few seconds of start-up per group. The groups shar
 compilation cache (DART_JAX_TEST_XLA_CACHE, read by conftest.py): a program another group compiled is
 loaded, not compiled again. Every group runs even when one fails; the exit status is
 the first non-zero one.
+
+Why two at a time (`--jobs`, default 2): most groups are bound by XLA:CPU compiling tiny models, which
+runs on one core, so two groups side by side use both cores of a 2-core host. The longest groups
+start first (`LONGEST_FIRST`, from CI's per-group times); groups whose tests assert wall-clock limits
+(`ALONE`: the SQLite timeouts of tests/tools) run after the others with nothing beside them. Each
+group's output is printed whole when it ends; the summary gives each group's wall time and the peak
+resident memory of its process.
 """
 
 from __future__ import annotations
@@ -26,6 +33,10 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+# CI's per-group wall times, longest first (docs/performance.md); groups not named start after these
+LONGEST_FIRST = ["rl", "rollout", "analysis", "sft", "models", "parity", "eval", "parallel", "checkpoints"]
+# groups with wall-clock assertions (tests/tools/test_sqlite_exec.py: every call within timeout + 0.5 s)
+ALONE = {"tools"}
 
 
 def groups() -> list[str]:
@@ -36,11 +47,75 @@ def groups() -> list[str]:
     return [os.path.join("tests", d) for d in dirs] + ([" ".join(os.path.join("tests", f) for f in files)] if files else [])
 
 
+def name(group: str) -> str:
+    return "top" if " " in group or group.endswith(".py") else os.path.basename(group)
+
+
+def schedule(chosen: list[str]) -> list[str]:
+    """Longest groups first, the rest in directory order, ALONE groups last."""
+    rank = {g: LONGEST_FIRST.index(name(g)) if name(g) in LONGEST_FIRST else len(LONGEST_FIRST) for g in chosen}
+    return sorted(chosen, key=lambda g: (name(g) in ALONE, rank[g]))  # stable: directory order among equals
+
+
+class Job:
+    """One group's pytest process; its output goes to a file when others run beside it."""
+
+    def __init__(self, group: str, pytest_args: list[str], env: dict, log_dir: str | None):
+        self.group, self.t0 = group, time.time()
+        self.log = None if log_dir is None else open(os.path.join(log_dir, name(group) + ".log"), "w+")
+        if self.log is None:
+            print(f"=== {group}", flush=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", "pytest", *pytest_args, *group.split()],
+                                     cwd=os.path.dirname(ROOT), env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT if self.log else None)
+
+    def finish(self, status: int, usage) -> tuple[str, int, float, float]:
+        rc = os.waitstatus_to_exitcode(status)
+        rc = 0 if rc == 5 else rc  # 5: no test collected in this group (e.g. all deselected by -m)
+        dt = time.time() - self.t0
+        if self.log is not None:
+            self.log.seek(0)
+            print(f"=== {self.group} ({dt:.0f} s)", flush=True)
+            sys.stdout.write(self.log.read())
+            sys.stdout.flush()
+            self.log.close()
+        return self.group, rc, dt, usage.ru_maxrss / 2 ** 20  # Linux: KiB -> GiB
+
+
+def run(chosen: list[str], pytest_args: list[str], env: dict, jobs: int) -> list[tuple[str, int, float, float]]:
+    pending, running, results = schedule(chosen), {}, []
+    log_dir = tempfile.mkdtemp(prefix="dart_jax_suite_logs_") if jobs > 1 else None
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                if name(pending[0]) in ALONE and running:
+                    break  # wait until the others end
+                job = Job(pending.pop(0), pytest_args, env, log_dir)
+                running[job.proc.pid] = job
+                if name(job.group) in ALONE:
+                    break
+            pid, status, usage = os.wait4(-1, 0)
+            if pid in running:
+                job = running.pop(pid)
+                job.proc.returncode = os.waitstatus_to_exitcode(status)
+                results.append(job.finish(status, usage))
+    finally:
+        for job in running.values():
+            job.proc.kill()
+        if log_dir:
+            shutil.rmtree(log_dir, ignore_errors=True)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="", help="comma-separated group names (directories under tests/, 'top' for "
                                                 "the top-level files)")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("DART_JAX_TEST_JOBS", "2")),
+                    help="groups run side by side (default 2, or $DART_JAX_TEST_JOBS)")
     args, pytest_args = ap.parse_known_args(argv)
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
     if not pytest_args:
         pytest_args = ["-q"]
     if "-m" not in pytest_args and not any(a.startswith("-m") and len(a) > 2 for a in pytest_args):
@@ -48,32 +123,22 @@ def main(argv: list[str] | None = None) -> int:
     chosen = groups()
     if args.only:
         want = {w.strip() for w in args.only.split(",") if w.strip()}
-        names = {g: ("top" if " " in g or g.endswith(".py") else os.path.basename(g)) for g in chosen}
-        unknown = want - set(names.values())
+        unknown = want - {name(g) for g in chosen}
         if unknown:
-            raise SystemExit(f"--only: unknown groups {sorted(unknown)}; have {sorted(names.values())}")
-        chosen = [g for g in chosen if names[g] in want]
-    results = []
-    first_bad = 0
+            raise SystemExit(f"--only: unknown groups {sorted(unknown)}; have {sorted(name(g) for g in chosen)}")
+        chosen = [g for g in chosen if name(g) in want]
     # one XLA compilation cache for every group's process (tests/conftest.py), removed at the end
     cache = os.environ.get("DART_JAX_TEST_XLA_CACHE") or tempfile.mkdtemp(prefix="dart_jax_suite_xla_")
     env = {**os.environ, "DART_JAX_TEST_XLA_CACHE": cache}
-    for group in chosen:
-        t0 = time.time()
-        print(f"=== {group}", flush=True)
-        rc = subprocess.call([sys.executable, "-m", "pytest", *pytest_args, *group.split()],
-                             cwd=os.path.dirname(ROOT), env=env)
-        # 5: no test collected in this group (e.g. all deselected by -m): not a failure
-        rc = 0 if rc == 5 else rc
-        results.append((group, rc, time.time() - t0))
-        if rc and not first_bad:
-            first_bad = rc
+    t0 = time.time()
+    results = run(chosen, pytest_args, env, args.jobs)
     if "DART_JAX_TEST_XLA_CACHE" not in os.environ:
         shutil.rmtree(cache, ignore_errors=True)
-    print("\n=== summary")
-    for group, rc, dt in results:
-        print(f"{'ok  ' if rc == 0 else f'FAIL (exit {rc})'} {dt:7.1f} s  {group}")
-    print(f"total {sum(r[2] for r in results):.0f} s")
+    print(f"\n=== summary ({args.jobs} at a time)")
+    for group, rc, dt, rss in results:
+        print(f"{'ok  ' if rc == 0 else f'FAIL (exit {rc})'} {dt:7.1f} s  peak {rss:5.1f} GiB  {group}")
+    print(f"total {time.time() - t0:.0f} s wall, {sum(r[2] for r in results):.0f} s summed over groups")
+    first_bad = next((rc for group in chosen for g, rc, _, _ in results if g == group and rc), 0)
     return first_bad
 
 
