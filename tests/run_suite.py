@@ -1,4 +1,4 @@
-"""The test suite as CI runs it: one pytest process per test directory, in order, then a summary.
+"""The test suite as CI runs it: one pytest process per test directory, two at a time, then a summary.
 
     python tests/run_suite.py                 # README's test command: every group, `-m "not slow"`
     python tests/run_suite.py -m slow         # pytest arguments are passed on; -m replaces "not slow"
