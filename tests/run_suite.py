@@ -19,7 +19,10 @@ runs on one core, so two groups side by side use both cores of a 2-core host. Th
 start first (`LONGEST_FIRST`, from CI's per-group times); groups whose tests assert wall-clock limits
 (`ALONE`: the SQLite timeouts of tests/tools) run after the others with nothing beside them. Each
 group's output is printed whole when it ends; the summary gives each group's wall time and the peak
-resident memory of its process.
+resident memory of its process (rl, the largest, ~5 GiB: beside a training run that holds most of the
+machine's memory, use `--jobs 1`). Two processes share the compilation cache at once: JAX writes an
+entry in place without a lock, but entries are compressed, so a half-written entry read by the other
+process fails to decompress, which JAX reports as a warning and compiles the program instead.
 """
 
 from __future__ import annotations
@@ -32,9 +35,12 @@ import sys
 import tempfile
 import time
 
+GRACE_S = 10  # on Ctrl-C: how long the groups get to write their interrupt report before they are killed
+
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # CI's per-group wall times, longest first (docs/performance.md); groups not named start after these
-LONGEST_FIRST = ["rl", "rollout", "analysis", "sft", "models", "parity", "eval", "parallel", "checkpoints"]
+LONGEST_FIRST = ["rl", "rollout", "analysis", "parallel", "checkpoints", "sft", "models", "bench", "eval",
+                 "parity", "adapters"]
 # groups with wall-clock assertions (tests/tools/test_sqlite_exec.py: every call within timeout + 0.5 s)
 ALONE = {"tools"}
 
@@ -62,46 +68,72 @@ class Job:
 
     def __init__(self, group: str, pytest_args: list[str], env: dict, log_dir: str | None):
         self.group, self.t0 = group, time.time()
-        self.log = None if log_dir is None else open(os.path.join(log_dir, name(group) + ".log"), "w+")
+        # binary, and unbuffered in the child: a crashing group's last lines and its traceback, in order
+        self.log = None if log_dir is None else open(os.path.join(log_dir, name(group) + ".log"), "w+b")
         if self.log is None:
             print(f"=== {group}", flush=True)
+        else:
+            env = {**env, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen([sys.executable, "-m", "pytest", *pytest_args, *group.split()],
                                      cwd=os.path.dirname(ROOT), env=env, stdout=self.log,
                                      stderr=subprocess.STDOUT if self.log else None)
 
+    def show(self, note: str = "") -> None:
+        """Print the group's buffered output whole (nothing when it streamed)."""
+        if self.log is None:
+            return
+        self.log.flush()
+        self.log.seek(0)
+        print(f"=== {self.group} ({time.time() - self.t0:.0f} s{note})", flush=True)
+        sys.stdout.buffer.write(self.log.read())
+        sys.stdout.flush()
+        self.log.close()
+
     def finish(self, status: int, usage) -> tuple[str, int, float, float]:
         rc = os.waitstatus_to_exitcode(status)
+        self.proc.returncode = rc
         rc = 0 if rc == 5 else rc  # 5: no test collected in this group (e.g. all deselected by -m)
         dt = time.time() - self.t0
-        if self.log is not None:
-            self.log.seek(0)
-            print(f"=== {self.group} ({dt:.0f} s)", flush=True)
-            sys.stdout.write(self.log.read())
-            sys.stdout.flush()
-            self.log.close()
+        self.show()
         return self.group, rc, dt, usage.ru_maxrss / 2 ** 20  # Linux: KiB -> GiB
 
 
 def run(chosen: list[str], pytest_args: list[str], env: dict, jobs: int) -> list[tuple[str, int, float, float]]:
     pending, running, results = schedule(chosen), {}, []
+    jobs = max(1, min(jobs, len(pending)))  # one group: stream it
     log_dir = tempfile.mkdtemp(prefix="dart_jax_suite_logs_") if jobs > 1 else None
     try:
         while pending or running:
-            while pending and len(running) < jobs:
+            alone_running = any(name(j.group) in ALONE for j in running.values())
+            while pending and len(running) < jobs and not alone_running:
                 if name(pending[0]) in ALONE and running:
-                    break  # wait until the others end
+                    break  # an ALONE group waits until the others end
                 job = Job(pending.pop(0), pytest_args, env, log_dir)
                 running[job.proc.pid] = job
-                if name(job.group) in ALONE:
-                    break
-            pid, status, usage = os.wait4(-1, 0)
-            if pid in running:
-                job = running.pop(pid)
-                job.proc.returncode = os.waitstatus_to_exitcode(status)
-                results.append(job.finish(status, usage))
-    finally:
+                alone_running = name(job.group) in ALONE
+            ended = False
+            for pid in list(running):  # only our groups' processes: never another child of this process
+                got, status, usage = os.wait4(pid, os.WNOHANG)
+                if got:
+                    results.append(running.pop(pid).finish(status, usage))
+                    ended = True
+            if not ended:
+                time.sleep(0.2)
+    except KeyboardInterrupt:
+        # the groups got the same SIGINT (one process group): let them report where they were, then stop them
         for job in running.values():
+            try:
+                job.proc.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                job.proc.kill()
+                job.proc.wait()
+            job.show(", interrupted")
+        running.clear()
+        raise
+    finally:
+        for job in running.values():  # an error in the runner itself
             job.proc.kill()
+            job.proc.wait()
         if log_dir:
             shutil.rmtree(log_dir, ignore_errors=True)
     return results
@@ -131,9 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     cache = os.environ.get("DART_JAX_TEST_XLA_CACHE") or tempfile.mkdtemp(prefix="dart_jax_suite_xla_")
     env = {**os.environ, "DART_JAX_TEST_XLA_CACHE": cache}
     t0 = time.time()
-    results = run(chosen, pytest_args, env, args.jobs)
-    if "DART_JAX_TEST_XLA_CACHE" not in os.environ:
-        shutil.rmtree(cache, ignore_errors=True)
+    try:
+        results = run(chosen, pytest_args, env, args.jobs)
+    finally:
+        if "DART_JAX_TEST_XLA_CACHE" not in os.environ:
+            shutil.rmtree(cache, ignore_errors=True)
     print(f"\n=== summary ({args.jobs} at a time)")
     for group, rc, dt, rss in results:
         print(f"{'ok  ' if rc == 0 else f'FAIL (exit {rc})'} {dt:7.1f} s  peak {rss:5.1f} GiB  {group}")

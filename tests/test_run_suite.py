@@ -3,13 +3,13 @@ processes over throwaway test directories."""
 
 import importlib.util
 import os
-import sys
 
 import pytest
 
 _SPEC = importlib.util.spec_from_file_location("run_suite", os.path.join(os.path.dirname(__file__), "run_suite.py"))
 run_suite = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(run_suite)
+PYTEST_ARGS = ["-q", "-p", "no:cacheprovider"]
 
 
 def test_schedule_puts_longest_first_and_alone_groups_last():
@@ -17,10 +17,10 @@ def test_schedule_puts_longest_first_and_alone_groups_last():
     chosen = ["tests/adapters", "tests/analysis", "tests/data", "tests/rl", "tests/rollout", "tests/tools",
               "tests/test_cli.py tests/test_layers.py"]
     order = run_suite.schedule(chosen)
-    assert order[:3] == ["tests/rl", "tests/rollout", "tests/analysis"]  # LONGEST_FIRST's order
+    assert order[:4] == ["tests/rl", "tests/rollout", "tests/analysis", "tests/adapters"]  # LONGEST_FIRST's order
     assert order[-1] == "tests/tools"
     # the unranked groups keep directory order between them
-    assert order[3:-1] == ["tests/adapters", "tests/data", "tests/test_cli.py tests/test_layers.py"]
+    assert order[4:-1] == ["tests/data", "tests/test_cli.py tests/test_layers.py"]
     assert run_suite.name("tests/test_cli.py tests/test_layers.py") == "top"
 
 
@@ -31,28 +31,62 @@ def _group(root, name, body):
     return str(d)
 
 
+# a group's one test: it stamps (group, start, end, whether its partner group was running) into a file;
+# with PARTNER set it waits up to 60 s for the partner to start, so two groups run side by side meet
+# whatever the machine's load
+BODY = """import os, time
+def test_it():
+    here = os.path.dirname(__file__)
+    name = os.path.basename(here)
+    t0 = time.time()
+    open(os.path.join(os.path.dirname(here), name + '.started'), 'w').close()
+    partner, met = PARTNER, None
+    if partner:
+        while not os.path.exists(os.path.join(os.path.dirname(here), partner + '.started')) and time.time() < t0 + 60:
+            time.sleep(0.05)
+        met = os.path.exists(os.path.join(os.path.dirname(here), partner + '.started'))
+    with open(STAMP, 'a') as f:
+        f.write(f'{name} {t0} {time.time()} {met}\\n')
+    assert OK, 'deliberate failure'
+"""
+
+
+def _body(stamp, partner, ok):
+    return BODY.replace("STAMP", repr(str(stamp))).replace("PARTNER", repr(partner)).replace("OK", repr(ok))
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_run_reports_every_group_and_waits_for_the_others_before_an_alone_group(tmp_path, jobs, capsys):
-    # each group appends (name, start, end) to one file, so the overlap of groups can be checked
+def test_run_reports_every_group_and_waits_for_the_others_before_an_alone_group(tmp_path, jobs, capfd):
     stamp = tmp_path / "stamps.txt"
-    body = ("import os, time\n"
-            "def test_it():\n"
-            "    t0 = time.time(); time.sleep(SLEEP)\n"
-            "    with open(STAMP, 'a') as f:\n"
-            "        f.write(f'{os.path.basename(os.path.dirname(__file__))} {t0} {time.time()}\\n')\n"
-            "    assert OK\n").replace("STAMP", repr(str(stamp)))
-    slow = _group(tmp_path, "slowgroup", body.replace("SLEEP", "1.5").replace("OK", "True"))
-    bad = _group(tmp_path, "badgroup", body.replace("SLEEP", "0.2").replace("OK", "False"))
-    alone = _group(tmp_path, "tools", body.replace("SLEEP", "0.2").replace("OK", "True"))  # "tools" is in ALONE
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    results = run_suite.run([alone, bad, slow], ["-q", "-p", "no:cacheprovider"], env, jobs)
-    by_group = {os.path.basename(g): (rc, dt, rss) for g, rc, dt, rss in results}
+    pair = jobs == 2
+    slow = _group(tmp_path, "slowgroup", _body(stamp, "badgroup" if pair else "", True))
+    bad = _group(tmp_path, "badgroup", _body(stamp, "slowgroup" if pair else "", False))
+    alone = _group(tmp_path, "tools", _body(stamp, "", True))  # "tools" is in ALONE
+    results = run_suite.run([alone, bad, slow], PYTEST_ARGS, dict(os.environ), jobs)
+    by_group = {os.path.basename(g): (rc, dt) for g, rc, dt, _ in results}
     assert set(by_group) == {"slowgroup", "badgroup", "tools"}
     assert by_group["badgroup"][0] == 1 and by_group["slowgroup"][0] == 0 and by_group["tools"][0] == 0
-    assert all(dt > 0 and rss > 0 for _, dt, rss in by_group.values())
-    spans = {n: (float(a), float(b)) for n, a, b in (line.split() for line in stamp.read_text().splitlines())}
+    assert [os.path.basename(g) for g, *_ in results][-1] == "tools"
+    spans = {n: (float(a), float(b), met) for n, a, b, met in (line.split() for line in stamp.read_text().splitlines())}
     assert spans["tools"][0] >= max(spans["slowgroup"][1], spans["badgroup"][1])  # alone: after both ended
-    if jobs == 2:  # the two others side by side
-        assert spans["badgroup"][0] < spans["slowgroup"][1] and spans["slowgroup"][0] < spans["badgroup"][1]
-        out = capsys.readouterr().out
-        assert out.count(f"=== {tmp_path}") == 3 and "1 failed" in out  # each group's buffered output, printed whole
+    out = capfd.readouterr().out
+    assert "deliberate failure" in out
+    if pair:  # the two others side by side, each group's buffered output printed whole under its header
+        assert spans["slowgroup"][2] == "True" and spans["badgroup"][2] == "True"
+        assert out.count(f"=== {tmp_path}") == 3
+        bad_part = out[out.index(f"=== {bad} "):].split(f"=== {tmp_path}")[1]  # up to the next group's header
+        assert "deliberate failure" in bad_part and "1 failed" in bad_part
+
+
+def test_main_returns_the_first_failing_groups_status(tmp_path, monkeypatch, capfd):
+    empty = _group(tmp_path, "emptygroup", "X = 1\n")  # collects nothing: pytest's exit 5, a pass here
+    dies = _group(tmp_path, "diesgroup", "import os\ndef test_it():\n    os._exit(3)\n")
+    bad = _group(tmp_path, "badgroup", "def test_it():\n    assert False\n")
+    monkeypatch.setattr(run_suite, "groups", lambda: [bad, dies, empty])
+    assert run_suite.main(["--jobs", "2", *PYTEST_ARGS]) == 1  # badgroup comes first in groups()' order
+    out = capfd.readouterr().out
+    assert "FAIL (exit 1)" in out and "FAIL (exit 3)" in out and "emptygroup" in out.split("=== summary")[1]
+    monkeypatch.setattr(run_suite, "groups", lambda: [empty, dies, bad])
+    assert run_suite.main(["--jobs", "1", *PYTEST_ARGS]) == 3
+    monkeypatch.setattr(run_suite, "groups", lambda: [empty])
+    assert run_suite.main(PYTEST_ARGS) == 0
