@@ -174,10 +174,10 @@ def _markdown(summary: dict, per_run: dict, datasets: list[str], times: dict) ->
     if summary.get("missing"):
         lines += ["", f"**Partial comparison**: not yet trained and evaluated: {', '.join(summary['missing'])}."]
     if times:
-        lines += ["", "## Wall time", "", "| stage | run | minutes |", "|---|---|---|"]
+        lines += ["", "## Wall time", "", "| stage | run | minutes | finished |", "|---|---|---|---|"]
         for stage, items in times.items():
-            for item, v in items.items():
-                lines.append(f"| {stage} | {item} | {v['seconds'] / 60:.1f} |")
+            for item, v in sorted(items.items(), key=lambda kv: str(kv[1].get("finished", ""))):  # in order run
+                lines.append(f"| {stage} | {item} | {v['seconds'] / 60:.1f} | {v.get('finished', '')} |")
     return "\n".join(lines) + "\n"
 
 

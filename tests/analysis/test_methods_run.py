@@ -68,6 +68,9 @@ def test_launch_methods_end_to_end(tiny_smollm_dir, tmp_path, capsys):
     assert all(q["n"] == 2 and q["only_a"] + q["only_b"] + q["both"] <= 2 for q in pairs.values())
     report = open(out / "report" / "report.md").read()
     assert "| warm start (no GRPO) |" in report and "## Paired on the same questions" in report
+    # the wall-time table in the order the stages ran
+    walls = [line.split(" | ")[1] for line in report.split("## Wall time")[1].splitlines() if line.startswith("| eval |")]
+    assert walls == [k for k, _ in sorted(times["eval"].items(), key=lambda kv: kv[1]["finished"])]
     capsys.readouterr()
     # again: everything is skipped (the stage times are unchanged), the report rewritten
     assert launch_methods.main(_args(tiny_smollm_dir, out)) == 0
