@@ -22,10 +22,9 @@ adapters and the sampler. Methods (`METHODS`):
 
 Evaluation: greedy, the first `limit` questions of `nq_corpus_heldout` (NQ rows whose gold passage
 is in the shipped corpus, never trained on) and `hotpotqa_corpus` (HotpotQA questions whose
-paragraphs are in the corpus). Cost on 2 cores (measured, alone on the host): 26–47 min of training + 4–7 min of evaluation per
-LoRA-sized run; the
-full-parameter runs pay ~2× (full) and ~4× (2agent) per update — every run is its own resumable
-stage.
+paragraphs are in the corpus). Cost on 2 cores (measured, alone on the host): 26–47 min of training
++ 4–7 min of evaluation per LoRA-sized run, 76 + 6 min for full 2-Agent (full FT, partly shared:
+104 + 12) — every run is its own resumable stage.
 """
 
 from ml_collections import ConfigDict
@@ -39,7 +38,7 @@ METHODS = {
     "mixlora": dict(variant="mixlora", rank=8, alpha=16.0, experts=2, top_k=2, router_aux_coef=0.001, lr=2e-4),
     # two full models: the backward pass recomputes all but the weight matmuls (remat "dots_no_batch"; the
     # other runs keep everything, "none"): same math, update peak RSS 11.9 GB on 16 × 896 tokens (2-Agent-
-    # LoRA under "none" peaked at 21.6 GB); a checkpoint every 4 steps (~5.5 min a step on 2 cores)
+    # LoRA under "none" peaked at 21.6 GB); a checkpoint every 4 steps (~3 min a step alone on 2 cores)
     "2agent": dict(variant="2agent", lr=2e-5, remat_policy="dots_no_batch", checkpoint_every=4),
     "2agent_lora": dict(variant="2agent", agent_params="lora", rank=8, alpha=16.0, lr=2e-4),
 }
