@@ -39,7 +39,7 @@ from dart_jax.rl.sections import (
 from dart_jax.rollout.agent import Agent, RolloutConfig
 from dart_jax.rollout.protocol import PROTOCOLS, tag_variants
 from dart_jax.rollout.sampling import SamplingConfig
-from dart_jax.run import run_dir
+from dart_jax.run import host_memory, run_dir
 from dart_jax.run.checkpoint import Checkpointer, checkpoint_steps
 from dart_jax.run.held_out import rollout_eval
 from dart_jax.run.metrics import (
@@ -152,6 +152,7 @@ class Trainer:
                             tc.group_size, seed, row_offset=self.pid * share * tc.group_size)
         if self.nproc > 1:
             ro = stages.gather_rollouts(ro)
+        self._release()
         t1 = time.perf_counter()
         sc = stages.score(ro, self.reward, self.method, self.router, tc.pad_multiple, self.config.algo.norm_adv_by_std,
                           self.answer_tags)
@@ -161,12 +162,19 @@ class Trainer:
         sc.batch["old_logp"], sc.batch["ref_logp"] = self.updater.logprobs(self.state, self.base, sc.batch)
         t2 = time.perf_counter()
         self.state, upd = self.updater(self.state, self.base, sc.batch, step, jax.random.fold_in(self.key, 10_000 + step))
+        self._release()
         t3 = time.perf_counter()
         m = stages.step_metrics(ro, sc, upd, self.protocol.name, bool(self.loss_cfg.kl_coef),
                                 self.updater.plan.old_logp == "recompute",
                                 {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2})
         m.update(memory_metrics(self.state, self.base))
         return m
+
+    def _release(self) -> None:
+        """Between stages: hand the C allocator's free pages back (run.host_memory), so that resident
+        memory follows what the next stage holds instead of every stage's high-water mark."""
+        if self.config.train.get("release_host_memory", True):
+            host_memory.release()
 
     def evaluate(self) -> dict:
         """Greedy (eval.temperature) rollouts of the held-out questions with the current policy."""
@@ -264,14 +272,13 @@ class NullWriter:
 
 def memory_metrics(state, base) -> dict:
     """What the run holds: one device's share of the train state (fp32 masters + optimiser moments)
-    and of the frozen base, read from the live arrays; the process's peak resident memory so far
-    (host RAM: on CPU the devices' memory too) and, where the backend reports it, the device's
-    peak allocation."""
-    import resource
+    and of the frozen base, read from the live arrays; the process's peak and current resident memory
+    and the C allocator's in-use / free bytes (host RAM, on CPU the devices' memory too:
+    run.host_memory) and, where the backend reports it, the device's peak allocation."""
     shard = lambda tree: sum(max(s.data.nbytes for s in x.addressable_shards)  # noqa: E731
                              for x in jax.tree.leaves(tree) if hasattr(x, "addressable_shards"))
     out = {"memory/train_state_mib": state_bytes_per_device(state) / 2 ** 20, "memory/base_mib": shard(base) / 2 ** 20,
-           "memory/peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+           **host_memory.stats()}
     stats = jax.local_devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
         out["memory/device_peak_mib"] = stats["peak_bytes_in_use"] / 2 ** 20

@@ -23,7 +23,7 @@ RECORDS = ("metrics.jsonl", "rollouts.jsonl")
 RECORD_DIRS = ("checkpoints", "tb")
 # a resumed run may change how long it runs and what it writes or prints: not reported as differences
 RESUMABLE = ("train.steps", "sft.epochs", "output.progress", "output.tensorboard", "output.checkpoint_every",
-             "output.keep", "eval.every")
+             "output.keep", "eval.every", "train.release_host_memory")
 
 
 class RunDirError(RuntimeError):
