@@ -6,7 +6,7 @@ top trim cannot return them by itself — the situation of a run whose live buff
 ones."""
 
 import ctypes
-import ctypes.util
+import os
 
 import pytest
 
@@ -25,8 +25,9 @@ def _glibc():
 
 
 def test_release_returns_freed_arena_pages_to_the_system():
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    _glibc()
+    libc = _glibc()
+    if any(k.startswith("MALLOC_") for k in os.environ):
+        pytest.skip("malloc tuned by the environment (MALLOC_*): the blocks may not live in arenas")
     libc.malloc.argtypes, libc.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
     libc.free.argtypes, libc.free.restype = [ctypes.c_void_p], None
     host_memory.release()
@@ -46,7 +47,6 @@ def test_release_returns_freed_arena_pages_to_the_system():
     assert before["memory/malloc_free_mib"] >= 0.9 * freed_mib
     # ... resident, and malloc_trim handed ≥ 90% of their pages back (tolerance: other threads allocate)
     assert before["memory/rss_mib"] - after["memory/rss_mib"] >= 0.9 * freed_mib
-    assert after["memory/peak_rss_mib"] >= before["memory/rss_mib"] - 1.0  # the peak is a high-water mark
 
 
 def test_stats_report_current_and_peak_resident_memory():
