@@ -182,24 +182,31 @@ def _markdown(summary: dict, per_run: dict, datasets: list[str], times: dict) ->
 
 
 def _plot(curves: dict, per_run: dict, path: str) -> str:
+    """Left: each step's mean training reward (thin: each seed; thick: the mean over seeds). Right: the
+    running mean over steps 1..s of the same, which the prompts' step-to-step difficulty swings hide on
+    the left (one seed gives every method the same prompts, so the methods are compared step for step)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, (ax, ax_cum) = plt.subplots(1, 2, figsize=(12, 4.2))
     methods = list(dict.fromkeys(r["method"] for r in per_run.values()))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, m in enumerate(methods):
         names = [n for n, r in per_run.items() if r["method"] == m]
         c = colours[i % len(colours)]
+        label = f"{METHOD_NAMES.get(PAPER_KEY.get(m, m), m)} (mean of {len(names)})"
         for n in names:
             ax.plot(*curves[n], color=c, alpha=0.3, lw=0.8)
         steps = sorted(set().union(*(set(curves[n][0]) for n in names)))
-        mean = [np.mean([dict(zip(*curves[n])).get(s, np.nan) for n in names]) for s in steps]
-        ax.plot(steps, mean, color=c, lw=2, label=f"{METHOD_NAMES.get(PAPER_KEY.get(m, m), m)} (mean of {len(names)})")
-    ax.set_xlabel("GRPO step")
+        mean = np.array([np.mean([dict(zip(*curves[n])).get(s, np.nan) for n in names]) for s in steps])
+        ax.plot(steps, mean, color=c, lw=2, label=label)
+        ax_cum.plot(steps, np.cumsum(mean) / np.arange(1, len(mean) + 1), color=c, lw=2, label=label)
     ax.set_ylabel("training reward (mean over the step's trajectories)")
+    ax_cum.set_ylabel("running mean of the training reward, steps 1..s")
+    for a in (ax, ax_cum):
+        a.set_xlabel("GRPO step")
+        a.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -54,7 +54,7 @@ PAPER_SQL = {
 }
 
 METHOD_NAMES = {"dart": "DART", "search_r1": "Search-R1", "mixlora": "MixLoRA", "lora16": "LoRA-16",
-                "2agent": "2-Agent", "sky_sql": "Sky-SQL", "lora": "LoRA"}
+                "2agent": "2-Agent", "2agent_lora": "2-Agent-LoRA", "sky_sql": "Sky-SQL", "lora": "LoRA"}
 MODEL_KEYS = ("qwen2.5-coder-7b", "qwen2.5-3b", "qwen2.5-7b", "llama3.1-8b", "llama-3.1-8b", "qwen3-14b")
 
 
