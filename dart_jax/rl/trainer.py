@@ -152,7 +152,7 @@ class Trainer:
                             tc.group_size, seed, row_offset=self.pid * share * tc.group_size)
         if self.nproc > 1:
             ro = stages.gather_rollouts(ro)
-        self._release()
+        release_s = self._release()
         t1 = time.perf_counter()
         sc = stages.score(ro, self.reward, self.method, self.router, tc.pad_multiple, self.config.algo.norm_adv_by_std,
                           self.answer_tags)
@@ -162,19 +162,24 @@ class Trainer:
         sc.batch["old_logp"], sc.batch["ref_logp"] = self.updater.logprobs(self.state, self.base, sc.batch)
         t2 = time.perf_counter()
         self.state, upd = self.updater(self.state, self.base, sc.batch, step, jax.random.fold_in(self.key, 10_000 + step))
-        self._release()
+        release_s += self._release()
         t3 = time.perf_counter()
         m = stages.step_metrics(ro, sc, upd, self.protocol.name, bool(self.loss_cfg.kl_coef),
                                 self.updater.plan.old_logp == "recompute",
                                 {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2})
+        m["time/release_s"] = release_s  # inside rollout_s and update_s: the calls alone, not re-faulting pages
         m.update(memory_metrics(self.state, self.base))
         return m
 
-    def _release(self) -> None:
+    def _release(self) -> float:
         """Between stages: hand the C allocator's free pages back (run.host_memory), so that resident
-        memory follows what the next stage holds instead of every stage's high-water mark."""
-        if self.config.train.get("release_host_memory", True):
-            host_memory.release()
+        memory follows what the next stage holds instead of every stage's high-water mark. Returns the
+        seconds the call took (0 when `train.release_host_memory` is off)."""
+        if not self.config.train.get("release_host_memory", True):
+            return 0.0
+        t = time.perf_counter()
+        host_memory.release()
+        return time.perf_counter() - t
 
     def evaluate(self) -> dict:
         """Greedy (eval.temperature) rollouts of the held-out questions with the current policy."""
