@@ -37,7 +37,7 @@ import time
 import jax
 
 from dart_jax.analysis.stage_log import StageLog
-from dart_jax.run.run_dir import RESUMABLE
+from dart_jax.run.run_dir import PROVENANCE, RESUMABLE
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +209,9 @@ class Stages(StageLog):
             os.makedirs(train, exist_ok=True)
             shutil.copyfile(os.path.join(self.out, "train", name, "metrics.jsonl"), os.path.join(train, "metrics.tmp"))
             os.replace(os.path.join(train, "metrics.tmp"), os.path.join(train, "metrics.jsonl"))
+            prov = os.path.join(self.out, "train", name, PROVENANCE)
+            if os.path.isfile(prov):  # runs trained before run.provenance existed have none
+                shutil.copyfile(prov, os.path.join(train, PROVENANCE))
         tmp = dst + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)

@@ -39,7 +39,7 @@ from dart_jax.rl.sections import (
 from dart_jax.rollout.agent import Agent, RolloutConfig
 from dart_jax.rollout.protocol import PROTOCOLS, tag_variants
 from dart_jax.rollout.sampling import SamplingConfig
-from dart_jax.run import host_memory, run_dir
+from dart_jax.run import host_memory, provenance, run_dir
 from dart_jax.run.checkpoint import Checkpointer, checkpoint_steps
 from dart_jax.run.held_out import rollout_eval
 from dart_jax.run.metrics import (
@@ -225,6 +225,8 @@ class Trainer:
                 log.warning("resumed with a changed setting: %s", diff)
             if is_main():
                 trim_rollouts(oc.dir, start)
+        if is_main():
+            provenance.record(oc.dir, start, resume)
         writer = (MetricsWriter(oc.dir, resume_step=start if resume else None, tensorboard=oc.tensorboard)
                   if is_main() else NullWriter(os.path.join(oc.dir, "metrics.jsonl")))
         history = []

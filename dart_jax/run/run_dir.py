@@ -19,6 +19,7 @@ import os
 import shutil
 
 RUN_CONFIG = "run_config.json"
+PROVENANCE = "provenance.jsonl"  # run.provenance: which code and machine wrote each (re)start
 RECORDS = ("metrics.jsonl", "rollouts.jsonl")
 RECORD_DIRS = ("checkpoints", "tb")
 # a resumed run may change how long it runs and what it writes or prints: not reported as differences
@@ -88,7 +89,7 @@ def start_fresh(out_dir: str, config, checkpoint_steps: list[int], overwrite: bo
         raise RunDirError(f"output.dir {out_dir} already holds a run ({', '.join(held)}): pass --resume to "
                           "continue it, --overwrite to replace it, or choose another --config.output.dir")
     if held:
-        for name in RECORDS + (RUN_CONFIG,):
+        for name in RECORDS + (RUN_CONFIG, PROVENANCE):
             if os.path.isfile(os.path.join(out_dir, name)):
                 os.remove(os.path.join(out_dir, name))
         for name in RECORD_DIRS:

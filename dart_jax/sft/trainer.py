@@ -46,7 +46,7 @@ from dart_jax.rl.step import make_scorer, policy_trees
 from dart_jax.roles.router import RouterSpec
 from dart_jax.rollout.agent import RolloutConfig, tool_for
 from dart_jax.rollout.protocol import PROTOCOLS
-from dart_jax.run import run_dir
+from dart_jax.run import provenance, run_dir
 from dart_jax.run.checkpoint import Checkpointer, checkpoint_steps
 from dart_jax.run.held_out import rollout_eval
 from dart_jax.run.metrics import MetricsWriter, plot_curves, wilson_interval
@@ -243,6 +243,7 @@ class SFTTrainer:
             log.info("resumed SFT from checkpoint %d", start)
             for diff in run_dir.resumed_differences(oc.dir, self.config):
                 log.warning("resumed with a changed setting: %s", diff)
+        provenance.record(oc.dir, start, resume)
         demo_lib.write_demos(os.path.join(oc.dir, "demos.jsonl"), self.train)
         demo_lib.write_demos(os.path.join(oc.dir, "demos_val.jsonl"), self.val)
         summary: dict = {"data": self.data_stats, "train_demos": len(self.encoded), "val_demos": len(self.val),

@@ -99,6 +99,8 @@ def test_methods_archive_outlives_the_output_directory(tiny_smollm_dir, tmp_path
     assert (archive / "eval" / "dart_s0" / "per_question.jsonl.gz").is_file()
     assert (archive / "eval" / "warm_start" / "results.json").is_file()
     assert (archive / "train" / "dart_s0" / "metrics.jsonl").is_file()
+    prov = [json.loads(s) for s in open(archive / "train" / "dart_s0" / "provenance.jsonl")]
+    assert [(p["start_step"], p["resumed"]) for p in prov] == [(0, False)] and prov[0]["versions"]["jax"]
     assert json.load(open(archive / "eval" / "dart_s0" / "config.json"))["optim"]["lr"] == 2e-4
     kept = json.load(open(archive / "stages.json"))
     assert set(kept["train"]) == {"dart_s0"} and set(kept["eval"]) == {"warm_start", "dart_s0"}

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from dart_jax.run import run_dir
+from dart_jax.run import provenance, run_dir
 from dart_jax.run.checkpoint import Checkpointer
 from dart_jax.run.metrics import read_metrics
 from dart_jax.run.run_dir import RunDirError
@@ -65,6 +65,8 @@ def test_fresh_resume_and_overwrite_rules(tiny_smollm_dir, tmp_path):
     res = Trainer(longer).run(overwrite=True)
     assert [r["step"] for r in read_metrics(res["metrics"])] == [1, 2]
     assert run_dir.saved_config(str(out))["train"]["steps"] == 2
+    # the replaced run's provenance went with it: one line, this start's
+    assert [(p["start_step"], p["resumed"]) for p in provenance.read(str(out))] == [(0, False)]
 
 
 

@@ -74,6 +74,12 @@ def test_resume_matches_uninterrupted_run(tiny_smollm_dir, tmp_path):
         np.testing.assert_array_equal(a, b)
     steps = [r["step"] for r in read_metrics(str(tmp_path / "resumed" / "metrics.jsonl"))]
     assert steps == [0, 1, 2, 3]  # step 0: the held-out evaluation of the starting policy
+    # which code and machine wrote each (re)start: the crashed start at 0, the resume at checkpoint 1
+    from dart_jax.run import provenance
+    prov = provenance.read(str(tmp_path / "resumed"))
+    assert [(p["start_step"], p["resumed"]) for p in prov] == [(0, False), (1, True)]
+    assert prov[0]["versions"]["jax"] == jax.__version__ and prov[0]["machine"]["devices"] >= 1
+    assert prov[0]["commit"] is None or len(prov[0]["commit"]) == 40
     evals = [r for r in read_metrics(str(tmp_path / "resumed" / "metrics.jsonl")) if "eval/reward" in r]
     assert [r["step"] for r in evals] == [0, 3] and evals[0]["eval/n"] == 2
     # saved trajectories (self-distillation input): 4 per step, none duplicated by the crash + resume,
