@@ -200,7 +200,9 @@ def _plot(curves: dict, per_run: dict, path: str) -> str:
         steps = sorted(set().union(*(set(curves[n][0]) for n in names)))
         mean = np.array([np.mean([dict(zip(*curves[n])).get(s, np.nan) for n in names]) for s in steps])
         ax.plot(steps, mean, color=c, lw=2, label=label)
-        ax_cum.plot(steps, np.cumsum(mean) / np.arange(1, len(mean) + 1), color=c, lw=2, label=label)
+        seen = np.cumsum(~np.isnan(mean))  # a step some seed lacks leaves a gap on the left, not the rest here
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ax_cum.plot(steps, np.nancumsum(mean) / seen, color=c, lw=2, label=label)
     ax.set_ylabel("training reward (mean over the step's trajectories)")
     ax_cum.set_ylabel("running mean of the training reward, steps 1..s")
     for a in (ax, ax_cum):

@@ -211,7 +211,8 @@ class Stages(StageLog):
             os.replace(os.path.join(train, "metrics.tmp"), os.path.join(train, "metrics.jsonl"))
             prov = os.path.join(self.out, "train", name, PROVENANCE)
             if os.path.isfile(prov):  # runs trained before run.provenance existed have none
-                shutil.copyfile(prov, os.path.join(train, PROVENANCE))
+                shutil.copyfile(prov, os.path.join(train, "provenance.tmp"))
+                os.replace(os.path.join(train, "provenance.tmp"), os.path.join(train, PROVENANCE))
         tmp = dst + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -19,13 +20,17 @@ import sys
 
 from dart_jax.run.run_dir import PROVENANCE as FILE
 
+log = logging.getLogger(__name__)
+
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "transformers", "tokenizers")
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", _REPO, *args], capture_output=True, text=True, timeout=10)
+        # --no-optional-locks: `git status` must not take .git/index.lock (a commit made as a run starts)
+        out = subprocess.run(["git", "--no-optional-locks", "-C", _REPO, *args], capture_output=True, text=True,
+                             timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -65,13 +70,17 @@ def machine() -> dict:
 
 
 def record(out_dir: str, start_step: int, resumed: bool) -> dict:
-    """Append this start's line to `out_dir/provenance.jsonl` and return it."""
+    """Append this start's line to `out_dir/provenance.jsonl` and return it. A record of the run, never a
+    reason to stop it: a write that fails is logged."""
     line = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "start_step": int(start_step), "resumed": bool(resumed), "argv": list(sys.argv),
             **code(), "versions": versions(), "machine": machine()}
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, FILE), "a") as f:
-        f.write(json.dumps(line) + "\n")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, FILE), "a") as f:
+            f.write(json.dumps(line) + "\n")
+    except OSError as e:
+        log.warning("provenance not recorded in %s: %s", out_dir, e)
     return line
 
 

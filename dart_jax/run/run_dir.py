@@ -89,11 +89,13 @@ def start_fresh(out_dir: str, config, checkpoint_steps: list[int], overwrite: bo
         raise RunDirError(f"output.dir {out_dir} already holds a run ({', '.join(held)}): pass --resume to "
                           "continue it, --overwrite to replace it, or choose another --config.output.dir")
     if held:
-        for name in RECORDS + (RUN_CONFIG, PROVENANCE):
+        for name in RECORDS + (RUN_CONFIG,):
             if os.path.isfile(os.path.join(out_dir, name)):
                 os.remove(os.path.join(out_dir, name))
         for name in RECORD_DIRS:
             shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
+    if os.path.isfile(os.path.join(out_dir, PROVENANCE)):  # a start that died before writing any record
+        os.remove(os.path.join(out_dir, PROVENANCE))
     write_config(out_dir, config)
 
 

@@ -24,7 +24,8 @@ from xla_env import xla_flags
 
 
 def _snapshot(d):
-    return {name: open(os.path.join(d, name), "rb").read() for name in ("metrics.jsonl", "rollouts.jsonl")}
+    return {name: open(os.path.join(d, name), "rb").read()
+            for name in ("metrics.jsonl", "rollouts.jsonl", "run_config.json", "provenance.jsonl")}
 
 
 def test_fresh_resume_and_overwrite_rules(tiny_smollm_dir, tmp_path):
