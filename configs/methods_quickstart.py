@@ -78,7 +78,10 @@ def get_config(arg: str | None = None):
                                 datasets="nq_corpus_heldout,hotpotqa_corpus", limit=64, batch=16,
                                 # finished runs kept small and committed (metrics, evaluations, stage times):
                                 # archived runs are not retrained; "" turns it off
-                                archive=ARCHIVE))
+                                archive=ARCHIVE,
+                                # where the report goes ("" = <out>/report); the committed one:
+                                # --config.methods.report=docs/results/data/methods_smollm2/report
+                                report=""))
     c.eval.n = 0  # the eval stage is the held-out evaluation
     method = parts[0] if parts else "dart"
     seed = int(parts[1]) if len(parts) > 1 else 0

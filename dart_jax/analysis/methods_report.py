@@ -204,7 +204,7 @@ def _plot(curves: dict, per_run: dict, path: str) -> str:
         with np.errstate(invalid="ignore", divide="ignore"):
             ax_cum.plot(steps, np.nancumsum(mean) / seen, color=c, lw=2, label=label)
     ax.set_ylabel("training reward (mean over the step's trajectories)")
-    ax_cum.set_ylabel("running mean of the training reward, steps 1..s")
+    ax_cum.set_ylabel("running mean of the training reward")
     for a in (ax, ax_cum):
         a.set_xlabel("GRPO step")
         a.grid(alpha=0.3)

@@ -9,7 +9,8 @@
     eval/warm_start/          the same evaluation of the policy every run starts from (the warm start,
                               no GRPO): the reference each run's gains and losses are paired against
                               (`methods.reference`)
-    report/                   report.md, summary.json, results.csv, reward_curves.png (methods_report)
+    report/                   report.md, summary.json, results.csv, reward_curves.png (methods_report;
+                              `methods.report` writes them elsewhere, e.g. into the committed findings)
     stages.json               each stage's wall time and when it finished
 
 `methods.archive` (a directory, relative to the repository; "" for none) keeps what the report needs
@@ -315,7 +316,8 @@ class Stages(StageLog):
         shown = set(runs) | ({REFERENCE} if reference else set())  # the times of what the report covers
         times = {stage: {k: v for k, v in items.items() if k in shown or stage == "report"}
                  for stage, items in self.times().items()}
-        summary = write_report(runs, os.path.join(self.out, "report"), self.datasets, times,
+        report_dir = self.config.methods.get("report", "") or os.path.join(self.out, "report")
+        summary = write_report(runs, report_dir, self.datasets, times,
                                missing=missing, reference=reference)
         self._record("report", "all", time.perf_counter() - t0)
         return summary

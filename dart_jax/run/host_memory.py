@@ -5,7 +5,7 @@ glibc, buffers below the (dynamic, up to 32 MiB) mmap threshold live in malloc's
 that are free again stay mapped there: a run that alternates a rollout (thousands of small,
 variously shaped executions) with an update (a few large ones) keeps the free pages of each and its
 resident memory ratchets up step after step though nothing leaks. Measured on the full 2-Agent
-SmolLM2 run (docs/results/methods_smollm2.md): during step 5's rollout the arenas held 5.4 GiB of
+SmolLM2 run (docs/results/methods_smollm2.md): early in step 5's update the arenas held 5.4 GiB of
 which 1.9 GiB was in use; one `malloc_trim(0)` took the process from 14.1 to 10.7 GiB resident.
 
 `release()` calls `malloc_trim(0)` (glibc ≥ 2.8 returns every wholly free page of every arena, not

@@ -117,6 +117,11 @@ def test_methods_archive_outlives_the_output_directory(tiny_smollm_dir, tmp_path
         assert again[k] == first[k], k
     times = json.load(open(out / "stages.json"))
     assert set(times) == {"report"}                # out's own record; the runs' times stay in the archive
+    # the report written where the findings are committed (methods.report), from the archive alone
+    elsewhere = tmp_path / "docs" / "report"
+    assert launch_methods.main(args + ["--stage=report", f"--config.methods.report={elsewhere}"]) == 0
+    assert json.load(open(elsewhere / "summary.json"))["paired"] == first["paired"]
+    assert (elsewhere / "reward_curves.png").is_file() and (elsewhere / "report.md").is_file()
     # what the archive stands for: the same configuration of the run (methods section, output.dir and
     # resumable fields aside); another one is not taken for it, and a trial never overwrites the entry
     from dart_jax.analysis.methods_run import Stages

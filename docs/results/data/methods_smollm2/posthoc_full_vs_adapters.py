@@ -4,9 +4,9 @@ frozen base (DART, LoRA-16, MixLoRA, 2-Agent-LoRA)? Reads the committed archive 
 
     python docs/results/data/methods_smollm2/posthoc_full_vs_adapters.py
 
-Two views. Runs: the difference of mean counts between the groups, with an exact permutation test
-over every way of assigning the runs to groups of the same sizes (runs as the unit: seeds vary,
-questions fixed). Questions: per question the share of each group's runs that answered it, and an
+Two views. Runs: the difference of mean counts between the groups, with an exact two-sided
+permutation test (the share of the ways of assigning the runs to groups of the same sizes whose
+absolute difference reaches the observed one; runs as the unit: seeds vary, questions fixed). Questions: per question the share of each group's runs that answered it, and an
 exact sign test over the questions where the shares differ (questions as the unit: generalises over
 questions, not over seeds)."""
 
@@ -47,17 +47,19 @@ def main() -> int:
         count = {r: sum(per[r][k] for k in keys) for r in runs}
         a = np.array([count[r] for r in groups["full-parameter"]])
         b = np.array([count[r] for r in groups["adapters"]])
-        res = stats.permutation_test((a, b), lambda x, y: np.mean(x) - np.mean(y), permutation_type="independent",
-                                     n_resamples=np.inf, alternative="two-sided")
+        # two-sided as the share of assignments whose |difference| reaches the observed one (exact: all of them)
+        res = stats.permutation_test((a, b), lambda x, y: abs(np.mean(x) - np.mean(y)),
+                                     permutation_type="independent", n_resamples=np.inf, alternative="greater")
+        diff = np.mean(a) - np.mean(b)
         print(f"\n{ds} ({len(keys)} questions; warm start {sum(warm[k] for k in keys):.0f})")
         for g, rs in groups.items():
             print(f"  {g}: " + ", ".join(f"{r} {count[r]:.0f}" for r in rs) +
                   f"; mean {np.mean([count[r] for r in rs]):.2f}")
-        print(f"  runs: mean difference {res.statistic:+.2f} questions, exact permutation p {res.pvalue:.3g} "
+        print(f"  runs: mean difference {diff:+.2f} questions, exact permutation p {res.pvalue:.3g} "
               f"(two-sided, {len(a)} vs {len(b)} runs)")
         share = {g: np.array([np.mean([per[r][k] for r in rs]) for k in keys]) for g, rs in groups.items()}
-        diff = share["full-parameter"] - share["adapters"]
-        up, down = int((diff > 0).sum()), int((diff < 0).sum())
+        by_q = share["full-parameter"] - share["adapters"]
+        up, down = int((by_q > 0).sum()), int((by_q < 0).sum())
         p = stats.binomtest(up, up + down).pvalue if up + down else 1.0
         print(f"  questions: full-parameter share higher on {up}, adapters' higher on {down}, "
               f"equal on {len(keys) - up - down}; exact sign test p {p:.3g}")
