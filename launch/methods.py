@@ -15,8 +15,6 @@ archived run is not trained again, and the report reads it from there when `out`
 
 from __future__ import annotations
 
-import os
-
 from absl import flags
 
 from launch._cli import Command
@@ -43,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         for m, e in s["methods"].items():
             print(f"{m}: avg EM {e['avg']['mean']:.3f} [{e['avg']['min']:.3f}, {e['avg']['max']:.3f}] over seeds "
                   f"{e['seeds']}, step {e['step_s']:.0f} s, train state {e['train_state_mib']:.0f} MiB")
-        print(f"report: {s.get('files', {}).get('report') or os.path.join(config.methods.out, 'report', 'report.md')}")
+        print(f"report: {s['files']['report']}")
     return 0
 
 
