@@ -51,7 +51,7 @@ def get() -> ConfigDict:
     c.data = ConfigDict(dict(train=[]))
     c.train = ConfigDict(dict(steps=100, prompts_per_step=256, group_size=16, mini_batch=1024, micro_batch=8,
                               ppo_epochs=1, seed=0, shuffle=True, shuffle_minibatches=True, pad_multiple=128,
-                                old_logp="recompute", release_host_memory=True))
+                                old_logp="recompute", release_host_memory=True, share_prefix=False))
     c.eval = ConfigDict(dict(data=[], n=0, every=0, temperature=0.0))  # held-out rollouts during training
     c.mesh = ConfigDict(dict(shape=()))  # () = every device on the data axis
     c.output = ConfigDict(dict(dir="runs/default", checkpoint_every=20, keep=3, tensorboard=True, progress=True,

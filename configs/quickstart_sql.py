@@ -18,12 +18,13 @@ tokens, observations ≤ 256 tokens, 4 prompts × 8 samples per step, old log-pr
 no KL term, and a curriculum for a 135M model: only questions whose gold query Spider grades easy
 (`max_hardness`, dart_jax/data/sql_hardness.py), sampled at T = 0.5 (the loss's log-probs at the same
 temperature). Schema prompts are 500–900 tokens on the training databases: each group's prompt is
-prefilled once and its cache shared by the group's samples (`rollout.share_prompt_prefill`).
+prefilled once and its cache shared by the group's samples (`rollout.share_prompt_prefill`), and
+runs once in the update too (`train.share_prefix`, micro-batches of one group).
 
-Measured (docs/results/quickstart_sql.md, ~96 min on 2 cores, peak ~17 GB RSS): 45 of 256 sampled
-trajectories execute to the gold result and 8 of 32 groups have mixed outcomes (the first recipe —
-all questions, groups of 4 at T = 1 — had 1 of 128 and no signal in 7 of 8 steps); the held-out
-greedy check did not move (4/32 → 2/32): signal, but no learning detectable in 8 steps.
+Measured (docs/results/quickstart_sql.md, 16 steps in ~48 min on 2 cores, peak 13.2 GB RSS): 102 of
+512 sampled trajectories execute to the gold result and 16 of 64 groups have mixed outcomes (the
+first recipe — all questions, groups of 4 at T = 1 — had 1 of 128 and no signal in 7 of 8 steps);
+the held-out greedy check did not move (4/32 → 2/32): signal, but no learning detectable in 16 steps.
 """
 
 from configs import base
@@ -42,7 +43,7 @@ def get_config():
     c.warm_start = WARM_START
     # the curriculum: questions whose gold query Spider grades easy (205 of fold 1's 705 rows)
     c.data.train = [dict(spec, max_hardness=MAX_HARDNESS) for spec in train_specs(RL_FOLD)]  # shuffled by the trainer
-    c.train.steps = 8
+    c.train.steps = 16
     c.train.prompts_per_step = 4
     c.train.group_size = 8
     c.train.mini_batch = 32
@@ -53,7 +54,10 @@ def get_config():
     # micro-batch, 2 cores): XLA's estimate 9.1 -> 3.2 GiB, peak RSS 10.8 -> 4.5 GB, step no slower
     # (162 -> 136 s, shared host), same loss (docs/results/quickstart_sql.md)
     c.model.remat_policy = "dots_no_batch"
-    c.train.micro_batch = 1
+    # one micro-batch per GRPO group, its schema prompt run once for the group's 8 rows in the
+    # forward and backward pass (rl/batch.split_shared_prefix; same gradient, tests/rl/test_shared_prefix.py)
+    c.train.micro_batch = c.train.group_size
+    c.train.share_prefix = True
     c.train.pad_multiple = 64
     c.train.old_logp = "sampler"
     c.loss.kl_coef = 0.0

@@ -7,6 +7,7 @@
     python -m launch.bench resume --obs-len=400       KV-cache resume vs re-prefilling the history per turn
     python -m launch.bench cache_blocks --length=768  decode attention over the cache's written blocks vs its capacity
     python -m launch.bench prefill --batch=2          a GRPO group's shared prompt prefill vs one per row (SQL schemas)
+    python -m launch.bench group_update               a GRPO group's update with its prompt run once vs once per row, and PyTorch
     python -m launch.bench handoff --turns=4          two-model rollout: append-only hand-offs vs re-encoding the history
     python -m launch.bench methods                    training state and update time: DART, LoRA-16, full, MixLoRA, 2-Agent (full / LoRA)
     python -m launch.bench retrieval --clients=64     load on the retrieval service (or --url=another server)
@@ -37,13 +38,14 @@ from launch._cli import Command
 # spin on the cores the next (JAX) side needs. Passive waiting must be set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-BENCHES = ("forward", "adapters", "sampler", "resume", "cache_blocks", "train", "prefill", "handoff", "retrieval", "methods",
-           "suite")
+BENCHES = ("forward", "adapters", "sampler", "resume", "cache_blocks", "train", "prefill", "group_update", "handoff",
+           "retrieval", "methods", "suite")
 DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(batch=4, length=256, repeats=5),
             "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4),
             "cache_blocks": dict(batch=32, length=768, repeats=4), "train": dict(batch=4, length=512,
                                                                                           repeats=5),
-            "prefill": dict(batch=2, repeats=3), "handoff": dict(batch=1, repeats=3), "retrieval": dict(repeats=1),
+            "prefill": dict(batch=2, repeats=3), "group_update": dict(batch=8, length=320, prompt_len=704, repeats=3),
+            "handoff": dict(batch=1, repeats=3), "retrieval": dict(repeats=1),
             "methods": dict(batch=4, length=256, repeats=3), "suite": dict(repeats=None)}
 CLI = Command("launch.bench", __doc__)
 F = CLI.flags
@@ -61,7 +63,8 @@ TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "sampler: 0 = greedy; > 0 s
 TURNS = flags.DEFINE_integer("turns", 4, "resume / handoff: tool calls", flag_values=F)
 OBS_LEN = flags.DEFINE_integer("obs-len", 400, "resume / handoff: observation tokens per call (3 passages ≈ 400)",
                                flag_values=F)
-PROMPT_LEN = flags.DEFINE_integer("prompt-len", 256, "resume / handoff: prompt tokens", flag_values=F)
+PROMPT_LEN = flags.DEFINE_integer("prompt-len", None, "resume / handoff: prompt tokens (256); group_update: the "
+                                  "group's common prompt (704, an SQL schema prompt)", flag_values=F)
 REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch", "save_qkv_proj"],
                           "train: remat policy", flag_values=F)
 CAPACITY = flags.DEFINE_integer("capacity", None, "cache_blocks: cache slots (default 2 × --length, the slots "
@@ -89,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                                  length=LENGTH.value or d.get("length"), repeats=REPEATS.value or d["repeats"],
                                  dtype=DTYPE.value, no_torch=NO_TORCH.value, batches=BATCHES.value,
                                  new_tokens=NEW_TOKENS.value, temperature=TEMPERATURE.value, turns=TURNS.value,
-                                 obs_len=OBS_LEN.value, prompt_len=PROMPT_LEN.value, remat=REMAT.value,
+                                 obs_len=OBS_LEN.value, prompt_len=PROMPT_LEN.value or d.get("prompt_len", 256),
+                                 remat=REMAT.value,
                                  json=JSON_OUT.value)
     if args.which == "forward":
         from dart_jax.bench.forward import bench_forward
@@ -152,6 +156,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{res['prompts']} SQL schema prompts ({res['prompt_tokens']} tokens) x {res['group']} samples, prefill + "
               f"{res['gen']} decoded tokens: shared prefill {res['shared_s']:.2f} s, one per row {res['per_row_s']:.2f} s; "
               f"per row / shared {fmt_ratio(res['ratio'])}")
+    if args.which == "group_update":
+        from dart_jax.bench.group_update import bench_group_update
+        res = bench_group_update(args.model, group=args.batch, prompt=args.prompt_len, cont=args.length,
+                                 repeats=args.repeats, with_torch=not args.no_torch,
+                                 remat_policy=args.remat if REMAT.present else "dots_no_batch")
+        ms, fr = res["median_s"], res["flops_frac_of_matmul"]
+        print(f"GRPO update of one group, {res['group']} rows x ({res['prompt']} prompt + {res['cont']} own tokens), "
+              f"{res['model']} on {res['device']}, remat {res['remat_policy']}: prompt once {ms['shared']:.2f} s "
+              f"({100 * fr['shared']:.0f}% of matmul), once per row {ms['per_row']:.2f} s ({100 * fr['per_row']:.0f}%); "
+              f"per row / once {fmt_ratio(res['per_row_over_shared'])}; last losses "
+              + ", ".join(f"{k} {v:.6f}" for k, v in res["last_loss"].items()))
+        if "torch_over_shared" in res:
+            print(f"  torch (concatenated 2r, full rows) {ms['torch_concat_2r']:.2f} s; torch / prompt once "
+                  f"{fmt_ratio(res['torch_over_shared'])}")
     if args.which == "methods":
         from dart_jax.bench.methods import bench_methods, table
         from dart_jax.bench.methods import METHODS as ALL

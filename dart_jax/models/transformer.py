@@ -234,6 +234,60 @@ def hidden_states_and_router(base: Params, adapters, tokens: jnp.ndarray, positi
     return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), None, routers
 
 
+def shared_prefix_hidden_states(base: Params, adapters, prefix: tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray],
+                                tokens: jnp.ndarray, positions: jnp.ndarray, route_ids: jnp.ndarray | None, *,
+                                cfg: ModelConfig) -> jnp.ndarray:
+    """Final-normed hidden states [b, S, D] of b rows that continue one common prefix.
+
+    prefix = (tokens, positions, route_ids) i32[1, P] runs once (position −1 marks padding); each
+    row's tokens [b, S] attend the prefix's keys and values and their own, by position (a key is
+    visible iff 0 ≤ its position ≤ the query's), layer by layer. Equal to `hidden_states` over the
+    b full rows (prefix + continuation) at the continuation's columns, at 1/b of the prefix's cost —
+    in the backward pass too, where the prefix's gradient sums the rows' (rl.batch.split_shared_prefix
+    builds the inputs). No cache; the layers scan (or loop) and rematerialise as `hidden_states`.
+    MixLoRA (its router statistics would count the prefix once) is not supported."""
+    if mixlora_lib.find(lora_lib.layer_slice(adapters)) is not None:
+        raise ValueError("a shared-prefix forward does not support MixLoRA experts: the load-balancing loss "
+                         "counts every row's tokens, the shared prefix only once")
+    dtype = cfg.dtype
+    p_tok, p_pos, p_routes = prefix
+    b = tokens.shape[0]
+    if route_ids is None:
+        route_ids, p_routes = jnp.full(tokens.shape, -1, jnp.int32), jnp.full(p_tok.shape, -1, jnp.int32)
+    xp = jnp.take(base["embed"], p_tok, axis=0).astype(dtype)
+    xs = jnp.take(base["embed"], tokens, axis=0).astype(dtype)
+    inv = rope.inverse_frequencies(cfg)
+    cos_p, sin_p = rope.rope_tables(p_pos, inv)
+    cos_s, sin_s = rope.rope_tables(positions, inv)
+    p_mask = attention_mask(p_pos, p_pos)
+    s_mask = attention_mask(positions, jnp.concatenate([jnp.broadcast_to(p_pos, (b, p_pos.shape[1])), positions], 1))
+    prefix_attend = self_attention(cfg, p_mask)
+    layer_adapters = lora_lib.layer_slice(adapters)
+
+    def body(carry, xs_):
+        xp, xs = carry
+        p, ad = xs_
+        xp, (kp, vp), _ = _layer(cfg, xp, p, ad, prefix_attend, cos_p, sin_p, p_routes)
+
+        def attend(q, k, v):
+            full = lambda a, own: jnp.concatenate([jnp.broadcast_to(a, (b,) + a.shape[1:]), own], axis=1)  # noqa: E731
+            return attention(q, full(kp, k), full(vp, v), s_mask, cfg), None
+
+        xs, _, _ = _layer(cfg, xs, p, ad, attend, cos_s, sin_s, route_ids)
+        return (xp, xs), None
+
+    scan = cfg.scan_layers and not isinstance(base["layers"], (list, tuple))
+    if cfg.remat_policy != "none":
+        body = jax.checkpoint(body, policy=_REMAT[cfg.remat_policy](), prevent_cse=not scan)
+    if scan:
+        (_, xs), _ = jax.lax.scan(body, (xp, xs), (base["layers"], layer_adapters))
+    else:
+        layers = layer_list(base["layers"], cfg.num_layers)
+        for i in range(cfg.num_layers):
+            (xp, xs), _ = body((xp, xs), (layers[i], _adapters_at(layer_adapters, i)))
+    return rms_norm(xs, base["final_norm"], cfg.rms_norm_eps)
+
+
 def _stack(routers: list) -> dict | None:
     """Per-layer router statistics (all None, or all dicts) -> {name: [L, ...]} or None."""
     if not routers or routers[0] is None:

@@ -92,7 +92,7 @@ def build_batch(tb: TrajectoryBatch, scores: np.ndarray, method: MethodSpec, rou
                 pad_multiple: int = 64, norm_adv_by_std: bool = True, valid: np.ndarray | None = None,
                 answer_tags: AnswerTags | None = None) -> dict[str, np.ndarray]:
     """-> {tokens, positions, route_ids, loss_roles, loss_mask, sampler_logp [N, L]; advantages,
-    scores [N]} as numpy arrays. Rows with `valid` False (their prompt's reference failed) keep their
+    scores, group (the row's GRPO group, dense ids) [N]} as numpy arrays. Rows with `valid` False (their prompt's reference failed) keep their
     place, so the batch layout does not change, but carry no loss: mask and advantage 0."""
     out = token_arrays(tb.ids, tb.positions, tb.loss_mask, method, router, pad_multiple, answer_tags)
     pad = ((0, 0), (0, out["tokens"].shape[1] - tb.ids.shape[1]))
@@ -102,7 +102,8 @@ def build_batch(tb: TrajectoryBatch, scores: np.ndarray, method: MethodSpec, rou
         adv = np.where(valid, np.asarray(adv), 0.0)
         out["loss_mask"] = out["loss_mask"] * np.asarray(valid, np.float32)[:, None]
     out.update(sampler_logp=np.pad(tb.sampler_logprobs, pad).astype(np.float32),
-               advantages=np.asarray(adv, np.float32), scores=np.asarray(scores, np.float32))
+               advantages=np.asarray(adv, np.float32), scores=np.asarray(scores, np.float32),
+               group=ids)
     return out
 
 
@@ -117,3 +118,67 @@ def minibatches(batch: dict[str, np.ndarray], order: np.ndarray, mini_batch: int
     for start in range(0, n, mini_batch):
         rows = order[start:start + mini_batch]
         yield {k: batch[k][rows].reshape((m, micro_batch) + batch[k].shape[1:]) for k in keys}
+
+
+# -- shared prefixes ----------------------------------------------------------------------------------
+PREFIX_KEYS = ("prefix_tokens", "prefix_positions", "prefix_route_ids")
+_PAD = {"tokens": 0, "positions": -1, "route_ids": -1, "loss_roles": -1}
+
+
+def shared_prefix_length(tokens: np.ndarray, positions: np.ndarray, route_ids: np.ndarray,
+                         loss_mask: np.ndarray) -> int:
+    """Rows [b, T] of one micro-batch -> c: the columns [0, c) every row holds identically (tokens,
+    positions, routes) and no token 0..c carries loss — so the first c columns can run once for the
+    micro-batch and each row continue from column c (the log-prob of token c, which a row's own
+    forward would take from column c − 1, is never needed)."""
+    same = np.all((tokens == tokens[:1]) & (positions == positions[:1]) & (route_ids == route_ids[:1]), axis=0)
+    common = int(np.argmin(same)) if not same.all() else tokens.shape[1]
+    lossy = np.any(loss_mask > 0, axis=0)
+    first_loss = int(np.argmax(lossy)) if lossy.any() else tokens.shape[1]
+    return max(0, min(common, first_loss - 1))
+
+
+def split_shared_prefix(mb: dict[str, np.ndarray], pad_multiple: int) -> dict[str, np.ndarray]:
+    """A micro-batched mini-batch {key: [M, b, T] or [M, b]} -> the same loss with each
+    micro-batch's common prefix run once: PREFIX_KEYS [M, 1, P] (the prefix of each micro-batch,
+    padded with position −1) and every [M, b, T] array cut to its rows' continuation [M, b, S]
+    from column c_m (`shared_prefix_length`), P and S rounded up to `pad_multiple`. For a GRPO
+    micro-batch of one group, the prefix is the group's prompt: the forward and backward pass
+    over it run once instead of b times, with identical results (the prompt's hidden states do
+    not depend on what follows; its gradient is the sum of the rows'). Returns `mb` unchanged when
+    no micro-batch shares a prefix."""
+    tokens = mb["tokens"]
+    m, b, t = tokens.shape
+    cuts = np.asarray([shared_prefix_length(tokens[i], mb["positions"][i], mb["route_ids"][i], mb["loss_mask"][i])
+                       for i in range(m)])
+    if cuts.max() == 0:
+        return mb
+    ends = np.where(np.any(mb["positions"] >= 0, axis=2), t - np.argmax((mb["positions"] >= 0)[..., ::-1], axis=2), 0)
+    p_width = round_up(int(cuts.max()), pad_multiple)
+    s_width = round_up(int(max(1, (ends - cuts[:, None]).max())), pad_multiple)
+    cols = cuts[:, None] + np.arange(s_width)[None, :]          # [M, S] source column of each suffix column
+    inside = cols < t
+    src = np.minimum(cols, t - 1)
+    out: dict[str, np.ndarray] = {}
+    for key, v in mb.items():
+        if v.ndim != 3 or v.shape[2] != t:
+            out[key] = v
+            continue
+        cut = np.take_along_axis(v, np.broadcast_to(src[:, None, :], (m, b, s_width)), axis=2)
+        out[key] = np.where(inside[:, None, :], cut, np.asarray(_PAD.get(key, 0), v.dtype)).astype(v.dtype)
+    pre = np.arange(p_width)[None, :] < cuts[:, None]             # [M, P]
+    for key, name in zip(("tokens", "positions", "route_ids"), PREFIX_KEYS):
+        head = np.zeros((m, p_width), mb[key].dtype)
+        w = min(p_width, t)
+        head[:, :w] = mb[key][:, 0, :w]
+        out[name] = np.where(pre, head, np.asarray(_PAD[key], mb[key].dtype))[:, None, :]
+    return out
+
+
+def group_order(group_ids: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
+    """Row order that keeps each group's rows together (in their order), the groups permuted by
+    `rng` (None: first-seen order) — so micro-batches of group_size rows are whole groups."""
+    groups = list(dict.fromkeys(group_ids.tolist()))
+    if rng is not None:
+        groups = [groups[i] for i in rng.permutation(len(groups))]
+    return np.concatenate([np.nonzero(group_ids == g)[0] for g in groups])

@@ -114,6 +114,10 @@ class UpdatePlan:
     shuffle_minibatches: bool = True
     seed: int = 0
     old_logp: str = "recompute"   # recompute (verl) | sampler (the sampler's recorded log-probs)
+    # run each micro-batch's common prefix once (rl/batch.split_shared_prefix): with micro_batch =
+    # group_size the micro-batches are whole GRPO groups (group_order) and the prefix their prompt
+    share_prefix: bool = False
+    pad_multiple: int = 64
 
     def __post_init__(self):
         if self.old_logp not in OLD_LOGP:
@@ -163,7 +167,7 @@ class Updater:
         return old, (np.concatenate(refs) if refs else old)
 
     def _jit_for(self, state: TrainState, base, mb: dict):
-        shapes = tuple((k, mb[k].shape) for k in self.keys)
+        shapes = tuple((k, v.shape) for k, v in mb.items())
         if shapes not in self._jits:
             self._jits[shapes] = jit_step(self._step, state, base, dict(shapes), self.mesh)
         return self._jits[shapes]
@@ -176,14 +180,21 @@ class Updater:
         n = batch["tokens"].shape[0]
         upd = []
         for epoch in range(p.ppo_epochs):
-            order = np.arange(n)
-            if p.shuffle_minibatches:
-                order = np.random.default_rng([p.seed, rl_step, epoch]).permutation(n)
+            rng = np.random.default_rng([p.seed, rl_step, epoch]) if p.shuffle_minibatches else None
+            if p.share_prefix and "group" in batch:  # whole groups stay together: their prompt is the prefix
+                order = batch_lib.group_order(np.asarray(batch["group"]), rng)
+            else:
+                order = np.arange(n) if rng is None else rng.permutation(n)
             for k, mb in enumerate(batch_lib.minibatches(batch, order, p.mini_batch, p.micro_batch, self.keys)):
+                row_tokens = int(np.sum(mb["positions"] >= 0))
+                if p.share_prefix:
+                    mb = batch_lib.split_shared_prefix(mb, p.pad_multiple)
+                forward_tokens = int(sum(np.sum(mb[k] >= 0) for k in ("positions", "prefix_positions") if k in mb))
                 mb = {name: jax.device_put(v, microbatch_sharding(v.shape, self.mesh)) for name, v in mb.items()}
                 state, m = self._jit_for(state, base, mb)(state, base, mb, jax.random.fold_in(key, epoch * 1000 + k),
                                                           np.int32(rl_step))
-                upd.append(jax.device_get(m))
+                # the update's forward ran `forward_tokens` tokens for rows holding `row_tokens` (fewer: shared prefixes)
+                upd.append(dict(jax.device_get(m), row_tokens=row_tokens, forward_tokens=forward_tokens))
         return state, upd
 
 
@@ -234,6 +245,9 @@ def step_metrics(ro: Rollouts, sc: Scored, upd: list[dict], task: str, with_kl: 
         m[f"actor/{k}"] = float(np.mean(vals)) if vals else float("nan")
     m["actor/skipped_updates"] = float(sum(float(u["skipped"]) for u in upd))
     m["actor/lr"] = float(upd[-1]["lr"]) if upd else float("nan")  # every update of one RL step shares it
+    if upd and "row_tokens" in upd[0]:  # tokens the updates' forwards ran vs tokens in their rows (train.share_prefix)
+        m["actor/row_tokens"] = float(sum(u["row_tokens"] for u in upd))
+        m["actor/forward_tokens"] = float(sum(u["forward_tokens"] for u in upd))
     total = sum(times.values())
     for name, t in times.items():
         m[f"time/{name}_s"] = t

@@ -35,8 +35,9 @@ from dart_jax.adapters.isolation import isolated_loss
 from dart_jax.adapters.method import MethodSpec, TwoModels, model_trees
 from dart_jax.models import lora as lora_lib, mixlora as mixlora_lib
 from dart_jax.models.config import ModelConfig
-from dart_jax.models.transformer import hidden_states_and_router, output_head
+from dart_jax.models.transformer import hidden_states_and_router, output_head, shared_prefix_hidden_states
 from dart_jax.rl import losses
+from dart_jax.rl.batch import PREFIX_KEYS
 from dart_jax.rl.logprobs import token_logprobs
 from dart_jax.rl.optim import (
     OptimConfig,
@@ -117,11 +118,19 @@ def sequence_logprobs(base, adapters, tokens, positions, route_ids, *, cfg: Mode
 
 
 def sequence_logprobs_and_router(base, adapters, tokens, positions, route_ids, *, cfg: ModelConfig,
-                                 temperature: float, chunk: int):
+                                 temperature: float, chunk: int, prefix=None):
     """(logp, entropy, MixLoRA router statistics or None): see `sequence_logprobs`. With `base` a
     TwoModels (2-Agent), each model runs its forward over the whole trajectory and token t takes the
     log-prob of the model in control after token t − 1 (its loss role, from the roles in
-    `route_ids`), so each model's gradient comes from its own role's tokens only."""
+    `route_ids`), so each model's gradient comes from its own role's tokens only.
+    `prefix`: (tokens, positions, route_ids) [1, P] that every row continues (the rows then hold
+    only their continuations: rl.batch.split_shared_prefix); column 0's log-prob is 0 as always."""
+    if prefix is not None:
+        if isinstance(base, TwoModels):
+            raise ValueError("a shared-prefix forward does not support the 2-Agent composition (train.share_prefix)")
+        h = shared_prefix_hidden_states(base, adapters, prefix, tokens, positions, route_ids, cfg=cfg)
+        logp, ent = token_logprobs(h, output_head(base, cfg), tokens, temperature, chunk)
+        return logp, ent, None
     if isinstance(base, TwoModels):
         writer = loss_roles(route_ids)
         # a model with a LoRA (agent_params="lora") applies it to every real token of its forward
@@ -160,9 +169,10 @@ def per_token_terms(base, adapters, mb: dict, *, cfg: ModelConfig, lc: LossConfi
     reference log-prob or an advantage that is NaN or ±inf where the mask is 0 (padding,
     observations, a dropped prompt's rows) must not poison the sum — 0·NaN is NaN — nor its
     gradient, which would reach the masked position through exp / clip even with a zero cotangent."""
+    prefix = tuple(mb[k] for k in PREFIX_KEYS) if PREFIX_KEYS[0] in mb else None  # [1, P] each
     logp, ent, router = sequence_logprobs_and_router(base, adapters, mb["tokens"], mb["positions"],
                                                      mb["route_ids"], cfg=cfg, temperature=lc.temperature,
-                                                     chunk=lc.logprob_chunk)
+                                                     chunk=lc.logprob_chunk, prefix=prefix)
     keep = mb["loss_mask"] > 0
     masked = lambda v: jnp.where(keep, v, 0.0)  # noqa: E731
     aux = {}

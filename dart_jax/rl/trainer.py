@@ -92,7 +92,12 @@ class Trainer:
         self.rollout_cfg = RolloutConfig(**section(config, "rollout"), route_mode=ROUTE_MODE[self.method.variant])
         self.sampling = SamplingConfig(**section(config, "sampling"))
         self.plan = stages.UpdatePlan(tc.mini_batch, tc.micro_batch, tc.ppo_epochs, tc.shuffle_minibatches, tc.seed,
-                                      tc.get("old_logp", "recompute"))
+                                      tc.get("old_logp", "recompute"), tc.get("share_prefix", False), tc.pad_multiple)
+        if self.plan.share_prefix and (self.method.variant in ("mixlora", "2agent") or self.method.dropout > 0):
+            raise ValueError("train.share_prefix runs a group's prompt once for all its rows: not with "
+                             f"method.variant={self.method.variant!r} (MixLoRA's load balance and the 2-Agent "
+                             "composition count every row's tokens) nor with method.dropout > 0 (one dropout "
+                             f"mask for the shared prompt), got dropout={self.method.dropout}")
         if self.plan.old_logp == "sampler" and self.sampling.temperature != self.loss_cfg.temperature:
             raise ValueError(f"train.old_logp='sampler' needs sampling.temperature ({self.sampling.temperature}) "
                              f"== loss.temperature ({self.loss_cfg.temperature}): the sampler records log-probs "

@@ -69,3 +69,6 @@ def test_sql_warm_start_then_grpo_one_step_each(tiny_smollm_dir, tmp_path):
     assert len(trajs) == 4 and all(t["score"] in (-1.0, 1.0) for t in trajs)
     assert all(t["db_id"] in TRAIN_DBS and os.path.isfile(t["db_path"]) for t in trajs)
     np.testing.assert_allclose(np.mean([t["score"] for t in trajs]), step[0]["reward/mean"], atol=1e-6)
+    # train.share_prefix: each group's schema prompt ran once in the update, not once per row
+    assert t.plan.share_prefix
+    assert 0 < step[0]["actor/forward_tokens"] < step[0]["actor/row_tokens"]
