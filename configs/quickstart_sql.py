@@ -21,7 +21,7 @@ temperature). Schema prompts are 500–900 tokens on the training databases: eac
 prefilled once and its cache shared by the group's samples (`rollout.share_prompt_prefill`), and
 runs once in the update too (`train.share_prefix`, micro-batches of one group).
 
-Measured (docs/results/quickstart_sql.md, 16 steps in ~48 min on 2 cores, peak 13.2 GB RSS): 102 of
+Measured (docs/results/quickstart_sql.md, 16 steps in ~48 min on 2 cores, peak 12.9 GiB RSS): 102 of
 512 sampled trajectories execute to the gold result and 16 of 64 groups have mixed outcomes (the
 first recipe — all questions, groups of 4 at T = 1 — had 1 of 128 and no signal in 7 of 8 steps);
 the held-out greedy check did not move (4/32 → 2/32): signal, but no learning detectable in 16 steps.

@@ -146,7 +146,8 @@ def split_shared_prefix(mb: dict[str, np.ndarray], pad_multiple: int) -> dict[st
     micro-batch of one group, the prefix is the group's prompt: the forward and backward pass
     over it run once instead of b times, with identical results (the prompt's hidden states do
     not depend on what follows; its gradient is the sum of the rows'). Returns `mb` unchanged when
-    no micro-batch shares a prefix."""
+    no micro-batch shares a prefix, or when the padded prefix and continuations would not be fewer
+    tokens than the rows (one micro-batch with little in common sets the continuation width for all)."""
     tokens = mb["tokens"]
     m, b, t = tokens.shape
     cuts = np.asarray([shared_prefix_length(tokens[i], mb["positions"][i], mb["route_ids"][i], mb["loss_mask"][i])
@@ -156,6 +157,8 @@ def split_shared_prefix(mb: dict[str, np.ndarray], pad_multiple: int) -> dict[st
     ends = np.where(np.any(mb["positions"] >= 0, axis=2), t - np.argmax((mb["positions"] >= 0)[..., ::-1], axis=2), 0)
     p_width = round_up(int(cuts.max()), pad_multiple)
     s_width = round_up(int(max(1, (ends - cuts[:, None]).max())), pad_multiple)
+    if p_width + b * s_width >= b * t:  # padded tokens forwarded per micro-batch: no saving
+        return mb
     cols = cuts[:, None] + np.arange(s_width)[None, :]          # [M, S] source column of each suffix column
     inside = cols < t
     src = np.minimum(cols, t - 1)

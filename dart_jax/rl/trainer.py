@@ -98,6 +98,10 @@ class Trainer:
                              f"method.variant={self.method.variant!r} (MixLoRA's load balance and the 2-Agent "
                              "composition count every row's tokens) nor with method.dropout > 0 (one dropout "
                              f"mask for the shared prompt), got dropout={self.method.dropout}")
+        if self.plan.share_prefix and (tc.micro_batch > tc.group_size or tc.group_size % tc.micro_batch):
+            raise ValueError(f"train.share_prefix shares a prompt within a micro-batch: train.micro_batch "
+                             f"({tc.micro_batch}) must divide train.group_size ({tc.group_size}), so that each "
+                             "micro-batch holds rows of one group")
         if self.plan.old_logp == "sampler" and self.sampling.temperature != self.loss_cfg.temperature:
             raise ValueError(f"train.old_logp='sampler' needs sampling.temperature ({self.sampling.temperature}) "
                              f"== loss.temperature ({self.loss_cfg.temperature}): the sampler records log-probs "

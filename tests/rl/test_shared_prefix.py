@@ -66,12 +66,12 @@ def test_shared_prefix_length_stops_before_the_first_difference_and_the_first_lo
 def test_split_keeps_every_token_once_and_pads_with_position_minus_one():
     b = _groups()
     mb = {k: v.reshape((2, GROUP) + v.shape[1:]) for k, v in b.items()}
-    out = split_shared_prefix(mb, pad_multiple=8)
-    assert out["prefix_tokens"].shape == (2, 1, 8)       # cuts 4 and 8 -> P 8
+    out = split_shared_prefix(mb, pad_multiple=4)
+    assert out["prefix_tokens"].shape == (2, 1, 8)       # cuts 4 and 8 -> P 8 (multiple of 4)
     np.testing.assert_array_equal(out["prefix_positions"][0, 0], [0, 1, 2, 3, -1, -1, -1, -1])
     np.testing.assert_array_equal(out["prefix_positions"][1, 0], np.arange(8))
     s = out["tokens"].shape[2]
-    assert s % 8 == 0 and out["tokens"].shape[:2] == (2, GROUP)
+    assert s % 4 == 0 and out["tokens"].shape[:2] == (2, GROUP)
     for m, cut in enumerate((4, 8)):
         for j in range(GROUP):
             r = m * GROUP + j
@@ -82,10 +82,13 @@ def test_split_keeps_every_token_once_and_pads_with_position_minus_one():
             assert np.all(out["positions"][m, j, n_real - cut:] == -1)
             assert out["loss_mask"][m, j].sum() == b["loss_mask"][r].sum()
     np.testing.assert_array_equal(out["advantages"], mb["advantages"])
-    # nothing shared (one row per micro-batch keeps its whole row: the prefix would be all of it, but
-    # a row's loss starts after its prompt, so the prompt is the prefix) vs rows of different prompts
+    # rows of two prompts in one micro-batch share nothing: the batch is returned as it is
     mixed = {k: np.concatenate([v[:2], v[GROUP:GROUP + 2]]).reshape((1, 4) + v.shape[1:]) for k, v in b.items()}
     assert split_shared_prefix(mixed, 8) is mixed
+    # one micro-batch sharing a prompt beside one sharing nothing: the continuations would be as wide
+    # as the rows, so splitting saves nothing and nothing is split
+    both = {k: np.concatenate([v[:GROUP], mixed[k][0]]).reshape((2, GROUP) + v.shape[1:]) for k, v in b.items()}
+    assert split_shared_prefix(both, 8) is both
 
 
 def test_group_order_keeps_groups_whole():
@@ -115,7 +118,7 @@ def test_hidden_states_of_the_continuations_equal_the_full_rows(setup):
     full, _ = hidden_states(b_, ads, jnp.asarray(b["tokens"][rows]), jnp.asarray(b["positions"][rows]),
                             jnp.asarray(b["route_ids"][rows]), None, cfg=CFG)
     mb = {k: v[rows][None] for k, v in b.items()}
-    out = split_shared_prefix(mb, pad_multiple=8)
+    out = split_shared_prefix(mb, pad_multiple=4)
     h = shared_prefix_hidden_states(b_, ads, tuple(jnp.asarray(out[k][0, 0])[None] for k in PREFIX_KEYS),
                                     jnp.asarray(out["tokens"][0]), jnp.asarray(out["positions"][0]),
                                     jnp.asarray(out["route_ids"][0]), cfg=CFG)
@@ -124,15 +127,23 @@ def test_hidden_states_of_the_continuations_equal_the_full_rows(setup):
         np.testing.assert_allclose(np.asarray(h[j, :n_real - 4]), np.asarray(full[j, 4:n_real]), rtol=0, atol=2e-5)
 
 
-@pytest.mark.parametrize("remat,scan,isolation", [("none", True, "forward"), ("dots_no_batch", True, "forward"),
-                                                  ("full", False, "forward"), ("none", True, "strict")])
-def test_gradient_and_metrics_equal_the_unshared_update(setup, remat, scan, isolation):
+@pytest.mark.parametrize("remat,scan,isolation,agg,micro,drop", [
+    ("none", True, "forward", "token-mean", "global", False),
+    ("dots_no_batch", True, "forward", "token-mean", "global", False),
+    ("full", False, "forward", "token-mean", "global", False),
+    ("none", True, "strict", "token-mean", "global", False),
+    ("none", True, "forward", "seq-mean-token-sum-norm", "verl_microbatch_mean", False),
+    ("none", True, "forward", "seq-mean-token-mean", "global", True)])
+def test_gradient_and_metrics_equal_the_unshared_update(setup, remat, scan, isolation, agg, micro, drop):
     import dataclasses
     base, method, adapters = setup
     method = dataclasses.replace(method, isolation=isolation)
     cfg = dataclasses.replace(CFG, remat_policy=remat, scan_layers=scan)
-    lc = LossConfig(kl_coef=0.01, entropy_coef=0.01, agg_mode="token-mean")
+    lc = LossConfig(kl_coef=0.01, entropy_coef=0.01, agg_mode=agg, micro_mode=micro, norm_length=20)
     b = _groups()
+    if drop:  # a dropped prompt (its reference failed): its group keeps its rows, with no loss
+        b["loss_mask"][:GROUP] = 0.0
+        b["advantages"][:GROUP] = 0.0
     score = jax.jit(make_scorer(cfg, lc.temperature, lc.logprob_chunk))
     from dart_jax.adapters.method import model_trees
     b_, ads = model_trees(method, adapters, base, None)
@@ -141,7 +152,7 @@ def test_gradient_and_metrics_equal_the_unshared_update(setup, remat, scan, isol
     b.update(old_logp=old.astype(np.float32), ref_logp=np.asarray(score(base, None, args[0], args[1], None)))
     order = group_order(b["group"], np.random.default_rng(3))
     plain = next(minibatches(b, order, 2 * GROUP, GROUP, BATCH_KEYS))
-    shared = split_shared_prefix(plain, pad_multiple=8)
+    shared = split_shared_prefix(plain, pad_multiple=4)
     assert set(PREFIX_KEYS) <= set(shared)
     acc = jax.jit(make_accumulate(cfg, method, lc))
     g0, m0 = acc(adapters, base, plain, jax.random.PRNGKey(0))
@@ -167,12 +178,15 @@ def test_mixlora_is_refused(setup):
                                     jnp.zeros((2, 4), jnp.int32), cfg=CFG)
 
 
-@pytest.mark.parametrize("change", [dict(variant="mixlora"), dict(variant="2agent"), dict(dropout=0.1)])
+@pytest.mark.parametrize("change", [dict(variant="mixlora"), dict(variant="2agent"), dict(dropout=0.1),
+                                    dict(micro_batch=16)])
 def test_trainer_refuses_what_a_shared_prompt_would_change(change):
     from configs import quickstart_sql
     from dart_jax.rl.trainer import Trainer
     c = quickstart_sql.get_config()
     assert c.train.share_prefix and c.train.micro_batch == c.train.group_size
+    if "micro_batch" in change:  # a micro-batch spanning two groups shares no prompt
+        c.train.micro_batch = change.pop("micro_batch")
     c.method.update(change)
     if change.get("variant") == "2agent":
         c.router.convention = "dart_jax"
