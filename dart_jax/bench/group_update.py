@@ -18,7 +18,7 @@ import numpy as np
 
 from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.bench.timing import interleaved, matmul_probe, peak_per_round, ratio
-from dart_jax.bench.train import _torch_update
+from dart_jax.bench.train import _torch_update, matmul_params
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.names import resolve
 from dart_jax.rl.batch import PREFIX_KEYS, split_shared_prefix
@@ -74,9 +74,7 @@ def bench_group_update(model: str = "smollm2-135m-instruct", group: int = 8, pro
     if with_torch:
         sides["torch_concat_2r"] = _torch_update("concat_2r", path, host_adapters, data, lc, oc)
     results = interleaved(sides, warmup=1, repeats=repeats)
-    d, f, layers, v = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.vocab_size
-    n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    p_mm = layers * (d * (n + 2 * k) * h + n * h * d + 3 * d * f) + d * v
+    p_mm = matmul_params(cfg)
     flops = {"per_row": 4 * p_mm * group * (prompt + cont), "shared": 4 * p_mm * (prompt + group * cont)}
     peaks = peak_per_round(results, mm_flops)
     frac = {s: float(np.median([flops[s] / t / p for t, p in zip(results[s]["times_s"], peaks)])) for s in flops}

@@ -36,13 +36,18 @@ from dart_jax.rl.step import BATCH_KEYS, LossConfig, init_state, make_train_step
 TORCH_SIDES = ("concat_2r", "peft_r16", "hooks")
 
 
-def update_flops(cfg, batch: int, length: int) -> float:
+def matmul_params(cfg) -> int:
+    """P_mm: the parameters a token's forward multiplies by (every layer's projections + the head)."""
     D, F, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.vocab_size
     N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    p_mm = L * (D * (N + 2 * K) * H + N * H * D + 3 * D * F) + D * V
+    return L * (D * (N + 2 * K) * H + N * H * D + 3 * D * F) + D * V
+
+
+def update_flops(cfg, batch: int, length: int) -> float:
+    L, N, H = cfg.num_layers, cfg.num_heads, cfg.head_dim
     tokens = batch * length
     attn_fwd = 4 * L * length * length * N * H * batch / 2
-    return 2 * (2 * p_mm * tokens) + 3 * attn_fwd
+    return 2 * (2 * matmul_params(cfg) * tokens) + 3 * attn_fwd
 
 
 def synthetic_batch(cfg, batch: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:

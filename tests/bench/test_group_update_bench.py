@@ -1,6 +1,6 @@
 """launch.bench group_update on a tiny model: both dart_jax sides take the same updates (their last
-losses agree to fp32 rounding: the shared prompt changes only the order of the sums) and the
-model-FLOP accounting credits the shared side with 1/G of the prompt. Timings are never asserted."""
+losses agree to fp32 rounding: the shared prompt changes only the order of the sums). Timings are
+never asserted."""
 
 import pytest
 
@@ -18,6 +18,4 @@ def test_group_update_bench_sides_agree(tiny_smollm_dir):
                              remat_policy="none", pad_multiple=16)
     loss = res["last_loss"]
     assert loss["shared"] == pytest.approx(loss["per_row"], rel=1e-4, abs=1e-6)
-    f = res["matmul_model_flops"]
-    assert f["per_row"] / f["shared"] == pytest.approx(4 * 64 / (48 + 4 * 16))
     assert set(res["median_s"]) == {"per_row", "shared", "matmul"}

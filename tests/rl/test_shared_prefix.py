@@ -7,16 +7,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiny_dart import CFG, dart_setup
 
 from dart_jax.adapters.method import MethodSpec, init_adapters
-from dart_jax.models.config import ModelConfig
-from dart_jax.models.transformer import hidden_states, init_params, shared_prefix_hidden_states
+from dart_jax.models.transformer import hidden_states, shared_prefix_hidden_states
 from dart_jax.rl.batch import PREFIX_KEYS, group_order, minibatches, shared_prefix_length, split_shared_prefix
 from dart_jax.rl.step import BATCH_KEYS, LossConfig, make_accumulate, make_scorer
 
-CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
-                  num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5,
-                  tie_word_embeddings=True, max_position_embeddings=128)
 GROUP = 4
 
 
@@ -102,11 +99,7 @@ def test_group_order_keeps_groups_whole():
 
 @pytest.fixture(scope="module")
 def setup():
-    base = init_params(CFG, jax.random.PRNGKey(0))
-    method = MethodSpec(variant="dart", rank=4, alpha=8.0)
-    adapters = init_adapters(method, CFG, jax.random.PRNGKey(1))
-    adapters = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(2), x.shape), adapters)
-    return base, method, adapters
+    return dart_setup()
 
 
 def test_hidden_states_of_the_continuations_equal_the_full_rows(setup):

@@ -6,10 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from tiny_dart import CFG, dart_setup
 
-from dart_jax.adapters.method import MethodSpec, init_adapters
-from dart_jax.models.config import ModelConfig
-from dart_jax.models.transformer import init_params
+from dart_jax.adapters.method import MethodSpec
 from dart_jax.rl import losses
 from dart_jax.rl.optim import OptimConfig, apply_update, learning_rate, make_optimizer
 from dart_jax.rl.optim import clock as clock_of
@@ -21,9 +20,6 @@ from dart_jax.rl.step import (
     make_train_step,
 )
 
-CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
-                  num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5,
-                  tie_word_embeddings=True, max_position_embeddings=128)
 
 
 def _batch(n=4, t=12, seed=0):
@@ -57,12 +53,7 @@ def _split(batch, m):
 
 @pytest.fixture(scope="module")
 def setup():
-    base = init_params(CFG, jax.random.PRNGKey(0))
-    method = MethodSpec(variant="dart", rank=4, alpha=8.0)
-    adapters = init_adapters(method, CFG, jax.random.PRNGKey(1))
-    # non-zero B so both adapters matter
-    adapters = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(2), x.shape), adapters)
-    return base, method, adapters
+    return dart_setup()
 
 
 def _run(setup, lc, m, batch=None, optim=OptimConfig(lr=1e-3)):
