@@ -13,7 +13,7 @@ import dataclasses
 import os
 
 from dart_jax.data.paths import DATA
-from dart_jax.data.spider_split import HELDOUT_DBS
+from dart_jax.data.spider_split import HELDOUT_DBS, TRAIN_DBS
 from dart_jax.data.readers import READERS, drop_missing_db, load_rows, select_rows
 
 
@@ -33,6 +33,7 @@ class EvalSet:
     offset: int = 0                    # rows [offset, …) of the file, after `exclude` (QA only)
     exclude: tuple[str, ...] = ()      # names of evaluation sets whose questions are removed first
     max_hardness: str = ""             # sql: only gold queries Spider grades at most this (data.sql_hardness)
+    query_fold: tuple[int, int] | None = None  # sql: only gold queries of fold i of k (readers.query_fold)
 
     def exclusion_spec(self) -> dict:
         """This set as a `readers.load_rows` entry for `exclude` (questions only, databases not needed):
@@ -99,6 +100,12 @@ HELDOUT_SETS = tuple(dataclasses.replace(s, name=f"{s.name}_heldout", label=f"{s
 # should show first (108 Spider dev questions)
 HELDOUT_SETS += (dataclasses.replace(HELDOUT_SETS[0], name="spider_dev_heldout_easy",
                                      label="Spider-dev (held-out dbs, easy)", max_hardness="easy"),)
+# the SQL quickstart's own GRPO questions, Spider dev phrasing: training databases, gold-query fold 1 (the
+# warm start saw fold 0), easy. In-distribution — whether GRPO fits what it trains on, not whether it
+# generalises; never an exclusion source (it *is* training data)
+TRAIN_SETS = (dataclasses.replace(SQL_SETS[0], name="spider_dev_train_easy",
+                                  label="Spider-dev (GRPO training questions, easy)", db_ids=TRAIN_DBS,
+                                  max_hardness="easy", query_fold=(1, 2)),)
 # questions whose evidence is in the shipped corpus, for studies on the embedded default (CEA's quickstart):
 # nq_oracle rows after the quickstart's GRPO prompts (the first 1,024 eligible) and its warm-start
 # demonstrations (the next 640), with the NQ evaluation slice removed — never trained on; and the HotpotQA
@@ -109,7 +116,7 @@ CORPUS_SETS = (
     EvalSet("hotpotqa_corpus", "qa", "HotpotQA (corpus)", "flashrag", "qa/hotpotqa_sample300.jsonl", "multihop",
             note="300 questions"),
 )
-EVAL_SETS = {s.name: s for s in QA_SETS + SQL_SETS + HELDOUT_SETS + CORPUS_SETS}
+EVAL_SETS = {s.name: s for s in QA_SETS + SQL_SETS + HELDOUT_SETS + TRAIN_SETS + CORPUS_SETS}
 GROUPS = {"Gen-Avg": ("nq", "triviaqa", "popqa"), "MH-Avg": ("hotpotqa", "2wiki", "musique", "bamboogle"),
           "Avg": tuple(s.name for s in QA_SETS)}
 
@@ -148,7 +155,8 @@ def load_set(s: EvalSet, limit: int | None = None, db_root: str | None = None) -
     path = spec["path"] if os.path.isabs(spec["path"]) else os.path.join(DATA, spec["path"])
     if s.db_ids is not None:  # the split's databases, then the first N of their questions
         rows, _ = READERS[s.reader](path, roots, data_source=s.name, require_db=False)
-        keep = {"db_ids": s.db_ids, "max_hardness": s.max_hardness or None}
+        keep = {"db_ids": s.db_ids, "max_hardness": s.max_hardness or None,
+                "query_fold": list(s.query_fold) if s.query_fold else None}
         rows, missing = drop_missing_db(select_rows(rows, keep, path)[:limit or None], path)
         if not rows and missing:
             raise FileNotFoundError(f"{s.name}: none of the {missing} questions has its database under {roots} "

@@ -9,7 +9,7 @@ import math
 import os
 
 from dart_jax.eval import paper
-from dart_jax.eval.datasets import HELDOUT_SETS, QA_SETS, SQL_SETS
+from dart_jax.eval.datasets import HELDOUT_SETS, QA_SETS, SQL_SETS, TRAIN_SETS
 
 CSV_FIELDS = ("name", "label", "task", "metric", "score", "questions", "trajectories", "samples_per_question",
               "answer_rate", "invalid_rate", "tool_calls", "retrieval_acc", "response_tokens", "pass_at_n",
@@ -25,7 +25,7 @@ def _f(v, digits: int = 3) -> str:
 def _columns(task: str, results: dict) -> list[tuple[str, str]]:
     """(key, header) of the paper-style table: the task's datasets in the paper's order (those
     evaluated), then the averages."""
-    sets = QA_SETS if task == "qa" else SQL_SETS + HELDOUT_SETS
+    sets = QA_SETS if task == "qa" else SQL_SETS + HELDOUT_SETS + TRAIN_SETS
     cols = [(s.name, s.label) for s in sets if s.name in results["datasets"]]
     return cols + [(g, g) for g in results["groups"]]
 

@@ -91,3 +91,22 @@ def test_heldout_evaluation_sets():
     easy, counts = load_set(EVAL_SETS["spider_dev_heldout_easy"])
     assert counts["questions"] == 108 and all(hardness(r["query"]) == "easy" for r in easy)
     assert {r["question"] for r in easy} < {r["question"] for r in rows_all(EVAL_SETS["spider_dev_heldout"])}
+
+
+def test_training_questions_evaluation_set():
+    """`spider_dev_train_easy`: the SQL quickstart's GRPO questions in Spider dev phrasing — every row
+    one the quickstart trains on (fold 1, easy, training databases), none the warm start demonstrated
+    (fold 0), and never a source of exclusions (it is training data)."""
+    from configs.quickstart_sql import get_config
+    from dart_jax.data.sql_hardness import hardness
+    from dart_jax.eval.datasets import exclusion_specs
+    s = EVAL_SETS["spider_dev_train_easy"]
+    rows, counts = load_set(s)
+    assert counts == {"questions": 70, "skipped_no_db": 0}
+    assert {r["db_id"] for r in rows} <= set(TRAIN_DBS) and all(hardness(r["query"]) == "easy" for r in rows)
+    key = lambda r: (r["db_id"], r["question"], r["query"])  # noqa: E731
+    grpo = {key(r) for spec in get_config().data.train for r in readers.load_rows(dict(spec))}
+    assert {key(r) for r in rows} <= grpo
+    warm = {key(r) for spec in train_specs(0) for r in readers.load_rows(spec)}
+    assert not {key(r) for r in rows} & warm
+    assert s.name not in {e["data_source"] for e in exclusion_specs("sql")}
