@@ -47,6 +47,8 @@ class EvalSet:
             spec["db_root"] = [os.path.join(DATA, r) for r in self.db_root]
         if self.db_ids is not None:
             spec["db_ids"] = list(self.db_ids)
+        if self.query_fold is not None:
+            spec["query_fold"] = list(self.query_fold)
         return spec
 
     def spec(self, db_root: str | None = None, limit: int | None = None) -> dict:
@@ -61,6 +63,8 @@ class EvalSet:
             spec["db_ids"] = list(self.db_ids)
         if self.max_hardness:
             spec["max_hardness"] = self.max_hardness
+        if self.query_fold is not None:
+            spec["query_fold"] = list(self.query_fold)
         if self.offset:
             spec["offset"] = int(self.offset)
         if self.exclude:
@@ -162,6 +166,8 @@ def load_set(s: EvalSet, limit: int | None = None, db_root: str | None = None) -
             raise FileNotFoundError(f"{s.name}: none of the {missing} questions has its database under {roots} "
                                     "(DIR/<db_id>/<db_id>.sqlite)")
         return rows, {"questions": len(rows), "skipped_no_db": missing}
+    if s.query_fold is not None:
+        raise ValueError(f"{s.name}: query_fold is applied with db_ids only (the split's databases)")
     # the first N *questions* (the paper's first 1,000), then those without a database are skipped
     if s.max_hardness:  # the first N questions of that hardness
         rows, missing = READERS[s.reader](path, roots, data_source=s.name)

@@ -1,6 +1,6 @@
 """Per-step GRPO signal of a SQL run (docs/results/quickstart_sql.md): execution matches, groups with
 mixed outcomes (the only groups whose group-normalised advantages are non-zero), answers; the same
-in blocks of steps; and the gold queries drawn more than once (under any phrasing), first draw vs last.
+in blocks of steps; and the gold queries (by exact query string) drawn at more than one step, first draw vs last.
 
     python docs/results/quickstart_sql_groups.py [runs/quickstart_sql/rollouts.jsonl[.gz]] [--block 8]
 """
@@ -46,7 +46,7 @@ def table(groups: dict, block: int = 1) -> str:
 
 
 def repeated_queries(groups: dict) -> tuple[int, int, int, int]:
-    """Gold queries drawn at more than one step (their phrasings differ): (queries, samples at the first
+    """Gold queries (by exact string) drawn at more than one step, in the same or another phrasing: (queries, samples at the first
     draw, right at the first draw, right at the last draw)."""
     draws = collections.defaultdict(list)  # (db, gold query) -> [(step, right, n)]
     for (step, _), g in groups.items():

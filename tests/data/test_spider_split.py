@@ -110,3 +110,7 @@ def test_training_questions_evaluation_set():
     warm = {key(r) for spec in train_specs(0) for r in readers.load_rows(spec)}
     assert not {key(r) for r in rows} & warm
     assert s.name not in {e["data_source"] for e in exclusion_specs("sql")}
+    # its config entry keeps the fold (a caller of spec() / exclusion_spec() gets the same 70 questions)
+    spec = s.spec()
+    assert spec["query_fold"] == [1, 2] and s.exclusion_spec()["query_fold"] == [1, 2]
+    assert {key(r) for r in readers.load_rows(dict(spec), base_dir=DATA)} == {key(r) for r in rows}
