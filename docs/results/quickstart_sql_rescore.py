@@ -11,11 +11,12 @@ import json
 import os
 import sys
 
-from scipy.stats import binomtest
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repo root
 
-from dart_jax.data.paths import DATA
-from dart_jax.rewards.sql import execution_match
-from dart_jax.run.metrics import wilson_interval
+from dart_jax.analysis.methods_report import paired  # noqa: E402
+from dart_jax.data.paths import DATA  # noqa: E402
+from dart_jax.rewards.sql import execution_match  # noqa: E402
+from dart_jax.run.metrics import wilson_interval  # noqa: E402
 
 
 def _db(db_id: str) -> str:
@@ -40,15 +41,14 @@ def score(path: str) -> dict:
     return out
 
 
-def paired(a: dict, b: dict, k: int) -> str:
-    keys = [q for q in a if q in b]
-    na, nb = sum(a[q][k] for q in keys), sum(b[q][k] for q in keys)
-    gain = sum(b[q][k] and not a[q][k] for q in keys)
-    lost = sum(a[q][k] and not b[q][k] for q in keys)
-    p = binomtest(gain, gain + lost, 0.5).pvalue if gain + lost else 1.0
-    (la, ha), (lb, hb) = wilson_interval(na, len(keys)), wilson_interval(nb, len(keys))
-    return (f"{na}/{len(keys)} ({la:.2f}–{ha:.2f}) -> {nb}/{len(keys)} ({lb:.2f}–{hb:.2f}), "
-            f"gained {gain}, lost {lost}, McNemar p = {p:.3f}")
+def compare(a: dict, b: dict, k: int) -> str:
+    """Criterion k (0 Spider EX, 1 set equality) paired before/after (methods_report.paired: exact McNemar)."""
+    pa, pb = ({("q", q): v[k] for q, v in d.items()} for d in (a, b))
+    r = paired(pa, pb, "q")
+    na, nb, n = r["only_a"] + r["both"], r["only_b"] + r["both"], r["n"]
+    (la, ha), (lb, hb) = wilson_interval(na, n), wilson_interval(nb, n)
+    return (f"{na}/{n} ({la:.2f}–{ha:.2f}) -> {nb}/{n} ({lb:.2f}–{hb:.2f}), "
+            f"gained {r['only_b']}, lost {r['only_a']}, McNemar p = {r['p']:.3f}")
 
 
 if __name__ == "__main__":
@@ -58,5 +58,5 @@ if __name__ == "__main__":
         stored = {json.loads(line)["id"]: json.loads(line)["score"] > 0 for line in open(after)}
         assert all(b[q][0] == stored[q] for q in b), "Spider EX re-scoring differs from the stored scores"
         print(f"{os.path.basename(before)} -> {os.path.basename(after)}")
-        print("  Spider EX (order counts under ORDER BY):", paired(a, b, 0))
-        print("  training criterion (set equality):      ", paired(a, b, 1))
+        print("  Spider EX (order counts under ORDER BY):", compare(a, b, 0))
+        print("  training criterion (set equality):      ", compare(a, b, 1))
