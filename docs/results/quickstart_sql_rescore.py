@@ -1,6 +1,7 @@
 """Greedy SQL evaluations scored both ways (docs/results/quickstart_sql.md): Spider EX (row order counts
 when the gold query has ORDER BY — what `launch.evaluate` reports) and the GRPO training reward's
-criterion (set equality of the result rows, SkyRL-SQL's frozenset comparison: `rewards.sql.training_outcome`),
+criterion (`rewards.sql.sql_training_reward` on the whole response: SkyRL-SQL's format check, then set
+equality of the result rows, its frozenset comparison),
 each paired before/after with the exact McNemar test. Re-executes the stored solutions on the shipped
 databases (read-only).
 
@@ -15,34 +16,27 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from dart_jax.analysis.methods_report import paired  # noqa: E402
 from dart_jax.data.paths import DATA  # noqa: E402
-from dart_jax.rewards.sql import execution_match  # noqa: E402
+from dart_jax.data.readers import _db_path  # noqa: E402
+from dart_jax.rewards.sql import execution_match, sql_training_reward  # noqa: E402
 from dart_jax.run.metrics import wilson_interval  # noqa: E402
 
 
-def _db(db_id: str) -> str:
-    for root in ("spider/dk_database", "spider/database"):
-        p = os.path.join(DATA, root, db_id, f"{db_id}.sqlite")
-        if os.path.exists(p):
-            return p
-    raise FileNotFoundError(db_id)
-
-
 def score(path: str) -> dict:
-    """{question id: (spider EX, set equality)} of a per-question record file."""
+    """{question id: (Spider EX, the training reward is +1)} of a per-question record file: EX of the
+    final solution as `launch.evaluate` scores it, and the training reward itself on the whole response
+    (SkyRL's format check, then set equality; an empty gold result never matches)."""
+    roots = [os.path.join(DATA, "spider", "dk_database"), os.path.join(DATA, "spider", "database")]
     out = {}
     for line in open(path):
         r = json.loads(line)
-        if not r.get("solution"):
-            out[r["id"]] = (False, False)
-            continue
-        db = _db(r["db_id"])
-        out[r["id"]] = tuple(execution_match(db, r["solution"], r["gold_sql"], sem, timeout_s=5.0)[0]
-                             for sem in ("spider", "bird"))
+        db = _db_path(roots, r["db_id"])
+        ex = bool(r.get("solution")) and execution_match(db, r["solution"], r["gold_sql"], "spider", timeout_s=5.0)[0]
+        out[r["id"]] = (ex, sql_training_reward(r["response"], db, r["gold_sql"], timeout_s=5.0) > 0)
     return out
 
 
 def compare(a: dict, b: dict, k: int) -> str:
-    """Criterion k (0 Spider EX, 1 set equality) paired before/after (methods_report.paired: exact McNemar)."""
+    """Criterion k (0 Spider EX, 1 training reward) paired before/after (methods_report.paired: exact McNemar)."""
     pa, pb = ({("q", q): v[k] for q, v in d.items()} for d in (a, b))
     r = paired(pa, pb, "q")
     na, nb, n = r["only_a"] + r["both"], r["only_b"] + r["both"], r["n"]
@@ -59,4 +53,4 @@ if __name__ == "__main__":
         assert all(b[q][0] == stored[q] for q in b), "Spider EX re-scoring differs from the stored scores"
         print(f"{os.path.basename(before)} -> {os.path.basename(after)}")
         print("  Spider EX (order counts under ORDER BY):", compare(a, b, 0))
-        print("  training criterion (set equality):      ", compare(a, b, 1))
+        print("  training reward (format + set equality):", compare(a, b, 1))
