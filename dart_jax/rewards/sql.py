@@ -124,23 +124,44 @@ def shaped_reward(outcome: str, shaping: str = "paper") -> float:
     return SHAPINGS[shaping][("match", "wrong", "format").index(outcome)]
 
 
-def training_outcome(format_ok: bool, pred_rows_or_error, gold_rows: list[tuple], reward_empty_gold: bool = False
-                     ) -> str:
-    """'format' (SkyRL's check failed), 'match' (set equality of the result rows, as SkyRL's frozenset
-    comparison) or 'wrong' (also a prediction that failed: `pred_rows_or_error` a string). An empty gold
-    result matches nothing unless `reward_empty_gold` (SkyRL issue 2451: any query returning no rows
-    would otherwise earn the full reward)."""
+# how the training reward compares result rows: "set" is SkyRL-SQL's frozenset comparison (row order
+# and duplicates ignored, column order significant; the default, for cross-checks against SkyRL);
+# "spider" is Spider's EX (`spider_result_eq`: multisets, in order when the gold SQL has ORDER BY,
+# columns may be permuted), so a policy is rewarded for what the held-out EX check counts
+SQL_MATCHES = ("set", "spider")
+
+
+def rows_match(pred_rows: list[tuple], gold_rows: list[tuple], gold_sql: str, match: str = "set") -> bool:
+    """Result-row comparison of the training reward under `match` (SQL_MATCHES)."""
+    if match == "set":
+        return bird_result_eq(pred_rows, gold_rows)
+    if match == "spider":
+        return spider_result_eq(pred_rows, gold_rows, bool(_ORDER_BY.search(gold_sql)))
+    raise ValueError(f"SQL reward match {match!r}; expected one of {SQL_MATCHES}")
+
+
+def training_outcome(format_ok: bool, pred_rows_or_error, gold_rows: list[tuple], reward_empty_gold: bool = False,
+                     match: str = "set", gold_sql: str = "") -> str:
+    """'format' (SkyRL's check failed), 'match' (the result rows equal the gold query's under `match`:
+    "set", SkyRL's frozenset comparison, or "spider", Spider EX's ordered-under-ORDER-BY multiset
+    comparison, which reads ORDER BY from `gold_sql`) or 'wrong' (also a prediction that failed:
+    `pred_rows_or_error` a string). An empty gold result matches nothing unless `reward_empty_gold`
+    (SkyRL issue 2451: any query returning no rows would otherwise earn the full reward)."""
+    if match not in SQL_MATCHES:
+        raise ValueError(f"SQL reward match {match!r}; expected one of {SQL_MATCHES}")
+    if match == "spider" and not gold_sql:
+        raise ValueError("match='spider' needs the gold SQL (its ORDER BY decides whether row order counts)")
     if not format_ok:
         return "format"
     if isinstance(pred_rows_or_error, str):
         return "wrong"
     if not gold_rows and not reward_empty_gold:
         return "wrong"
-    return "match" if bird_result_eq(pred_rows_or_error, gold_rows) else "wrong"
+    return "match" if rows_match(pred_rows_or_error, gold_rows, gold_sql, match) else "wrong"
 
 
 def sql_training_reward(response: str, db_path: str, gold_sql: str, timeout_s: float = 30.0, shaping: str = "paper",
-                        reward_empty_gold: bool = False, max_rows: int = 100_000) -> float:
+                        reward_empty_gold: bool = False, max_rows: int = 100_000, match: str = "set") -> float:
     """One response's training reward (the batch form with the gold cache and thread pool is
     `rewards.training.SQLReward`). A failing gold query raises."""
     gold = execute(db_path, gold_sql, timeout_s, max_rows)
@@ -149,4 +170,4 @@ def sql_training_reward(response: str, db_path: str, gold_sql: str, timeout_s: f
     ok, _, solution = verify_format_and_extract(response)
     pred = execute(db_path, solution or "", timeout_s, max_rows) if ok else None
     rows = pred.rows if pred is not None and pred.ok and not pred.truncated else "error"
-    return shaped_reward(training_outcome(ok, rows, gold.rows, reward_empty_gold), shaping)
+    return shaped_reward(training_outcome(ok, rows, gold.rows, reward_empty_gold, match, gold_sql), shaping)

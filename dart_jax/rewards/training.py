@@ -4,7 +4,8 @@ may enter the update.
     QA:  EM of the response's last <answer> (`em`, DART and Search-R1's main reward) or Search-R1's
          `qa_em_format` partial credit for structure and retrieval (`em_format`).
     SQL: SkyRL-SQL's format check, then result-set equality of the <solution> with the gold query on
-         the row's database, shaped `paper` (+1 match, −1 otherwise; METHOD §1) or `skyrl` (+1 match,
+         the row's database (`sql_match`: `set`, SkyRL's frozenset comparison, or `spider`, Spider
+         EX's multiset comparison that counts row order when the gold query has ORDER BY), shaped `paper` (+1 match, −1 otherwise; METHOD §1) or `skyrl` (+1 match,
          0 wrong, −1 format failure). An empty gold result earns nothing unless `reward_empty_gold`.
          Each question's gold result is computed once and cached; a step's queries run in a thread
          pool, each with the per-call deadline of the hardened executor. A gold query that fails or
@@ -22,6 +23,7 @@ import numpy as np
 from dart_jax.rewards.qa import em_format_reward, em_reward
 from dart_jax.rewards.sql import (
     SHAPINGS,
+    SQL_MATCHES,
     shaped_reward,
     training_outcome,
     verify_format_and_extract,
@@ -39,6 +41,7 @@ class RewardConfig:
     retrieval_score: float = 0.1
     sql_shaping: str = "paper"
     reward_empty_gold: bool = False
+    sql_match: str = "set"                # rewards.sql.SQL_MATCHES: SkyRL's set comparison | Spider EX's
     sql_timeout_s: float = 30.0           # per query (REFERENCE §9: 30 s for the reward)
     sql_max_rows: int = 100_000
     workers: int = 8
@@ -48,6 +51,8 @@ class RewardConfig:
             raise ValueError(f"reward.qa={self.qa!r}; expected one of {QA_REWARDS}")
         if self.sql_shaping not in SHAPINGS:
             raise ValueError(f"reward.sql_shaping={self.sql_shaping!r}; expected one of {sorted(SHAPINGS)}")
+        if self.sql_match not in SQL_MATCHES:
+            raise ValueError(f"reward.sql_match={self.sql_match!r}; expected one of {SQL_MATCHES}")
 
 
 @dataclasses.dataclass
@@ -112,7 +117,7 @@ class SQLReward:
                 valid[i] = False
                 counts["gold_failed"] += 1
                 continue
-            outcome = training_outcome(fmt, pred, gold, self.rc.reward_empty_gold)
+            outcome = training_outcome(fmt, pred, gold, self.rc.reward_empty_gold, self.rc.sql_match, meta["gold_sql"])
             counts[outcome] += 1
             counts["empty_gold"] += int(not gold)
             scores[i] = shaped_reward(outcome, self.rc.sql_shaping)

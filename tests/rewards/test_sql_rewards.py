@@ -124,6 +124,51 @@ def test_shapings_and_empty_gold_hand_worked():
         sql_training_reward(GOOD, d, "SELECT 1", shaping="binary")
 
 
+def _solution(sql):
+    return GOOD.replace("SELECT count(*) FROM singer</solution>", f"{sql}</solution>")
+
+
+def test_match_set_vs_spider_hand_worked():
+    """sql_match: `set` (SkyRL's frozenset: row order and duplicates ignored, columns in order) against
+    `spider` (Spider EX: multisets, ordered when the gold has ORDER BY, columns may be permuted).
+    Rows of concert_singer.singer in table order: Joe Sharp 52, Timbaland 32, Justin Brown 29,
+    Rose White 41, John Nizinik 43, Tribal King 25 (Netherlands, US, then four France)."""
+    d = db("concert_singer")
+    by_age = "SELECT name FROM singer ORDER BY age DESC"
+    cases = [  # (predicted SQL, gold SQL, set, spider)
+        ("SELECT name FROM singer ORDER BY age DESC", by_age, True, True),
+        ("SELECT name FROM singer", by_age, True, False),                # the right rows, unordered
+        ("SELECT name FROM singer ORDER BY age ASC", by_age, True, False),  # reversed
+        ("SELECT name FROM singer ORDER BY age DESC", "SELECT name FROM singer", True, True),  # no ORDER BY: any order
+        ("SELECT DISTINCT country FROM singer", "SELECT country FROM singer", True, False),  # duplicates count in Spider
+        ("SELECT age, name FROM singer", "SELECT name, age FROM singer", False, True),  # columns swapped
+        ("SELECT name FROM singer WHERE age > 40", by_age, False, False),
+        ("SELECT name FROM singer ORDER BY age desc", "SELECT name FROM singer order  by age DESC", True, True),
+    ]
+    for pred, gold, want_set, want_spider in cases:
+        response = _solution(pred)
+        assert sql_training_reward(response, d, gold) == (1.0 if want_set else -1.0), (pred, gold)
+        assert sql_training_reward(response, d, gold, match="set") == (1.0 if want_set else -1.0), (pred, gold)
+        assert sql_training_reward(response, d, gold, match="spider") == (1.0 if want_spider else -1.0), (pred, gold)
+        assert sql_training_reward(response, d, gold, match="spider", shaping="skyrl") == (1.0 if want_spider else 0.0)
+    # the batch form agrees, with the gold SQL taken from each row's metadata
+    texts = [_solution(p) for p, *_ in cases]
+    metas = [{"db_path": d, "gold_sql": g} for _, g, *_ in cases]
+    for match, col in (("set", 2), ("spider", 3)):
+        out = SQLReward(RewardConfig(sql_match=match, workers=2)).score(texts, metas)
+        assert out.scores.tolist() == [1.0 if c[col] else -1.0 for c in cases], match
+        assert out.counts["match"] == sum(c[col] for c in cases)
+    # a format failure stays a format failure under either comparison
+    assert sql_training_reward(GOOD.replace("<think>six</think>", ""), d, by_age, match="spider", shaping="skyrl") == -1.0
+    with pytest.raises(ValueError, match="sql_match"):
+        RewardConfig(sql_match="ordered")
+    with pytest.raises(ValueError, match="match"):
+        sql_training_reward(GOOD, d, by_age, match="ordered")
+    from dart_jax.rewards.sql import training_outcome
+    with pytest.raises(ValueError, match="gold SQL"):
+        training_outcome(True, [(1,)], [(1,)], match="spider")
+
+
 def test_batch_reward_drops_failing_gold_caches_and_runs_in_threads(monkeypatch):
     """A gold query that fails or times out marks its rows invalid (never raises); each question's
     gold runs once however many samples share it; predictions of a step run concurrently."""
