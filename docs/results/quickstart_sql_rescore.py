@@ -1,8 +1,8 @@
 """Greedy SQL evaluations scored both ways (docs/results/quickstart_sql.md): Spider EX (row order counts
 when the gold query has ORDER BY — what `launch.evaluate` reports) and the GRPO training reward's
-criterion (`rewards.sql.sql_training_reward` on the whole response: SkyRL-SQL's format check, then set
-equality of the result rows, its frozenset comparison),
-each paired before/after with the exact McNemar test. Re-executes the stored solutions on the shipped
+criterion in both of its forms (`rewards.sql.sql_training_reward` on the whole response: SkyRL-SQL's
+format check, then the result rows compared by `reward.sql_match`: `set`, SkyRL's frozenset
+comparison, the default, or `spider`, Spider EX's), each paired before/after with the exact McNemar test. Re-executes the stored solutions on the shipped
 databases (read-only).
 
     python docs/results/quickstart_sql_rescore.py BEFORE.jsonl AFTER.jsonl [...more pairs]
@@ -22,21 +22,23 @@ from dart_jax.run.metrics import wilson_interval  # noqa: E402
 
 
 def score(path: str) -> dict:
-    """{question id: (Spider EX, the training reward is +1)} of a per-question record file: EX of the
-    final solution as `launch.evaluate` scores it, and the training reward itself on the whole response
-    (SkyRL's format check, then set equality; an empty gold result never matches)."""
+    """{question id: (Spider EX, the set-match training reward is +1, the spider-match one is +1)} of a
+    per-question record file: EX of the final solution as `launch.evaluate` scores it, and the training
+    reward itself on the whole response (SkyRL's format check, then the row comparison; an empty gold
+    result never matches)."""
     roots = [os.path.join(DATA, "spider", "dk_database"), os.path.join(DATA, "spider", "database")]
     out = {}
     for line in open(path):
         r = json.loads(line)
         db = _db_path(roots, r["db_id"])
         ex = bool(r.get("solution")) and execution_match(db, r["solution"], r["gold_sql"], "spider", timeout_s=5.0)[0]
-        out[r["id"]] = (ex, sql_training_reward(r["response"], db, r["gold_sql"], timeout_s=5.0) > 0)
+        out[r["id"]] = (ex, *(sql_training_reward(r["response"], db, r["gold_sql"], timeout_s=5.0, match=m) > 0
+                              for m in ("set", "spider")))
     return out
 
 
 def compare(a: dict, b: dict, k: int) -> str:
-    """Criterion k (0 Spider EX, 1 training reward) paired before/after (methods_report.paired: exact McNemar)."""
+    """Criterion k (0 Spider EX, 1 training reward with set match, 2 with spider match) paired before/after (methods_report.paired: exact McNemar)."""
     pa, pb = ({("q", q): v[k] for q, v in d.items()} for d in (a, b))
     r = paired(pa, pb, "q")
     na, nb, n = r["only_a"] + r["both"], r["only_b"] + r["both"], r["n"]
@@ -53,4 +55,5 @@ if __name__ == "__main__":
         assert all(b[q][0] == stored[q] for q in b), "Spider EX re-scoring differs from the stored scores"
         print(f"{os.path.basename(before)} -> {os.path.basename(after)}")
         print("  Spider EX (order counts under ORDER BY):", compare(a, b, 0))
-        print("  training reward (format + set equality):", compare(a, b, 1))
+        print("  training reward, sql_match=set (format + set equality):", compare(a, b, 1))
+        print("  training reward, sql_match=spider (format + Spider EX):", compare(a, b, 2))
