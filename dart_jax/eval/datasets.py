@@ -34,6 +34,7 @@ class EvalSet:
     exclude: tuple[str, ...] = ()      # names of evaluation sets whose questions are removed first
     max_hardness: str = ""             # sql: only gold queries Spider grades at most this (data.sql_hardness)
     query_fold: tuple[int, int] | None = None  # sql: only gold queries of fold i of k (readers.query_fold)
+    in_distribution: bool = False      # a run's own training questions: reported, never averaged with held-out sets
 
     def exclusion_spec(self) -> dict:
         """This set as a `readers.load_rows` entry for `exclude` (questions only, databases not needed):
@@ -109,7 +110,7 @@ HELDOUT_SETS += (dataclasses.replace(HELDOUT_SETS[0], name="spider_dev_heldout_e
 # generalises; never an exclusion source (it *is* training data)
 TRAIN_SETS = (dataclasses.replace(SQL_SETS[0], name="spider_dev_train_easy",
                                   label="Spider-dev (GRPO training questions, easy)", db_ids=TRAIN_DBS,
-                                  max_hardness="easy", query_fold=(1, 2)),)
+                                  max_hardness="easy", query_fold=(1, 2), in_distribution=True),)
 # questions whose evidence is in the shipped corpus, for studies on the embedded default (CEA's quickstart):
 # nq_oracle rows after the quickstart's GRPO prompts (the first 1,024 eligible) and its warm-start
 # demonstrations (the next 640), with the NQ evaluation slice removed — never trained on; and the HotpotQA

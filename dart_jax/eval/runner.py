@@ -19,7 +19,7 @@ import time
 import jax
 import numpy as np
 
-from dart_jax.eval.datasets import GROUPS, EvalSet, load_set
+from dart_jax.eval.datasets import EVAL_SETS, GROUPS, EvalSet, load_set
 from dart_jax.rewards.qa import em, extract_answer, retrieval_correct
 from dart_jax.rewards.sql import execution_match, extract_solution
 from dart_jax.rollout.agent import Agent, RolloutConfig
@@ -227,8 +227,10 @@ def per_question_accuracy(recs: list[dict]) -> list[dict]:
 
 def group_scores(task: str, results: dict) -> dict:
     """QA: Gen-Avg / MH-Avg / Avg, each only when all its datasets were evaluated. SQL: the mean over
-    the benchmarks evaluated, named so it is not mistaken for the paper's six-benchmark Avg."""
-    score = {k: v["score"] for k, v in results.items() if v["trajectories"]}
+    the held-out benchmarks evaluated, named so it is not mistaken for the paper's six-benchmark Avg;
+    an in-distribution probe (`EvalSet.in_distribution`: a run's own training questions) is left out."""
+    score = {k: v["score"] for k, v in results.items()
+             if v["trajectories"] and not (k in EVAL_SETS and EVAL_SETS[k].in_distribution)}
     if task == "sql":
         return {SQL_MEAN: float(np.mean(list(score.values())))} if score else {}
     return {g: float(np.mean([score[m] for m in members])) for g, members in GROUPS.items()

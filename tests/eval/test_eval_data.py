@@ -111,6 +111,9 @@ def test_group_averages_by_hand():
     assert set(group_scores("qa", res)) == {"Gen-Avg"}
     assert group_scores("sql", {"spider_dev": {"score": .5, "trajectories": 2},
                                 "spider_dk": {"score": .25, "trajectories": 2}}) == {SQL_MEAN: 0.375}
+    # the in-distribution probe (a run's own training questions) is reported but never averaged in
+    assert group_scores("sql", {"spider_dev_heldout_easy": {"score": .5, "trajectories": 2},
+                                "spider_dev_train_easy": {"score": .9, "trajectories": 2}}) == {SQL_MEAN: 0.5}
 
 
 def test_paper_numbers_are_consistent_with_their_averages():
