@@ -46,9 +46,11 @@ def get() -> ConfigDict:
     # training reward (dart_jax/rewards/training.py): QA em | em_format (Search-R1's partial format
     # credit); SQL shaping paper (+1 / −1) | skyrl (+1 / 0 wrong / −1 format), empty gold results earn
     # nothing unless reward_empty_gold, 30 s per reward query; sql_match set (SkyRL's frozenset comparison
-    # of result rows) | spider (Spider EX's: row order counts when the gold query has ORDER BY)
+    # of result rows) | spider (Spider EX's: multisets, columns permutable, row order counts when the
+    # gold query has ORDER BY)
     c.reward = ConfigDict(dict(qa="em", structure_format_score=0.2, final_format_score=0.1, retrieval_score=0.1,
-                               sql_shaping="paper", reward_empty_gold=False, sql_match="set", sql_timeout_s=30.0, workers=8))
+                               sql_shaping="paper", reward_empty_gold=False, sql_match="set", sql_timeout_s=30.0,
+                               workers=8))
     c.data = ConfigDict(dict(train=[]))
     c.train = ConfigDict(dict(steps=100, prompts_per_step=256, group_size=16, mini_batch=1024, micro_batch=8,
                               ppo_epochs=1, seed=0, shuffle=True, shuffle_minibatches=True, pad_multiple=128,

@@ -206,6 +206,8 @@ def summarize(s: EvalSet, rows: list[dict], recs: list[dict], counts: dict, n: i
         out["retrieval_acc"] = float(np.mean([r["retrieval_hit"] for r in recs])) if recs else float("nan")
     if s.task == "sql":
         out["semantics"] = s.semantics
+    if s.in_distribution:
+        out["in_distribution"] = True  # left out of the group means (group_scores)
     if n > 1:
         per_q = per_question_accuracy(recs)
         acc = np.asarray([q["accuracy"] for q in per_q])
@@ -230,7 +232,7 @@ def group_scores(task: str, results: dict) -> dict:
     the held-out benchmarks evaluated, named so it is not mistaken for the paper's six-benchmark Avg;
     an in-distribution probe (`EvalSet.in_distribution`: a run's own training questions) is left out."""
     score = {k: v["score"] for k, v in results.items()
-             if v["trajectories"] and not (k in EVAL_SETS and EVAL_SETS[k].in_distribution)}
+             if v["trajectories"] and not v.get("in_distribution", k in EVAL_SETS and EVAL_SETS[k].in_distribution)}
     if task == "sql":
         return {SQL_MEAN: float(np.mean(list(score.values())))} if score else {}
     return {g: float(np.mean([score[m] for m in members])) for g, members in GROUPS.items()

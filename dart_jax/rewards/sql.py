@@ -2,7 +2,11 @@
 
 Spider family (test-suite-sql-eval `result_eq`): same row count and column count; rows compared
 as multisets, in order only when the gold SQL has ORDER BY; a permutation of the predicted
-columns may match the gold columns. Python equality, so 1 == 1.0.
+columns may match the gold columns. Python equality, so 1 == 1.0. Only `result_eq` is followed:
+test-suite's `eval_exec_match` by default (`--keep_distinct` off) also deletes DISTINCT from both
+queries before running them; here both queries run as written, so `SELECT DISTINCT x` against a gold
+`SELECT x` with repeated values scores 0 (stricter than test-suite's default; 87 of 1,034 Spider dev
+gold queries contain DISTINCT).
 BIRD: set(pred rows) == set(gold rows), column order significant; any error scores 0.
 """
 
@@ -164,6 +168,8 @@ def sql_training_reward(response: str, db_path: str, gold_sql: str, timeout_s: f
                         reward_empty_gold: bool = False, max_rows: int = 100_000, match: str = "set") -> float:
     """One response's training reward (the batch form with the gold cache and thread pool is
     `rewards.training.SQLReward`). A failing gold query raises."""
+    if match not in SQL_MATCHES:
+        raise ValueError(f"SQL reward match {match!r}; expected one of {SQL_MATCHES}")
     gold = execute(db_path, gold_sql, timeout_s, max_rows)
     if not gold.ok or gold.truncated:
         raise ValueError(f"gold SQL fails on {db_path}: {gold.error or 'too many rows'}: {gold_sql}")

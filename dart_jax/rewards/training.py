@@ -3,9 +3,10 @@ may enter the update.
 
     QA:  EM of the response's last <answer> (`em`, DART and Search-R1's main reward) or Search-R1's
          `qa_em_format` partial credit for structure and retrieval (`em_format`).
-    SQL: SkyRL-SQL's format check, then result-set equality of the <solution> with the gold query on
+    SQL: SkyRL-SQL's format check, then the <solution>'s result rows against the gold query's on
          the row's database (`sql_match`: `set`, SkyRL's frozenset comparison, or `spider`, Spider
-         EX's multiset comparison that counts row order when the gold query has ORDER BY), shaped `paper` (+1 match, −1 otherwise; METHOD §1) or `skyrl` (+1 match,
+         EX's: multisets, columns permutable, row order counted when the gold has ORDER BY),
+         shaped `paper` (+1 match, −1 otherwise; METHOD §1) or `skyrl` (+1 match,
          0 wrong, −1 format failure). An empty gold result earns nothing unless `reward_empty_gold`.
          Each question's gold result is computed once and cached; a step's queries run in a thread
          pool, each with the per-call deadline of the hardened executor. A gold query that fails or

@@ -2,7 +2,8 @@
 when the gold query has ORDER BY — what `launch.evaluate` reports) and the GRPO training reward's
 criterion in both of its forms (`rewards.sql.sql_training_reward` on the whole response: SkyRL-SQL's
 format check, then the result rows compared by `reward.sql_match`: `set`, SkyRL's frozenset
-comparison, the default, or `spider`, Spider EX's), each paired before/after with the exact McNemar test. Re-executes the stored solutions on the shipped
+comparison, the default, or `spider`, Spider EX's), each paired before/after with the exact McNemar
+test. Re-executes the stored solutions on the shipped
 databases (read-only).
 
     python docs/results/quickstart_sql_rescore.py BEFORE.jsonl AFTER.jsonl [...more pairs]
@@ -38,7 +39,8 @@ def score(path: str) -> dict:
 
 
 def compare(a: dict, b: dict, k: int) -> str:
-    """Criterion k (0 Spider EX, 1 training reward with set match, 2 with spider match) paired before/after (methods_report.paired: exact McNemar)."""
+    """Criterion k (0 Spider EX, 1 training reward with set match, 2 with spider match) paired
+    before/after (methods_report.paired: exact McNemar)."""
     pa, pb = ({("q", q): v[k] for q, v in d.items()} for d in (a, b))
     r = paired(pa, pb, "q")
     na, nb, n = r["only_a"] + r["both"], r["only_b"] + r["both"], r["n"]

@@ -140,10 +140,12 @@ def test_match_set_vs_spider_hand_worked():
         ("SELECT name FROM singer", by_age, True, False),                # the right rows, unordered
         ("SELECT name FROM singer ORDER BY age ASC", by_age, True, False),  # reversed
         ("SELECT name FROM singer ORDER BY age DESC", "SELECT name FROM singer", True, True),  # no ORDER BY: any order
-        ("SELECT DISTINCT country FROM singer", "SELECT country FROM singer", True, False),  # duplicates count in Spider
+        # duplicates count in Spider EX (this repo runs DISTINCT as written)
+        ("SELECT DISTINCT country FROM singer", "SELECT country FROM singer", True, False),
         ("SELECT age, name FROM singer", "SELECT name, age FROM singer", False, True),  # columns swapped
         ("SELECT name FROM singer WHERE age > 40", by_age, False, False),
         ("SELECT name FROM singer ORDER BY age desc", "SELECT name FROM singer order  by age DESC", True, True),
+        ("SELECT name FROM singer", "SELECT name FROM singer order\n  by age DESC", True, False),  # loose ORDER BY
     ]
     for pred, gold, want_set, want_spider in cases:
         response = _solution(pred)
@@ -159,7 +161,8 @@ def test_match_set_vs_spider_hand_worked():
         assert out.scores.tolist() == [1.0 if c[col] else -1.0 for c in cases], match
         assert out.counts["match"] == sum(c[col] for c in cases)
     # a format failure stays a format failure under either comparison
-    assert sql_training_reward(GOOD.replace("<think>six</think>", ""), d, by_age, match="spider", shaping="skyrl") == -1.0
+    bad_format = GOOD.replace("<think>six</think>", "")
+    assert sql_training_reward(bad_format, d, by_age, match="spider", shaping="skyrl") == -1.0
     with pytest.raises(ValueError, match="sql_match"):
         RewardConfig(sql_match="ordered")
     with pytest.raises(ValueError, match="match"):
