@@ -66,12 +66,9 @@ def execution_match(db_path: str, pred_sql: str, gold_sql: str, semantics: str =
         return False, {"error": pred.error}
     if pred.truncated or gold.truncated:
         return False, {"error": f"result exceeds {max_rows} rows or {MAX_RESULT_BYTES} bytes"}
-    if semantics == "spider":
-        ok = spider_result_eq(pred.rows, gold.rows, bool(_ORDER_BY.search(gold_sql)))
-    elif semantics == "bird":
-        ok = bird_result_eq(pred.rows, gold.rows)
-    else:
+    if semantics not in ("spider", "bird"):
         raise ValueError(f"semantics={semantics!r}; expected 'spider' or 'bird'")
+    ok = rows_match(pred.rows, gold.rows, gold_sql, "spider" if semantics == "spider" else "set")
     return ok, {"pred_rows": len(pred.rows), "gold_rows": len(gold.rows)}
 
 
@@ -135,13 +132,18 @@ def shaped_reward(outcome: str, shaping: str = "paper") -> float:
 SQL_MATCHES = ("set", "spider")
 
 
+def _check_match(match: str) -> None:
+    if match not in SQL_MATCHES:
+        raise ValueError(f"SQL reward match {match!r}; expected one of {SQL_MATCHES}")
+
+
 def rows_match(pred_rows: list[tuple], gold_rows: list[tuple], gold_sql: str, match: str = "set") -> bool:
-    """Result-row comparison of the training reward under `match` (SQL_MATCHES)."""
+    """Result rows compared under `match` (SQL_MATCHES; `set` is also BIRD's EX, `spider` Spider's EX,
+    which reads ORDER BY from `gold_sql`)."""
+    _check_match(match)
     if match == "set":
         return bird_result_eq(pred_rows, gold_rows)
-    if match == "spider":
-        return spider_result_eq(pred_rows, gold_rows, bool(_ORDER_BY.search(gold_sql)))
-    raise ValueError(f"SQL reward match {match!r}; expected one of {SQL_MATCHES}")
+    return spider_result_eq(pred_rows, gold_rows, bool(_ORDER_BY.search(gold_sql)))
 
 
 def training_outcome(format_ok: bool, pred_rows_or_error, gold_rows: list[tuple], reward_empty_gold: bool = False,
@@ -151,8 +153,7 @@ def training_outcome(format_ok: bool, pred_rows_or_error, gold_rows: list[tuple]
     comparison, which reads ORDER BY from `gold_sql`) or 'wrong' (also a prediction that failed:
     `pred_rows_or_error` a string). An empty gold result matches nothing unless `reward_empty_gold`
     (SkyRL issue 2451: any query returning no rows would otherwise earn the full reward)."""
-    if match not in SQL_MATCHES:
-        raise ValueError(f"SQL reward match {match!r}; expected one of {SQL_MATCHES}")
+    _check_match(match)
     if match == "spider" and not gold_sql:
         raise ValueError("match='spider' needs the gold SQL (its ORDER BY decides whether row order counts)")
     if not format_ok:
@@ -168,8 +169,7 @@ def sql_training_reward(response: str, db_path: str, gold_sql: str, timeout_s: f
                         reward_empty_gold: bool = False, max_rows: int = 100_000, match: str = "set") -> float:
     """One response's training reward (the batch form with the gold cache and thread pool is
     `rewards.training.SQLReward`). A failing gold query raises."""
-    if match not in SQL_MATCHES:
-        raise ValueError(f"SQL reward match {match!r}; expected one of {SQL_MATCHES}")
+    _check_match(match)
     gold = execute(db_path, gold_sql, timeout_s, max_rows)
     if not gold.ok or gold.truncated:
         raise ValueError(f"gold SQL fails on {db_path}: {gold.error or 'too many rows'}: {gold_sql}")
