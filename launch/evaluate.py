@@ -66,6 +66,9 @@ COMPOSE_REASONING = flags.DEFINE_string("compose-reasoning", None, "two-model co
 RESUME = flags.DEFINE_bool("resume", True, "when --out holds an evaluation with the same settings (all but --limit), "
                            "reuse the batches it sampled and sample only the rest (--noresume: all afresh)",
                            flag_values=F)
+KEEP_DISTINCT = flags.DEFINE_bool("keep-distinct", True, "Spider EX: run both queries' DISTINCT as written "
+                                  "(--nokeep-distinct: delete it from both, test-suite-sql-eval's default)",
+                                  flag_values=F)
 QUIET = flags.DEFINE_bool("quiet", False, "no progress bar", flag_values=F)
 
 
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     temperature = TEMPERATURE.value if TEMPERATURE.value is not None else (1.0 if n > 1 else 0.0)
     options = EvalOptions(n_samples=n, temperature=temperature, top_p=TOP_P.value, top_k=TOP_K.value,
                           batch=BATCH.value, seed=SEED.value, limit=LIMIT.value, db_root=DB_ROOT.value,
-                          sql_timeout_s=max(float(config.tool.sql_timeout_s), 30.0), progress=not QUIET.value)
+                          sql_timeout_s=max(float(config.tool.sql_timeout_s), 30.0), keep_distinct=KEEP_DISTINCT.value,
+                          progress=not QUIET.value)
     datasets = [d.strip() for spec in DATASET.value for d in spec.split(",") if d.strip()] or None
     out = OUT.value or os.path.join("runs", "eval", f"{os.path.basename(os.path.normpath(config.model.path))}-"
                                                     f"{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")

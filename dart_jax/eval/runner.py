@@ -42,6 +42,7 @@ class EvalOptions:
     limit: int | None = None   # first N questions of each set
     db_root: str | None = None
     sql_timeout_s: float = 30.0
+    keep_distinct: bool = True  # Spider EX: run DISTINCT as written; False = test-suite's default (deleted from both)
     progress: bool = True
 
     def __post_init__(self):
@@ -59,11 +60,13 @@ def score_qa(text: str, golds: list[str]) -> dict:
     return {"answer": answer, "score": em(answer, golds), "retrieval_hit": bool(retrieval_correct(text, golds))}
 
 
-def score_sql(text: str, db_path: str, gold_sql: str, semantics: str, timeout_s: float) -> dict:
+def score_sql(text: str, db_path: str, gold_sql: str, semantics: str, timeout_s: float,
+              keep_distinct: bool = True) -> dict:
     solution = extract_solution(text)
     if solution is None:
         return {"solution": None, "score": 0.0, "error": "no <solution>"}
-    ok, details = execution_match(db_path, solution, gold_sql, semantics, timeout_s)
+    ok, details = execution_match(db_path, solution, gold_sql, semantics, timeout_s,
+                                  keep_distinct=keep_distinct or semantics != "spider")
     return {"solution": solution, "score": float(ok), "error": details.get("error")}
 
 
@@ -179,7 +182,8 @@ class Evaluator:
             rec.update(score_qa(text, row["golden_answers"]))
         else:
             rec.update(db_id=row["db_id"], gold_sql=row["query"])
-            rec.update(score_sql(text, row["db_path"], row["query"], s.semantics, self.options.sql_timeout_s))
+            rec.update(score_sql(text, row["db_path"], row["query"], s.semantics, self.options.sql_timeout_s,
+                                 self.options.keep_distinct))
         rec.update(finish=tb.finish_reason[i], tool_calls=calls, turns=len(tb.turns[i]),
                    response_tokens=int(tb.length[i] - tb.prompt_len[i]), response=text)
         return rec

@@ -2,11 +2,12 @@
 
 Spider family (test-suite-sql-eval `result_eq`): same row count and column count; rows compared
 as multisets, in order only when the gold SQL has ORDER BY; a permutation of the predicted
-columns may match the gold columns. Python equality, so 1 == 1.0. Only `result_eq` is followed:
-test-suite's `eval_exec_match` by default (`--keep_distinct` off) also deletes DISTINCT from both
-queries before running them; here both queries run as written, so `SELECT DISTINCT x` against a gold
-`SELECT x` with repeated values scores 0 (stricter than test-suite's default; 87 of 1,034 Spider dev
-gold queries contain DISTINCT).
+columns may match the gold columns. Python equality, so 1 == 1.0. test-suite's `eval_exec_match` by
+default (`--keep_distinct` off) also deletes every DISTINCT keyword from both queries before running
+them: `keep_distinct=False` here does the same (`remove_distinct`, on sqlglot's SQLite tokens, so a
+quoted 'distinct' stays); the default `keep_distinct=True` runs both queries as written, so `SELECT
+DISTINCT x` against a gold `SELECT x` with repeated values scores 0 (87 of 1,034 Spider dev gold
+queries contain DISTINCT).
 BIRD: set(pred rows) == set(gold rows), column order significant; any error scores 0.
 """
 
@@ -55,9 +56,35 @@ def bird_result_eq(pred: list[tuple], gold: list[tuple]) -> bool:
     return set(pred) == set(gold)
 
 
+def remove_distinct(sql: str) -> str:
+    """`sql` without its DISTINCT keywords (test-suite-sql-eval's `remove_distinct`: every one, COUNT(DISTINCT x)
+    included; the text around them kept as written). SQL the SQLite tokenizer cannot read comes back unchanged."""
+    import sqlglot
+    from sqlglot.errors import SqlglotError
+    from sqlglot.tokens import TokenType
+    try:
+        tokens = sqlglot.tokenize(sql, read="sqlite")
+    except SqlglotError:
+        return sql
+    out, at = [], 0
+    for t in tokens:
+        if t.token_type == TokenType.DISTINCT:
+            out.append(sql[at:t.start])
+            at = t.end + 1
+    return "".join(out) + sql[at:]
+
+
 def execution_match(db_path: str, pred_sql: str, gold_sql: str, semantics: str = "spider",
-                    timeout_s: float = 30.0, max_rows: int = 100_000) -> tuple[bool, dict]:
-    """-> (EX, details). Errors in the prediction score 0; an error in the gold query raises."""
+                    timeout_s: float = 30.0, max_rows: int = 100_000, keep_distinct: bool = True) -> tuple[bool, dict]:
+    """-> (EX, details). Errors in the prediction score 0; an error in the gold query raises.
+    `keep_distinct=False` (Spider semantics only): both queries run without DISTINCT, as test-suite's default."""
+    if semantics not in ("spider", "bird"):
+        raise ValueError(f"semantics={semantics!r}; expected 'spider' or 'bird'")
+    if not keep_distinct:
+        if semantics != "spider":
+            raise ValueError("keep_distinct=False is test-suite-sql-eval's (Spider) convention; BIRD runs queries "
+                             "as written")
+        pred_sql, gold_sql = remove_distinct(pred_sql), remove_distinct(gold_sql)
     gold = execute(db_path, gold_sql, timeout_s, max_rows)
     if not gold.ok:
         raise ValueError(f"gold SQL fails on {db_path}: {gold.error}: {gold_sql}")
@@ -66,8 +93,6 @@ def execution_match(db_path: str, pred_sql: str, gold_sql: str, semantics: str =
         return False, {"error": pred.error}
     if pred.truncated or gold.truncated:
         return False, {"error": f"result exceeds {max_rows} rows or {MAX_RESULT_BYTES} bytes"}
-    if semantics not in ("spider", "bird"):
-        raise ValueError(f"semantics={semantics!r}; expected 'spider' or 'bird'")
     ok = rows_match(pred.rows, gold.rows, gold_sql, "spider" if semantics == "spider" else "set")
     return ok, {"pred_rows": len(pred.rows), "gold_rows": len(gold.rows)}
 

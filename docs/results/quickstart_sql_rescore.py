@@ -2,8 +2,9 @@
 when the gold query has ORDER BY — what `launch.evaluate` reports) and the GRPO training reward's
 criterion in both of its forms (`rewards.sql.sql_training_reward` on the whole response: SkyRL-SQL's
 format check, then the result rows compared by `reward.sql_match`: `set`, SkyRL's frozenset
-comparison, the default, or `spider`, Spider EX's), each paired before/after with the exact McNemar
-test. Re-executes the stored solutions on the shipped
+comparison, the default, or `spider`, Spider EX's), and Spider EX with DISTINCT deleted from both
+queries (test-suite-sql-eval's default, `launch.evaluate --nokeep-distinct`), each paired before/after
+with the exact McNemar test. Re-executes the stored solutions on the shipped
 databases (read-only).
 
     python docs/results/quickstart_sql_rescore.py BEFORE.jsonl AFTER.jsonl [...more pairs]
@@ -23,23 +24,26 @@ from dart_jax.run.metrics import wilson_interval  # noqa: E402
 
 
 def score(path: str) -> dict:
-    """{question id: (Spider EX, the set-match training reward is +1, the spider-match one is +1)} of a
-    per-question record file: EX of the final solution as `launch.evaluate` scores it, and the training
-    reward itself on the whole response (SkyRL's format check, then the row comparison; an empty gold
-    result never matches)."""
+    """{question id: (Spider EX, the set-match training reward is +1, the spider-match one is +1, Spider EX
+    without DISTINCT)} of a per-question record file: EX of the final solution as `launch.evaluate` scores it,
+    the training reward itself on the whole response (SkyRL's format check, then the row comparison; an empty
+    gold result never matches), and EX as test-suite scores it by default."""
     roots = [os.path.join(DATA, "spider", "dk_database"), os.path.join(DATA, "spider", "database")]
     out = {}
     for line in open(path):
         r = json.loads(line)
         db = _db_path(roots, r["db_id"])
         ex = bool(r.get("solution")) and execution_match(db, r["solution"], r["gold_sql"], "spider", timeout_s=5.0)[0]
+        ex_nd = bool(r.get("solution")) and execution_match(db, r["solution"], r["gold_sql"], "spider", timeout_s=5.0,
+                                                             keep_distinct=False)[0]
         out[r["id"]] = (ex, *(sql_training_reward(r["response"], db, r["gold_sql"], timeout_s=5.0, match=m) > 0
-                              for m in ("set", "spider")))
+                              for m in ("set", "spider")), ex_nd)
     return out
 
 
 def compare(a: dict, b: dict, k: int) -> str:
-    """Criterion k (0 Spider EX, 1 training reward with set match, 2 with spider match) paired
+    """Criterion k (0 Spider EX, 1 training reward with set match, 2 with spider match, 3 Spider EX without
+    DISTINCT) paired
     before/after (methods_report.paired: exact McNemar)."""
     pa, pb = ({("q", q): v[k] for q, v in d.items()} for d in (a, b))
     r = paired(pa, pb, "q")
@@ -59,3 +63,4 @@ if __name__ == "__main__":
         print("  Spider EX (order counts under ORDER BY):", compare(a, b, 0))
         print("  training reward, sql_match=set (format + set equality):", compare(a, b, 1))
         print("  training reward, sql_match=spider (format + Spider EX):", compare(a, b, 2))
+        print("  Spider EX, DISTINCT deleted from both (test-suite's default):", compare(a, b, 3))

@@ -99,6 +99,10 @@ def test_scoring_by_hand():
                                                                      "error": "no <solution>"}
     bad = score_sql("<solution>SELECT nope FROM singer</solution>", db, gold, "spider", 5)
     assert bad["score"] == 0.0 and "no such column" in bad["error"]
+    # DISTINCT as written (ours) vs deleted from both queries (test-suite's default; tests/rewards)
+    distinct = "<solution>SELECT DISTINCT country FROM singer</solution>"
+    assert score_sql(distinct, db, "SELECT country FROM singer", "spider", 5)["score"] == 0.0
+    assert score_sql(distinct, db, "SELECT country FROM singer", "spider", 5, keep_distinct=False)["score"] == 1.0
 
 
 def test_group_averages_by_hand():

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from dart_jax.rewards.sql import (bird_result_eq, execution_match, spider_result_eq, sql_format_ok,
-                                  sql_training_reward, verify_format_and_extract)
+from dart_jax.rewards.sql import (bird_result_eq, execution_match, remove_distinct, spider_result_eq,
+                                  sql_format_ok, sql_training_reward, verify_format_and_extract)
 from dart_jax.rewards.training import RewardConfig, SQLReward
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "data", "spider")
@@ -27,6 +27,32 @@ def test_unit_cases():
     assert spider_result_eq([], [], False) and bird_result_eq([], [])
     assert bird_result_eq([(1,), (1,)], [(1,)])                                  # BIRD: sets
     assert not spider_result_eq([(1, 2)], [(1,)], False)
+
+
+def test_keep_distinct_hand_worked():
+    """test-suite-sql-eval's default (`--keep_distinct` off) deletes every DISTINCT keyword from both queries
+    before running them; keep_distinct=True (ours) runs them as written. concert_singer's singer.Country is
+    Netherlands, United States and France ×4: 6 rows, 3 distinct values."""
+    assert remove_distinct("SELECT DISTINCT country FROM singer") == "SELECT  country FROM singer"
+    assert remove_distinct("select count(distinct Country), 'distinct' FROM singer") == \
+        "select count( Country), 'distinct' FROM singer"                       # every keyword, never a string
+    assert remove_distinct('SELECT "distinct" FROM t') == 'SELECT "distinct" FROM t'   # a quoted identifier stays
+    assert remove_distinct("SELECT name FROM singer") == "SELECT name FROM singer"
+    d = db("concert_singer")
+    # as written: 3 rows against 6, no match; test-suite's default: both run without DISTINCT, 6 = 6
+    assert not execution_match(d, "SELECT DISTINCT country FROM singer", "SELECT country FROM singer")[0]
+    assert execution_match(d, "SELECT DISTINCT country FROM singer", "SELECT country FROM singer",
+                           keep_distinct=False)[0]
+    # …and the other way round: a gold DISTINCT is deleted too, so the prediction without it matches
+    assert not execution_match(d, "SELECT country FROM singer", "SELECT DISTINCT country FROM singer")[0]
+    assert execution_match(d, "SELECT country FROM singer", "SELECT DISTINCT country FROM singer",
+                           keep_distinct=False)[0]
+    # COUNT(DISTINCT x) loses its DISTINCT as well: 3 as written, 6 with test-suite's default
+    assert not execution_match(d, "SELECT count(country) FROM singer", "SELECT count(DISTINCT country) FROM singer")[0]
+    assert execution_match(d, "SELECT count(country) FROM singer", "SELECT count(DISTINCT country) FROM singer",
+                           keep_distinct=False)[0]
+    with pytest.raises(ValueError, match="keep_distinct"):
+        execution_match(d, "SELECT 1", "SELECT 1", semantics="bird", keep_distinct=False)
 
 
 def test_execution_match_on_real_database():
