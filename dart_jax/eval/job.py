@@ -111,7 +111,7 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
              "processes": jax.process_count(),
              "model_config": section(config, "model"), "mesh": list(config.mesh.shape),
              "db_root": options.db_root or "", "sql_timeout_s": options.sql_timeout_s,
-             **({} if options.keep_distinct else {"keep_distinct": False}),
+             **({} if options.keep_distinct or task != "sql" else {"keep_distinct": False}),
              "files": resume.stamps(policy.source, fixed_retrieval)}
     if compose:
         setup["composition"] = {"role": compose[0], "checkpoint": compose[1], "step": other.source.get("step"),

@@ -101,7 +101,9 @@ def markdown(results: dict) -> str:
     mode = "greedy" if s["temperature"] == 0 else f"{s['n_samples']} samples at T = {s['temperature']}"
     parts = [f"# Evaluation: {s['policy']}", "",
              f"task {s['task']}, {mode}, limit {s.get('limit') or 'none'}, "
-             f"{'fixed retrieval from ' + s['fixed_retrieval'] if s.get('fixed_retrieval') else 'live tool'}", "",
+             f"{'fixed retrieval from ' + s['fixed_retrieval'] if s.get('fixed_retrieval') else 'live tool'}"
+             + (", Spider EX with DISTINCT deleted from both queries (test-suite's default)"
+                if s.get("keep_distinct") is False else ""), "",
              main_table(results), "", "## Per dataset", "", detail_table(results), "",
              "## Against the paper (METHOD §6)",
              "", paper_table(results)]

@@ -21,7 +21,7 @@ import numpy as np
 
 from dart_jax.eval.datasets import EVAL_SETS, GROUPS, EvalSet, load_set
 from dart_jax.rewards.qa import em, extract_answer, retrieval_correct
-from dart_jax.rewards.sql import execution_match, extract_solution
+from dart_jax.rewards.sql import execution_match, extract_solution, remove_distinct
 from dart_jax.rollout.agent import Agent, RolloutConfig
 from dart_jax.rollout.compose import compose_rollout, rollout_policy
 from dart_jax.rollout.sampling import SamplingConfig
@@ -86,7 +86,8 @@ class Evaluator:
         if s.task == "sql":  # a gold query that fails cannot score anything: skip and count it
             good = []
             for r in rows:
-                if execute(r["db_path"], r["query"], self.options.sql_timeout_s, 100_000).ok:
+                gold = r["query"] if self.options.keep_distinct or s.semantics != "spider" else remove_distinct(r["query"])
+                if execute(r["db_path"], gold, self.options.sql_timeout_s, 100_000).ok:
                     good.append(r)
                 else:
                     counts["skipped_gold_error"] += 1

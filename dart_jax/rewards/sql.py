@@ -57,8 +57,9 @@ def bird_result_eq(pred: list[tuple], gold: list[tuple]) -> bool:
 
 
 def remove_distinct(sql: str) -> str:
-    """`sql` without its DISTINCT keywords (test-suite-sql-eval's `remove_distinct`: every one, COUNT(DISTINCT x)
-    included; the text around them kept as written). SQL the SQLite tokenizer cannot read comes back unchanged."""
+    """`sql` without its DISTINCT keywords, as test-suite-sql-eval's `remove_distinct`: every one, COUNT(DISTINCT x)
+    and DISTINCT(x) included, quoted text and comments kept, the text around them as written; and, as theirs
+    (`sqlparse.parse(s)[0]`), only the first statement. SQL the SQLite tokenizer cannot read comes back unchanged."""
     import sqlglot
     from sqlglot.errors import SqlglotError
     from sqlglot.tokens import TokenType
@@ -66,34 +67,41 @@ def remove_distinct(sql: str) -> str:
         tokens = sqlglot.tokenize(sql, read="sqlite")
     except SqlglotError:
         return sql
-    out, at = [], 0
-    for t in tokens:
+    out, at, stop = [], 0, len(sql)
+    for t in tokens:  # Token.end is inclusive
+        if t.token_type == TokenType.SEMICOLON:
+            stop = t.end + 1
+            break
         if t.token_type == TokenType.DISTINCT:
             out.append(sql[at:t.start])
             at = t.end + 1
-    return "".join(out) + sql[at:]
+    return "".join(out) + sql[at:stop]
 
 
 def execution_match(db_path: str, pred_sql: str, gold_sql: str, semantics: str = "spider",
                     timeout_s: float = 30.0, max_rows: int = 100_000, keep_distinct: bool = True) -> tuple[bool, dict]:
     """-> (EX, details). Errors in the prediction score 0; an error in the gold query raises.
-    `keep_distinct=False` (Spider semantics only): both queries run without DISTINCT, as test-suite's default."""
+    `keep_distinct=False` (Spider semantics only): both queries run through `remove_distinct`, as test-suite's
+    default. Not ported from test-suite (either setting): its rewrite of `> =` / `< =` / `! =` and its value for
+    YEAR(CURDATE()); a query is run as given."""
     if semantics not in ("spider", "bird"):
         raise ValueError(f"semantics={semantics!r}; expected 'spider' or 'bird'")
+    pred_run, gold_run = pred_sql, gold_sql
     if not keep_distinct:
         if semantics != "spider":
             raise ValueError("keep_distinct=False is test-suite-sql-eval's (Spider) convention; BIRD runs queries "
                              "as written")
-        pred_sql, gold_sql = remove_distinct(pred_sql), remove_distinct(gold_sql)
-    gold = execute(db_path, gold_sql, timeout_s, max_rows)
+        pred_run, gold_run = remove_distinct(pred_sql), remove_distinct(gold_sql)
+    gold = execute(db_path, gold_run, timeout_s, max_rows)
     if not gold.ok:
-        raise ValueError(f"gold SQL fails on {db_path}: {gold.error}: {gold_sql}")
-    pred = execute(db_path, pred_sql, timeout_s, max_rows)
+        ran = "" if gold_run == gold_sql else f" (run as {gold_run!r})"
+        raise ValueError(f"gold SQL fails on {db_path}: {gold.error}: {gold_sql}{ran}")
+    pred = execute(db_path, pred_run, timeout_s, max_rows)
     if not pred.ok:
         return False, {"error": pred.error}
     if pred.truncated or gold.truncated:
         return False, {"error": f"result exceeds {max_rows} rows or {MAX_RESULT_BYTES} bytes"}
-    ok = rows_match(pred.rows, gold.rows, gold_sql, "spider" if semantics == "spider" else "set")
+    ok = rows_match(pred.rows, gold.rows, gold_run, "spider" if semantics == "spider" else "set")
     return ok, {"pred_rows": len(pred.rows), "gold_rows": len(gold.rows)}
 
 

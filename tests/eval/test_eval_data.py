@@ -103,6 +103,12 @@ def test_scoring_by_hand():
     distinct = "<solution>SELECT DISTINCT country FROM singer</solution>"
     assert score_sql(distinct, db, "SELECT country FROM singer", "spider", 5)["score"] == 0.0
     assert score_sql(distinct, db, "SELECT country FROM singer", "spider", 5, keep_distinct=False)["score"] == 1.0
+    # BIRD runs queries as written whatever the option: count 6 against COUNT(DISTINCT) 3 stays wrong
+    count = "<solution>SELECT count(country) FROM singer</solution>"
+    assert score_sql(count, db, "SELECT count(DISTINCT country) FROM singer", "spider", 5,
+                     keep_distinct=False)["score"] == 1.0
+    assert score_sql(count, db, "SELECT count(DISTINCT country) FROM singer", "bird", 5,
+                     keep_distinct=False)["score"] == 0.0
 
 
 def test_group_averages_by_hand():
@@ -162,6 +168,9 @@ def test_side_by_side_with_the_matching_paper_row(tmp_path):
     assert json.load(open(paths["json"]))["groups"]["Avg"] == pytest.approx(sum(scores.values()) / 7)
     md = open(paths["markdown"]).read()
     assert md == markdown(res) and "| test policy | 0.500 |" in md
+    assert "DISTINCT" not in md                      # the EX convention is named only when it is not ours
+    res["setup"]["keep_distinct"] = False
+    assert "DISTINCT deleted from both queries" in markdown(res)
 
 
 def test_per_question_accuracy_is_the_mean_over_samples():

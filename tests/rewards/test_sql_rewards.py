@@ -38,6 +38,9 @@ def test_keep_distinct_hand_worked():
         "select count( Country), 'distinct' FROM singer"                       # every keyword, never a string
     assert remove_distinct('SELECT "distinct" FROM t') == 'SELECT "distinct" FROM t'   # a quoted identifier stays
     assert remove_distinct("SELECT name FROM singer") == "SELECT name FROM singer"
+    assert remove_distinct("SELECT Distinct(name) FROM t -- distinct\n") == "SELECT (name) FROM t -- distinct\n"
+    assert remove_distinct("SELECT DISTINCT a FROM t; SELECT DISTINCT b FROM t") == "SELECT  a FROM t;"  # first statement
+    assert remove_distinct("SELEC 'unterminated") == "SELEC 'unterminated"    # unreadable: unchanged
     d = db("concert_singer")
     # as written: 3 rows against 6, no match; test-suite's default: both run without DISTINCT, 6 = 6
     assert not execution_match(d, "SELECT DISTINCT country FROM singer", "SELECT country FROM singer")[0]
