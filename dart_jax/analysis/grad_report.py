@@ -131,6 +131,40 @@ def paper_tables(records: list[dict], weighting: str):
     return rows, flat, med, per_layer, shares
 
 
+ROUTED = ("reasoning", "tool")  # the two adapters of a DART policy, first key of a unit's name
+
+
+def routed_shares(records: list[dict]) -> dict | None:
+    """Where each role's gradient lies when the parameters are a DART policy's two routed adapters: per
+    trajectory, the share of the reasoning-token gradient's squared norm on the reasoning adapter and of the
+    tool-token gradient's on the tool adapter (Gram diagonals summed by adapter; the weighting only scales a
+    gradient, so the shares are the same under both). Hard routing sends a role's tokens through its own
+    adapter only, but the loss reaches the other adapter through attention to positions routed there, so a
+    cross-role angle near 90° is not by construction unless these shares are near 1. None when the units
+    are not DART's two adapters (the shared LoRA, or full parameters)."""
+    shares = {role: [] for role in ROUTED}
+    for r in records:
+        names = np.asarray([str(n) for n in r["names"]])
+        own = {role: np.char.startswith(names, f"['{role}']") for role in ROUTED}
+        if not (own["reasoning"].any() and own["tool"].any()) or (own["reasoning"] | own["tool"]).sum() != len(names):
+            return None
+        sq = np.einsum("tii->ti", np.asarray(r["gram"], np.float64))  # (units, 2G) squared norms
+        g = sq.shape[1] // 2  # columns: reasoning gradients of the G trajectories, then their tool gradients
+        for k, role in enumerate(ROUTED):
+            for i in range(g):
+                col = k * g + i
+                total = sq[:, col].sum()
+                if r["present"][col] and total > 0:
+                    shares[role].append(float(sq[own[role], col].sum() / total))
+    out = {}
+    for role, v in shares.items():
+        v = np.asarray(v)
+        q1, med, q3 = np.percentile(v, [25, 50, 75]) if len(v) else (np.nan,) * 3
+        out[role] = {"n": int(len(v)), "median": float(med), "q1": float(q1), "q3": float(q3),
+                     "min": float(v.min()) if len(v) else float("nan")}
+    return out
+
+
 def defined_angle(dot, n1, n2) -> np.ndarray:
     """ga.angle, but NaN where both vectors are exactly zero (a LoRA factor A whose B is 0 has no
     gradient in either pass: its angle says nothing, and the authors' ε would call it 90°)."""
@@ -192,6 +226,8 @@ def write_report(study_dir: str, out: str, c, times: dict | None = None, n_boot:
                 if not records:
                     continue
                 secs = [float(r["seconds"]) for r in records if "seconds" in r]
+                if protocol == "paper" and (shares := routed_shares(records)) is not None:
+                    summary.setdefault("routed_shares", {})[params] = shares
                 summary.setdefault("query_seconds", {})[f"{params}/{protocol}"] = {
                     "queries": len(records), "timed": len(secs), "total": round(sum(secs), 1)}
                 for weighting in ("advantage", "loglik"):
@@ -284,6 +320,13 @@ def render(summary: dict) -> str:
             lines.append(f"| {key}{how} | {s['queries']} | {_fmt(s['cross'])} | "
                          f"{'—' if near is None else f'{near:.0%}'} | {same[0]} | {same[1]} | {tests[0]} | {tests[1]} |")
         lines.append("")
+    for params, sh in (summary.get("routed_shares") or {}).items():
+        r, t = sh["reasoning"], sh["tool"]
+        lines += [f"Routed adapters ({params}): share of a role's squared gradient norm on its own adapter, per "
+                  f"trajectory, median [IQR] (min): reasoning tokens on the reasoning adapter {r['median']:.3f} "
+                  f"[{r['q1']:.3f}, {r['q3']:.3f}] ({r['min']:.3f}, n {r['n']}); tool tokens on the tool adapter "
+                  f"{t['median']:.3f} [{t['q1']:.3f}, {t['q3']:.3f}] ({t['min']:.3f}, n {t['n']}). Shares near 1 "
+                  "would make the cross-role angle ≈ 90° by construction (disjoint parameters).", ""]
     if summary["authors"]:
         lines += ["## Authors' protocol (5-response batches, per parameter tensor)", "",
                   "Cross = tool-span gradient vs answer-span gradient of subset A; same = tool-span gradients of "

@@ -114,3 +114,23 @@ def test_authors_filters_and_layer_tests_on_hand_made_data():
     assert few[0]["n"] == 9 and np.isnan(few[0]["p"])  # fewer than 10 pairs: no test (the authors' rule)
     with pytest.raises(ValueError, match="one shape"):
         ga.layer_tests(cross, same[:5], lay)
+
+
+def test_routed_shares_by_hand():
+    """DART's two adapters: the share of each role's squared gradient norm on its own adapter, from Gram
+    diagonals. G = 2 trajectories; columns (reasoning 0, reasoning 1, tool 0, tool 1); four units."""
+    from dart_jax.analysis.grad_report import routed_shares
+    names = np.asarray(["['reasoning'].params['q']['a']", "['reasoning'].params['q']['b']",
+                        "['tool'].params['q']['a']", "['tool'].params['q']['b']"])
+    sq = np.asarray([[3.0, 1.0, 1.0, 0.0],    # per unit: squared norms of the four gradients
+                     [1.0, 1.0, 1.0, 2.0],
+                     [0.0, 1.0, 2.0, 1.0],
+                     [0.0, 1.0, 4.0, 1.0]])
+    gram = np.stack([np.diag(row) for row in sq])
+    rec = {"names": names, "gram": gram, "present": np.asarray([True, True, True, False])}
+    out = routed_shares([rec])
+    assert out["reasoning"]["n"] == 2 and out["reasoning"]["median"] == pytest.approx((4 / 4 + 2 / 4) / 2)
+    assert out["tool"]["n"] == 1 and out["tool"]["median"] == pytest.approx(6 / 8)   # tool 1 has no tokens
+    assert out["reasoning"]["min"] == pytest.approx(0.5)
+    shared = {"names": np.asarray(["['shared'].params['q']['a']"] * 4), "gram": gram, "present": rec["present"]}
+    assert routed_shares([shared]) is None   # not DART's adapters: nothing to say
