@@ -11,7 +11,7 @@ Training data (required; a clear error names what is missing): SkyRL-SQL-653 as 
 verl-format parquet; `db_root` is SkyRL's `db_path` (OmniSQL's data/ folder, holding
 SynSQL-2.5M/databases, spider/database and bird/train/train_databases). Every shipped evaluation set
 (Spider dev / DK / Realistic / Syn, BIRD dev / mini-dev) is excluded from it by question.
-Reward +1 / −1 (SkyRL's format check, then execution match; `--config.reward.sql_shaping=skyrl` for
+Reward +1 / −1 (SkyRL's format check, then execution match with result rows compared as sets; `--config.reward.sql_shaping=skyrl` for
 SkyRL's +1 / 0 / −1), empty gold results earn nothing, a failing gold query drops its prompt; max 5
 turns, observation tables truncated to 50 rows, 5 s tool timeout, 30 s reward timeout.
 """
@@ -31,6 +31,7 @@ def get_config(arg: str | None = None):
     c.model.path = "models/Qwen2.5-Coder-7B-Instruct"
     c.data.train = [dict(reader="skyrl_sql", path="", db_root="", data_source="skyrl_sql",
                          exclude=exclusion_specs("sql"))]
+    c.reward.sql_match = "set"  # SkyRL-SQL's frozenset comparison of result rows, as published (REFERENCE §9)
     c.rollout.max_turns = 5
     c.rollout.max_tokens_per_turn = 1024
     c.rollout.max_response_tokens = 6144

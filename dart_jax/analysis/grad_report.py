@@ -140,15 +140,18 @@ def routed_shares(records: list[dict]) -> dict | None:
     tool-token gradient's on the tool adapter (Gram diagonals summed by adapter; the weighting only scales a
     gradient, so the shares are the same under both). Hard routing sends a role's tokens through its own
     adapter only, but the loss reaches the other adapter through attention to positions routed there, so a
-    cross-role angle near 90° is not by construction unless these shares are near 1. None when the units
-    are not DART's two adapters (the shared LoRA, or full parameters)."""
+    cross-role angle near 90° is not by construction unless both shares are near 1. Also the cross-role
+    angle restricted to each adapter (reasoning vs tool gradient of one trajectory, on that adapter's units
+    only). None when the units are not DART's two adapters (the shared LoRA, or full parameters)."""
     shares = {role: [] for role in ROUTED}
+    cross_on = {role: [] for role in ROUTED}
     for r in records:
         names = np.asarray([str(n) for n in r["names"]])
         own = {role: np.char.startswith(names, f"['{role}']") for role in ROUTED}
         if not (own["reasoning"].any() and own["tool"].any()) or (own["reasoning"] | own["tool"]).sum() != len(names):
             return None
-        sq = np.einsum("tii->ti", np.asarray(r["gram"], np.float64))  # (units, 2G) squared norms
+        gram = np.asarray(r["gram"], np.float64)
+        sq = np.einsum("tii->ti", gram)  # (units, 2G) squared norms
         g = sq.shape[1] // 2  # columns: reasoning gradients of the G trajectories, then their tool gradients
         for k, role in enumerate(ROUTED):
             for i in range(g):
@@ -156,13 +159,21 @@ def routed_shares(records: list[dict]) -> dict | None:
                 total = sq[:, col].sum()
                 if r["present"][col] and total > 0:
                     shares[role].append(float(sq[own[role], col].sum() / total))
-    out = {}
-    for role, v in shares.items():
-        v = np.asarray(v)
+        for role in ROUTED:
+            u = own[role]
+            for i in range(g):
+                if r["present"][i] and r["present"][g + i]:
+                    cross_on[role].append(float(defined_angle(gram[u, i, g + i].sum(), sq[u, i].sum(),
+                                                              sq[u, g + i].sum())))
+
+    def quartiles(v):
+        v = np.asarray(v, np.float64)
+        v = v[np.isfinite(v)]
         q1, med, q3 = np.percentile(v, [25, 50, 75]) if len(v) else (np.nan,) * 3
-        out[role] = {"n": int(len(v)), "median": float(med), "q1": float(q1), "q3": float(q3),
-                     "min": float(v.min()) if len(v) else float("nan")}
-    return out
+        return {"n": int(len(v)), "median": float(med), "q1": float(q1), "q3": float(q3),
+                "min": float(v.min()) if len(v) else float("nan")}
+    return {**{role: quartiles(v) for role, v in shares.items()},
+            "cross_on": {role: quartiles(v) for role, v in cross_on.items()}}
 
 
 def defined_angle(dot, n1, n2) -> np.ndarray:
@@ -325,8 +336,10 @@ def render(summary: dict) -> str:
         lines += [f"Routed adapters ({params}): share of a role's squared gradient norm on its own adapter, per "
                   f"trajectory, median [IQR] (min): reasoning tokens on the reasoning adapter {r['median']:.3f} "
                   f"[{r['q1']:.3f}, {r['q3']:.3f}] ({r['min']:.3f}, n {r['n']}); tool tokens on the tool adapter "
-                  f"{t['median']:.3f} [{t['q1']:.3f}, {t['q3']:.3f}] ({t['min']:.3f}, n {t['n']}). Shares near 1 "
-                  "would make the cross-role angle ≈ 90° by construction (disjoint parameters).", ""]
+                  f"{t['median']:.3f} [{t['q1']:.3f}, {t['q3']:.3f}] ({t['min']:.3f}, n {t['n']}). Both shares near "
+                  "1 would make the cross-role angle ≈ 90° by construction (disjoint parameters). Cross-role angle "
+                  "on one adapter's units only: reasoning adapter "
+                  f"{_fmt(sh['cross_on']['reasoning'])}, tool adapter {_fmt(sh['cross_on']['tool'])}.", ""]
     if summary["authors"]:
         lines += ["## Authors' protocol (5-response batches, per parameter tensor)", "",
                   "Cross = tool-span gradient vs answer-span gradient of subset A; same = tool-span gradients of "

@@ -103,7 +103,8 @@ def markdown(results: dict) -> str:
              f"task {s['task']}, {mode}, limit {s.get('limit') or 'none'}, "
              f"{'fixed retrieval from ' + s['fixed_retrieval'] if s.get('fixed_retrieval') else 'live tool'}"
              + (", Spider EX with DISTINCT deleted from both queries (test-suite's default)"
-                if s.get("keep_distinct") is False else ""), "",
+                if s.get("keep_distinct") is False and any(d.get("semantics") == "spider"
+                                                           for d in results["datasets"].values()) else ""), "",
              main_table(results), "", "## Per dataset", "", detail_table(results), "",
              "## Against the paper (METHOD §6)",
              "", paper_table(results)]

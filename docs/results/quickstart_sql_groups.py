@@ -56,8 +56,9 @@ _SOLUTION = re.compile(r"<solution>(.*?)</solution>", re.DOTALL)
 
 
 def final_solution(t: dict) -> str | None:
-    """The last `<solution>…</solution>` of a stored trajectory (its text pieces, prompt excluded), or None."""
-    found = _SOLUTION.findall(str(t["pieces"]))
+    """The last `<solution>…</solution>` the policy wrote in a stored trajectory (its own pieces: observations
+    and the prompt left out), or None."""
+    found = _SOLUTION.findall("".join(p["text"] for p in t["pieces"] if p.get("loss")))
     return found[-1] if found else None
 
 

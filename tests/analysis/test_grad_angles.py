@@ -127,10 +127,16 @@ def test_routed_shares_by_hand():
                      [0.0, 1.0, 2.0, 1.0],
                      [0.0, 1.0, 4.0, 1.0]])
     gram = np.stack([np.diag(row) for row in sq])
+    gram[0, 0, 2] = gram[0, 2, 0] = np.sqrt(3.0)  # unit 0: reasoning 0 and tool 0 parallel there
     rec = {"names": names, "gram": gram, "present": np.asarray([True, True, True, False])}
     out = routed_shares([rec])
     assert out["reasoning"]["n"] == 2 and out["reasoning"]["median"] == pytest.approx((4 / 4 + 2 / 4) / 2)
     assert out["tool"]["n"] == 1 and out["tool"]["median"] == pytest.approx(6 / 8)   # tool 1 has no tokens
     assert out["reasoning"]["min"] == pytest.approx(0.5)
+    # cross-role angle of trajectory 0 on the reasoning adapter's units: √3 / (√4 · √2)
+    on = out["cross_on"]
+    assert on["reasoning"]["n"] == 1 and on["reasoning"]["median"] == pytest.approx(
+        np.degrees(np.arccos(np.sqrt(3.0) / (2.0 * np.sqrt(2.0)))))
+    assert on["tool"]["median"] == pytest.approx(90.0)   # reasoning 0 has nothing on the tool adapter
     shared = {"names": np.asarray(["['shared'].params['q']['a']"] * 4), "gram": gram, "present": rec["present"]}
     assert routed_shares([shared]) is None   # not DART's adapters: nothing to say

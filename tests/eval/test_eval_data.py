@@ -170,6 +170,8 @@ def test_side_by_side_with_the_matching_paper_row(tmp_path):
     assert md == markdown(res) and "| test policy | 0.500 |" in md
     assert "DISTINCT" not in md                      # the EX convention is named only when it is not ours
     res["setup"]["keep_distinct"] = False
+    assert "DISTINCT" not in markdown(res)           # … and only where a set is scored with Spider semantics
+    next(iter(res["datasets"].values()))["semantics"] = "spider"
     assert "DISTINCT deleted from both queries" in markdown(res)
 
 
