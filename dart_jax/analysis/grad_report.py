@@ -47,7 +47,7 @@ def _describe(v) -> dict:
         return {"n": 0}
     q1, med, q3 = np.percentile(v, [25, 50, 75])
     return {"n": int(len(v)), "mean": float(v.mean()), "median": float(med), "q1": float(q1), "q3": float(q3),
-            "share_80_100": float(np.mean((v >= NEAR_90[0]) & (v <= NEAR_90[1])))}
+            "min": float(v.min()), "share_80_100": float(np.mean((v >= NEAR_90[0]) & (v <= NEAR_90[1])))}
 
 
 def paired_test(cross: np.ndarray, same: np.ndarray, n_boot: int = 10_000, seed: int = 0) -> dict:
@@ -165,15 +165,8 @@ def routed_shares(records: list[dict]) -> dict | None:
                 if r["present"][i] and r["present"][g + i]:
                     cross_on[role].append(float(defined_angle(gram[u, i, g + i].sum(), sq[u, i].sum(),
                                                               sq[u, g + i].sum())))
-
-    def quartiles(v):
-        v = np.asarray(v, np.float64)
-        v = v[np.isfinite(v)]
-        q1, med, q3 = np.percentile(v, [25, 50, 75]) if len(v) else (np.nan,) * 3
-        return {"n": int(len(v)), "median": float(med), "q1": float(q1), "q3": float(q3),
-                "min": float(v.min()) if len(v) else float("nan")}
-    return {**{role: quartiles(v) for role, v in shares.items()},
-            "cross_on": {role: quartiles(v) for role, v in cross_on.items()}}
+    return {**{role: _describe(v) for role, v in shares.items()},
+            "cross_on": {role: _describe(v) for role, v in cross_on.items()}}
 
 
 def defined_angle(dot, n1, n2) -> np.ndarray:
@@ -331,12 +324,12 @@ def render(summary: dict) -> str:
             lines.append(f"| {key}{how} | {s['queries']} | {_fmt(s['cross'])} | "
                          f"{'—' if near is None else f'{near:.0%}'} | {same[0]} | {same[1]} | {tests[0]} | {tests[1]} |")
         lines.append("")
+    def share(d):
+        return f"{d['median']:.3f} [{d['q1']:.3f}, {d['q3']:.3f}] ({d['min']:.3f}, n {d['n']})" if d.get("n") else "—"
     for params, sh in (summary.get("routed_shares") or {}).items():
-        r, t = sh["reasoning"], sh["tool"]
         lines += [f"Routed adapters ({params}): share of a role's squared gradient norm on its own adapter, per "
-                  f"trajectory, median [IQR] (min): reasoning tokens on the reasoning adapter {r['median']:.3f} "
-                  f"[{r['q1']:.3f}, {r['q3']:.3f}] ({r['min']:.3f}, n {r['n']}); tool tokens on the tool adapter "
-                  f"{t['median']:.3f} [{t['q1']:.3f}, {t['q3']:.3f}] ({t['min']:.3f}, n {t['n']}). Both shares near "
+                  f"trajectory, median [IQR] (min): reasoning tokens on the reasoning adapter {share(sh['reasoning'])}; "
+                  f"tool tokens on the tool adapter {share(sh['tool'])}. Both shares near "
                   "1 would make the cross-role angle ≈ 90° by construction (disjoint parameters). Cross-role angle "
                   "on one adapter's units only: reasoning adapter "
                   f"{_fmt(sh['cross_on']['reasoning'])}, tool adapter {_fmt(sh['cross_on']['tool'])}.", ""]

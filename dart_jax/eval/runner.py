@@ -60,13 +60,18 @@ def score_qa(text: str, golds: list[str]) -> dict:
     return {"answer": answer, "score": em(answer, golds), "retrieval_hit": bool(retrieval_correct(text, golds))}
 
 
+def distinct_kept(keep_distinct: bool, semantics: str) -> bool:
+    """Whether queries run with their DISTINCT: deleting it is test-suite's (Spider) convention only."""
+    return keep_distinct or semantics != "spider"
+
+
 def score_sql(text: str, db_path: str, gold_sql: str, semantics: str, timeout_s: float,
               keep_distinct: bool = True) -> dict:
     solution = extract_solution(text)
     if solution is None:
         return {"solution": None, "score": 0.0, "error": "no <solution>"}
     ok, details = execution_match(db_path, solution, gold_sql, semantics, timeout_s,
-                                  keep_distinct=keep_distinct or semantics != "spider")
+                                  keep_distinct=distinct_kept(keep_distinct, semantics))
     return {"solution": solution, "score": float(ok), "error": details.get("error")}
 
 
@@ -86,7 +91,7 @@ class Evaluator:
         if s.task == "sql":  # a gold query that fails cannot score anything: skip and count it
             good = []
             for r in rows:
-                gold = r["query"] if self.options.keep_distinct or s.semantics != "spider" else remove_distinct(r["query"])
+                gold = r["query"] if distinct_kept(self.options.keep_distinct, s.semantics) else remove_distinct(r["query"])
                 if execute(r["db_path"], gold, self.options.sql_timeout_s, 100_000).ok:
                     good.append(r)
                 else:
