@@ -23,7 +23,7 @@ import os
 import numpy as np
 
 from dart_jax.analysis import grad_angles as ga
-from dart_jax.analysis.grad_run import flip, paper_pairs
+from dart_jax.analysis.grad_run import PROTOCOLS, flip, paper_pairs
 
 KINDS = ("cross", "same_reasoning", "same_tool")
 NEAR_90 = (80.0, 100.0)
@@ -212,8 +212,42 @@ def authors_tables(records: list[dict], weighting: str):
                                                                                "kept": int(keep.sum())}
 
 
-def write_report(study_dir: str, out: str, c, times: dict | None = None, n_boot: int = 10_000) -> dict:
-    """Everything under `study_dir`/grads -> `out`/{angles.csv, summary.json, report.md, *.png}."""
+def authors_routed(records: list[dict], weighting: str) -> dict | None:
+    """The authors' statistics on each of a DART policy's two routed adapters: per sample, the cross
+    (tool(A) vs answer(A)) and same (tool(A) vs tool(B)) angles flattened over one adapter's units only
+    (all samples, as the flattened column), and the per-tensor angles on that adapter over the kept
+    samples (as the per-layer statistics). None when the units are not DART's two adapters."""
+    if not records:
+        return None
+    names = np.asarray([str(n) for n in records[0]["names"]])
+    own = {role: np.char.startswith(names, f"['{role}']") for role in ROUTED}
+    if not (own["reasoning"].any() and own["tool"].any()) or (own["reasoning"] | own["tool"]).sum() != len(names):
+        return None
+    mats = {"cross": [], "same": []}
+    flat = {role: {"cross": [], "same": []} for role in ROUTED}
+    for r in records:
+        for kind in ("cross", "same"):
+            dot, n1, n2 = (np.asarray(r[f"{weighting}_{kind}_{x}"], np.float64) for x in ("dot", "n1", "n2"))
+            mats[kind].append(defined_angle(dot, n1, n2))
+            for role in ROUTED:
+                u = own[role]
+                flat[role][kind].append(float(defined_angle(dot[u].sum(), n1[u].sum(), n2[u].sum())))
+    cross, same = np.stack(mats["cross"]), np.stack(mats["same"])
+    keep = ga.drop_flat_samples(cross) & ga.drop_flat_samples(same)
+    out = {}
+    for role in ROUTED:
+        u = own[role]
+        out[role] = {"flattened": {k: _describe(v) for k, v in flat[role].items()},
+                     "per_tensor": {"cross": _describe(cross[keep][:, u].ravel()),
+                                    "same": _describe(same[keep][:, u].ravel())}}
+    return out
+
+
+def write_report(study_dir: str, out: str, c, times: dict | None = None, n_boot: int = 10_000,
+                 cells: list[tuple[str, str]] | None = None) -> dict:
+    """`study_dir`/grads/<params>/<protocol> for each (params, protocol) of `cells` (default: the config's
+    params × protocols; those without gradients are left out) -> `out`/{angles.csv, summary.json, report.md,
+    *.png}. The setting's params / protocols become the ones reported."""
     from dart_jax.analysis import grad_plots
     os.makedirs(out, exist_ok=True)
     summary: dict = {"setting": {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in c.items()},
@@ -224,52 +258,59 @@ def write_report(study_dir: str, out: str, c, times: dict | None = None, n_boot:
         w = csv.writer(f)
         w.writerow(["protocol", "params", "weighting", "query", "a", "b", "kind", "tensor", "layer", "angle",
                     "identical"])
-        for params in c.params:
-            for protocol in c.protocols:
-                records = _load(os.path.join(study_dir, "grads", params, protocol))
-                if not records:
-                    continue
-                secs = [float(r["seconds"]) for r in records if "seconds" in r]
-                if protocol == "paper" and (shares := routed_shares(records)) is not None:
-                    summary.setdefault("routed_shares", {})[params] = shares
-                summary.setdefault("query_seconds", {})[f"{params}/{protocol}"] = {
-                    "queries": len(records), "timed": len(secs), "total": round(sum(secs), 1)}
-                for weighting in ("advantage", "loglik"):
-                    key = f"{params}/{weighting}"
-                    if protocol == "paper":
-                        rows, flat, med, per_layer, shares = paper_tables(records, weighting)
-                        s = {k: _describe(v) for k, v in flat.items()}
-                        s["identical_share"] = shares
-                        s["queries"] = len(records)
-                        s["exact"] = bool(all(bool(r["exact"]) for r in records))
-                        s["sketch_dim"] = int(max(int(r["sketch_dim"]) for r in records))
-                        for kind in ("same_reasoning", "same_tool", "same_reasoning_distinct", "same_tool_distinct"):
-                            s[f"cross_vs_{kind}"] = paired_test(med["cross"], med[kind], n_boot)
-                        s["per_layer"] = {k: {int(ly): _describe(v) for ly, v in per_layer[k].items()}
-                                          for k in per_layer}
-                        summary["paper"][key] = s
-                        paper_figs[key] = {k: flat[k] for k in ("cross", "same_reasoning_distinct",
-                                                                  "same_tool_distinct")}
-                        layer_figs[("paper", key)] = ({k: per_layer[k] for k in ("cross", "same_reasoning_distinct",
-                                                                                  "same_tool_distinct")}, None)
-                    else:
-                        rows, m, layers, flat, counts = authors_tables(records, weighting)
-                        s = {"flattened": {k: _describe(v) for k, v in flat.items()}, **counts,
-                             "cross_vs_same": paired_test(flat["cross"], flat["same"], n_boot)}
-                        if m:
-                            s["per_layer"] = {"cross": ga.layer_summary(m["cross"], layers),
-                                              "same": ga.layer_summary(m["same"], layers),
-                                              "tests": ga.layer_tests(m["cross"], m["same"], layers,
-                                                                      int(c.get("min_n", 10)))}
-                            layer_figs[("authors", key)] = (
-                                {"cross": {int(ly): m["cross"][:, layers == ly].ravel().tolist()
-                                           for ly in sorted(set(layers.tolist()))},
-                                 "same": {int(ly): m["same"][:, layers == ly].ravel().tolist()
-                                          for ly in sorted(set(layers.tolist()))}},
-                                s["per_layer"]["tests"])
-                        summary["authors"][key] = s
-                    for row in rows:
-                        w.writerow([row[0], params, *row[1:]])
+        reported = []
+        for params, protocol in (cells if cells is not None else
+                                 [(p, q) for p in c.params for q in c.protocols]):
+            records = _load(os.path.join(study_dir, "grads", params, protocol))
+            if not records:
+                continue
+            reported.append((params, protocol))
+            secs = [float(r["seconds"]) for r in records if "seconds" in r]
+            if protocol == "paper" and (shares := routed_shares(records)) is not None:
+                summary.setdefault("routed_shares", {})[params] = shares
+            summary.setdefault("query_seconds", {})[f"{params}/{protocol}"] = {
+                "queries": len(records), "timed": len(secs), "total": round(sum(secs), 1)}
+            for weighting in ("advantage", "loglik"):
+                key = f"{params}/{weighting}"
+                if protocol == "paper":
+                    rows, flat, med, per_layer, shares = paper_tables(records, weighting)
+                    s = {k: _describe(v) for k, v in flat.items()}
+                    s["identical_share"] = shares
+                    s["queries"] = len(records)
+                    s["exact"] = bool(all(bool(r["exact"]) for r in records))
+                    s["sketch_dim"] = int(max(int(r["sketch_dim"]) for r in records))
+                    for kind in ("same_reasoning", "same_tool", "same_reasoning_distinct", "same_tool_distinct"):
+                        s[f"cross_vs_{kind}"] = paired_test(med["cross"], med[kind], n_boot)
+                    s["per_layer"] = {k: {int(ly): _describe(v) for ly, v in per_layer[k].items()}
+                                      for k in per_layer}
+                    summary["paper"][key] = s
+                    paper_figs[key] = {k: flat[k] for k in ("cross", "same_reasoning_distinct",
+                                                              "same_tool_distinct")}
+                    layer_figs[("paper", key)] = ({k: per_layer[k] for k in ("cross", "same_reasoning_distinct",
+                                                                              "same_tool_distinct")}, None)
+                else:
+                    rows, m, layers, flat, counts = authors_tables(records, weighting)
+                    s = {"flattened": {k: _describe(v) for k, v in flat.items()}, **counts,
+                         "cross_vs_same": paired_test(flat["cross"], flat["same"], n_boot)}
+                    if m:
+                        s["per_layer"] = {"cross": ga.layer_summary(m["cross"], layers),
+                                          "same": ga.layer_summary(m["same"], layers),
+                                          "tests": ga.layer_tests(m["cross"], m["same"], layers,
+                                                                  int(c.get("min_n", 10)))}
+                        layer_figs[("authors", key)] = (
+                            {"cross": {int(ly): m["cross"][:, layers == ly].ravel().tolist()
+                                       for ly in sorted(set(layers.tolist()))},
+                             "same": {int(ly): m["same"][:, layers == ly].ravel().tolist()
+                                      for ly in sorted(set(layers.tolist()))}},
+                            s["per_layer"]["tests"])
+                    if (routed := authors_routed(records, weighting)) is not None:
+                        s["routed"] = routed
+                    summary["authors"][key] = s
+                for row in rows:
+                    w.writerow([row[0], params, *row[1:]])
+    if reported:
+        summary["setting"]["params"] = list(dict.fromkeys(p for p, _ in reported))
+        summary["setting"]["protocols"] = [q for q in PROTOCOLS if any(q == r for _, r in reported)]
     files = {"angles": csv_path}
     if paper_figs:
         files["histogram"] = grad_plots.cross_vs_same(paper_figs, os.path.join(out, "paper_cross_vs_same.png"))
@@ -349,6 +390,12 @@ def render(summary: dict) -> str:
             lines.append(f"| {key} | {s['kept']}/{s['samples']} | {_fmt(s['flattened']['cross'])} | "
                          f"{_fmt(s['flattened']['same'])} | {test} | {len(sig)}/{n_l} |")
         lines.append("")
+        for key, s in summary["authors"].items():
+            if "routed" in s:
+                lines += [f"Routed adapters ({key}), one adapter's units only: " + "; ".join(
+                    f"{role} adapter: flattened cross {_fmt(v['flattened']['cross'])}, same "
+                    f"{_fmt(v['flattened']['same'])}; per tensor (kept samples) cross {_fmt(v['per_tensor']['cross'])}, "
+                    f"same {_fmt(v['per_tensor']['same'])}" for role, v in s["routed"].items()) + ".", ""]
     times = summary.get("stage_seconds") or {}
     qs = summary.get("query_seconds") or {}
     if times or qs:

@@ -386,10 +386,30 @@ class Study(StageLog):
         return out
 
     # -- report ------------------------------------------------------------------------------------
+    def report_cells(self) -> list[tuple[str, str]]:
+        """Every (params, protocol) with gradients on disk computed under this study's settings, the config's
+        first: --params / --protocol restrict what the grads stage computes, not what the report shows (a stage
+        run for one protocol keeps the other's results in the report). Gradients computed under other settings
+        are left out, with a warning naming the difference."""
+        cells = []
+        for params in dict.fromkeys([*self.c.params, *PARAMS]):
+            for protocol in dict.fromkeys([*self.c.protocols, *PROTOCOLS]):
+                if not os.path.isdir(self.grad_dir(params, protocol)):
+                    continue
+                diffs = self.grads_mismatch(params, protocol)
+                if diffs:
+                    log.warning("grad_angles report: %s was computed under other settings (%s): left out (run "
+                                "--stage=grads --params=%s --protocol=%s to compute it again)",
+                                self.grad_dir(params, protocol), "; ".join(diffs), params, protocol)
+                    continue
+                cells.append((params, protocol))
+        return cells
+
     def report(self) -> dict:
         from dart_jax.analysis.grad_report import write_report
         t0 = time.perf_counter()
-        summary = write_report(self.out, os.path.join(self.out, "report"), self.c, self.times())
+        summary = write_report(self.out, os.path.join(self.out, "report"), self.c, self.times(),
+                               cells=self.report_cells())
         self._record("report", "all", time.perf_counter() - t0)
         return summary
 

@@ -140,3 +140,31 @@ def test_routed_shares_by_hand():
     assert on["tool"]["median"] == pytest.approx(90.0)   # reasoning 0 has nothing on the tool adapter
     shared = {"names": np.asarray(["['shared'].params['q']['a']"] * 4), "gram": gram, "present": rec["present"]}
     assert routed_shares([shared]) is None   # not DART's adapters: nothing to say
+
+
+def test_authors_routed_by_hand():
+    """The authors' statistics on each of DART's two adapters: flattened over one adapter's units (all
+    samples) and per tensor over the kept samples. Two samples, four units; sample 1 has identical
+    gradients everywhere (every angle 0°), so the authors' rule drops it from the per-tensor view."""
+    from dart_jax.analysis.grad_report import authors_routed
+    names = np.asarray(["['reasoning'].params['q']['a']", "['reasoning'].params['q']['b']",
+                        "['tool'].params['q']['a']", "['tool'].params['q']['b']"])
+    one = np.ones(4)
+    s0 = {"advantage_cross_dot": np.asarray([1.0, 0.0, 2.0, 0.0]), "advantage_cross_n1": np.asarray([1.0, 1.0, 4.0, 1.0]),
+          "advantage_cross_n2": one, "advantage_same_dot": np.zeros(4), "advantage_same_n1": one,
+          "advantage_same_n2": one}
+    s1 = {k: one for k in s0}
+    out = authors_routed([{"names": names, **s0}, {"names": names, **s1}], "advantage")
+    # sample 0, reasoning units: dot 1, |a|² 2, |b|² 2 -> cos 1/2 -> 60°; tool units: 2 / √(5·2)
+    assert out["reasoning"]["flattened"]["cross"]["n"] == 2
+    assert out["reasoning"]["flattened"]["cross"]["median"] == pytest.approx((60.0 + 0.0) / 2)
+    assert out["tool"]["flattened"]["cross"]["median"] == pytest.approx(
+        np.degrees(np.arccos(2 / np.sqrt(10.0))) / 2)
+    assert out["tool"]["flattened"]["same"]["median"] == pytest.approx((90.0 + 0.0) / 2)
+    # per tensor, kept sample 0 only: cross units (0°, 90°) on each adapter, same all 90°
+    for role in ("reasoning", "tool"):
+        pt = out[role]["per_tensor"]
+        assert pt["cross"]["n"] == 2 and pt["cross"]["median"] == pytest.approx(45.0)
+        assert pt["same"]["median"] == pytest.approx(90.0)
+    shared = {"names": np.asarray(["['shared'].params['q']['a']"] * 4), **s0}
+    assert authors_routed([shared], "advantage") is None

@@ -189,12 +189,15 @@ def test_grads_and_report_match_direct_passes_and_resume(studied, capsys):
     c3.grad_angles.authors_k = 4
     assert Study(c3).grads_mismatch("adapters", "authors") == ["authors_k: 3 → 4"]
     assert Study(c3).grads_mismatch("adapters", "paper") == []
+    # ... and a report under the changed setting leaves them out rather than mislabel them
+    assert Study(c3).report_cells() == [("adapters", "paper"), ("full", "paper")]
 
     # report, through the command
     assert launch_ga.main(["--config=configs/grad_angles_quickstart.py", f"--config.model.path={c.model.path}",
                            "--config.warm_start=", f"--out={c.grad_angles.out}", "--config.grad_angles.group_size=4",
                            "--config.grad_angles.authors_k=3", "--config.grad_angles.queries=2",
-                           "--config.grad_angles.min_n=2", "--stage=report"]) == 0
+                           "--config.grad_angles.min_n=2", "--stage=report",
+                           "--params=full", "--protocol=paper"]) == 0  # restricts the grads stage, not the report
     printed = capsys.readouterr().out
     assert "paper full/loglik: cross" in printed and "authors adapters/advantage" in printed
     rep = os.path.join(c.grad_angles.out, "report")
@@ -214,6 +217,7 @@ def test_grads_and_report_match_direct_passes_and_resume(studied, capsys):
     for name in ("report.md", "paper_cross_vs_same.png", "authors_layers_full_advantage.png"):
         assert os.path.getsize(os.path.join(rep, name)) > 0, name
     assert "| full/loglik |" in open(os.path.join(rep, "report.md")).read()
+    assert summary["setting"]["params"] == ["full", "adapters"] and summary["setting"]["protocols"] == ["paper", "authors"]
 
 
 def test_the_sketch_agrees_with_the_exact_gram(studied, tmp_path):
