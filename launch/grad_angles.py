@@ -12,8 +12,8 @@ Stages under config.grad_angles.out (or --out): sample (G rollouts per query unt
 have mixed outcomes), grads (per-role gradients per query; one file per query, so an interrupted
 stage resumes), report (angles.csv, summary.json, report.md, figures). A stage whose output exists
 is skipped; stages.json records each stage's wall time. --params / --protocol restrict the
-config's lists for the grads stage (params: full = the whole backbone, adapters = a shared LoRA, or
-the checkpoint's adapters); the report covers every parameter set and protocol whose gradients are on
+config's lists for the grads stage (params: full = the whole backbone, under a checkpoint's adapters held
+fixed if it has any; adapters = a shared LoRA, or the checkpoint's adapters); the report covers every parameter set and protocol whose gradients are on
 disk.
 """
 

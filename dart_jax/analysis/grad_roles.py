@@ -15,7 +15,8 @@ spans; `tool`: inside them, the closing tag included; `answer`: the final answer
 authors' M_Reas role). `tags_in_tool` adds the opening tag to the tool role (the authors' tool-span
 mask, "tags included"; the router gives it to reasoning, whose position predicts it). The gradient is
 with respect to the trainable tree of `method`: the whole backbone (variant `full`: the paper's
-`params=full`) or the adapters (`dart` / `lora`).
+`params=full`) or the adapters (`dart` / `lora`); with `wrt="base"` and an adapter method, with respect
+to the backbone of the adapted policy (the adapters held fixed: `params=full` on a trained DART policy).
 """
 
 from __future__ import annotations
@@ -36,17 +37,23 @@ ROLES = ("reasoning", "tool", "answer")
 
 class RoleGradients:
     """grads(params, base, ids, positions, loss_mask, advantages, role) -> gradient tree (fp32, like the
-    trainable `params`) of L_role over the given rows (one trajectory: the paper's per-trajectory
-    gradient; a group: the authors' per-group gradient)."""
+    trainable `params`; like `base` when `wrt="base"`) of L_role over the given rows (one trajectory: the
+    paper's per-trajectory gradient; a group: the authors' per-group gradient)."""
 
     def __init__(self, cfg, method: MethodSpec, router, weighting: str = "advantage", temperature: float = 1.0,
-                 chunk: int = 128, pad_multiple: int = 64, answer_tags=None, tags_in_tool: bool = False):
+                 chunk: int = 128, pad_multiple: int = 64, answer_tags=None, tags_in_tool: bool = False,
+                 wrt: str = "trainable"):
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting {weighting!r}; expected one of {WEIGHTINGS}")
+        if wrt not in ("trainable", "base"):
+            raise ValueError(f"wrt {wrt!r}; expected 'trainable' or 'base'")
+        if wrt == "base" and (method.trains_base or method.variant == "2agent"):
+            raise ValueError(f"wrt='base' differentiates the backbone under fixed adapters; method "
+                             f"{method.variant!r} has no adapters to hold fixed (use wrt='trainable')")
         if method.isolation != "forward":
             raise ValueError("per-role gradients come from separate passes: use isolation='forward' (a strict "
                              "method splits each pass again)")
-        self.cfg, self.method, self.router, self.weighting = cfg, method, router, weighting
+        self.cfg, self.method, self.router, self.weighting, self.wrt = cfg, method, router, weighting, wrt
         self.pad_multiple, self.answer_tags, self.tags_in_tool = pad_multiple, answer_tags, tags_in_tool
         def loss(params, base, tokens, positions, routes, mask, w):
             # the surrogate's value at ratio 1 is −Σ w·m / Σ m; its gradient is that of −Σ w·m·log π / Σ m
@@ -55,7 +62,7 @@ class RoleGradients:
                                         temperature=temperature, chunk=chunk)
             return -jnp.sum(w[:, None] * mask * logp) / jnp.sum(mask)
 
-        self._grad = jax.jit(jax.grad(loss))
+        self._grad = jax.jit(jax.grad(loss, argnums=1 if wrt == "base" else 0))
 
     def arrays(self, ids: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray, role: str) -> dict:
         """Token arrays of the rows with the loss mask restricted to `role`."""

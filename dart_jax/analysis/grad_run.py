@@ -16,7 +16,8 @@
     stages.json               each stage's wall time
 
 Gradients (analysis.grad_roles): one backward pass per role, the GRPO surrogate at ratio 1 restricted to
-the role's tokens, token-mean; `params=full` differentiates the whole backbone (the paper), `adapters`
+the role's tokens, token-mean; `params=full` differentiates the whole backbone (the paper; of a checkpoint's adapted policy, its
+adapters held fixed), `adapters`
 the policy's adapters (a fresh shared LoRA of rank `adapter_rank` when the policy has none: its B = 0,
 so only B receives gradient, g_B = g_W·Aᵀ, a random projection of the backbone's gradient).
 
@@ -253,22 +254,22 @@ class Study(StageLog):
         router = RouterSpec((ids[protocol.tool_open],), (ids[protocol.tool_close],),
                             pol.router_convention or self.config.router.convention)
         answer_tags = (tuple(tag_variants(tok, protocol.answer_open)), tuple(tag_variants(tok, protocol.answer_close)))
-        if params == "full":
-            if pol.adapters:
-                raise ValueError("params=full differentiates the backbone of a policy without adapters; this policy "
-                                 f"has {sorted(pol.adapters)} (use params=adapters, or no --checkpoint)")
+        wrt = "trainable"
+        if params == "full" and not pol.adapters:
             method = MethodSpec("full")
             tree = pol.base
         elif pol.adapters:
             names = sorted(pol.adapters)
             method = MethodSpec("dart" if len(names) == 2 else "lora", rank=int(self.config.method.rank))
             tree = pol.adapters
+            if params == "full":  # the adapted policy's backbone gradient, its adapters held fixed
+                wrt = "base"
         else:
             rank = int(self.c.adapter_rank)
             method = MethodSpec("lora", rank=rank, alpha=2.0 * rank)
             tree = init_adapters(method, pol.cfg, jax.random.PRNGKey(int(self.c.seed)))
         rg = RoleGradients(pol.cfg, method, router, weighting, pad_multiple=int(self.config.train.pad_multiple),
-                           answer_tags=answer_tags, tags_in_tool=tags_in_tool)
+                           answer_tags=answer_tags, tags_in_tool=tags_in_tool, wrt=wrt)
         return rg, tree, pol.base
 
     def grad_settings(self, params: str, protocol: str) -> dict:
@@ -336,7 +337,7 @@ class Study(StageLog):
         rg, tree, base = self._role_grads(params, "loglik")
         n = len(g.scores)
         adv = np.asarray(grpo_advantages(jnp.asarray(g.scores), jnp.zeros(n, jnp.int32), 1))
-        exact = 2 * n * tree_nbytes(tree) <= float(self.c.exact_max_gb) * 2 ** 30
+        exact = 2 * n * tree_nbytes(base if rg.wrt == "base" else tree) <= float(self.c.exact_max_gb) * 2 ** 30
         if not exact and self._sketch is None:
             self._sketch = ga.Sketch(int(self.c.sketch_dim), int(self.c.sketch_seed))
         sketch = self._sketch
