@@ -134,6 +134,16 @@ def paper_tables(records: list[dict], weighting: str):
 ROUTED = ("reasoning", "tool")  # the two adapters of a DART policy, first key of a unit's name
 
 
+def routed_units(names) -> dict | None:
+    """{role: mask over units} when every unit belongs to one of DART's two adapters (its name starts with
+    "['reasoning']" or "['tool']") and both occur; else None (a shared LoRA, or full parameters)."""
+    names = np.asarray([str(n) for n in names])
+    own = {role: np.char.startswith(names, f"['{role}']") for role in ROUTED}
+    if not (own["reasoning"].any() and own["tool"].any()) or (own["reasoning"] | own["tool"]).sum() != len(names):
+        return None
+    return own
+
+
 def routed_shares(records: list[dict]) -> dict | None:
     """Where each role's gradient lies when the parameters are a DART policy's two routed adapters: per
     trajectory, the share of the reasoning-token gradient's squared norm on the reasoning adapter and of the
@@ -146,9 +156,8 @@ def routed_shares(records: list[dict]) -> dict | None:
     shares = {role: [] for role in ROUTED}
     cross_on = {role: [] for role in ROUTED}
     for r in records:
-        names = np.asarray([str(n) for n in r["names"]])
-        own = {role: np.char.startswith(names, f"['{role}']") for role in ROUTED}
-        if not (own["reasoning"].any() and own["tool"].any()) or (own["reasoning"] | own["tool"]).sum() != len(names):
+        own = routed_units(r["names"])
+        if own is None:
             return None
         gram = np.asarray(r["gram"], np.float64)
         sq = np.einsum("tii->ti", gram)  # (units, 2G) squared norms
@@ -219,9 +228,8 @@ def authors_routed(records: list[dict], weighting: str) -> dict | None:
     samples (as the per-layer statistics). None when the units are not DART's two adapters."""
     if not records:
         return None
-    names = np.asarray([str(n) for n in records[0]["names"]])
-    own = {role: np.char.startswith(names, f"['{role}']") for role in ROUTED}
-    if not (own["reasoning"].any() and own["tool"].any()) or (own["reasoning"] | own["tool"]).sum() != len(names):
+    own = routed_units(records[0]["names"])
+    if own is None:
         return None
     mats = {"cross": [], "same": []}
     flat = {role: {"cross": [], "same": []} for role in ROUTED}
