@@ -231,6 +231,8 @@ def authors_routed(records: list[dict], weighting: str) -> dict | None:
     own = routed_units(records[0]["names"])
     if own is None:
         return None
+    if any(not np.array_equal(np.asarray(r["names"]), np.asarray(records[0]["names"])) for r in records[1:]):
+        raise ValueError("authors_routed: the records' units differ (gradients of different parameter trees)")
     mats = {"cross": [], "same": []}
     flat = {role: {"cross": [], "same": []} for role in ROUTED}
     for r in records:

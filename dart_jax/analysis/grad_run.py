@@ -170,9 +170,7 @@ class Study(StageLog):
         settings_path = os.path.join(d, "settings.json")
         want = self.settings()
         if os.path.isfile(settings_path):
-            with open(settings_path) as f:
-                got = json.load(f)
-            diffs = [f"{k}: {got.get(k)!r} → {want[k]!r}" for k in want if got.get(k) != want[k]]
+            diffs = self.sample_mismatch()
             if diffs:
                 log.warning("grad_angles sample: %s was sampled differently (%s): sampling again (and the gradients "
                             "of the old rollouts are removed)", d, "; ".join(diffs))
@@ -285,6 +283,17 @@ class Study(StageLog):
             out.update(authors_k=int(c.authors_k), seed=int(c.seed))
         return out
 
+    def sample_mismatch(self) -> list[str]:
+        """How the rollouts on disk were sampled differently from this study's settings ([] when alike or
+        when nothing was sampled yet)."""
+        path = os.path.join(self.rollout_dir(), "settings.json")
+        if not os.path.isfile(path):
+            return []
+        with open(path) as f:
+            got = json.load(f)
+        want = self.settings()
+        return [f"{k}: {got.get(k)!r} → {want[k]!r}" for k in want if got.get(k) != want[k]]
+
     def grads_mismatch(self, params: str, protocol: str) -> list[str]:
         path = os.path.join(self.grad_dir(params, protocol), "settings.json")
         if not os.path.isfile(path):
@@ -391,11 +400,23 @@ class Study(StageLog):
         """Every (params, protocol) with gradients on disk computed under this study's settings, the config's
         first: --params / --protocol restrict what the grads stage computes, not what the report shows (a stage
         run for one protocol keeps the other's results in the report). Gradients computed under other settings
-        are left out, with a warning naming the difference."""
+        are left out, with a warning naming the difference, and so are gradients whose settings are unknown
+        (no settings.json). Rollouts sampled under other settings are an error: the report would misdescribe
+        them (the sample stage resamples)."""
+        diffs = self.sample_mismatch()
+        if diffs:
+            raise ValueError(f"grad_angles report: the rollouts under {self.rollout_dir()} were sampled under other "
+                             f"settings ({'; '.join(diffs)}): run the sample stage (it samples again) or report with "
+                             "the settings they were sampled with")
         cells = []
         for params in dict.fromkeys([*self.c.params, *PARAMS]):
             for protocol in dict.fromkeys([*self.c.protocols, *PROTOCOLS]):
                 if not os.path.isdir(self.grad_dir(params, protocol)):
+                    continue
+                if not os.path.isfile(os.path.join(self.grad_dir(params, protocol), "settings.json")):
+                    log.warning("grad_angles report: %s has no settings.json (settings unknown): left out (run "
+                                "--stage=grads --params=%s --protocol=%s to compute it again)",
+                                self.grad_dir(params, protocol), params, protocol)
                     continue
                 diffs = self.grads_mismatch(params, protocol)
                 if diffs:

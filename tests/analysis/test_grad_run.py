@@ -191,6 +191,20 @@ def test_grads_and_report_match_direct_passes_and_resume(studied, capsys):
     assert Study(c3).grads_mismatch("adapters", "paper") == []
     # ... and a report under the changed setting leaves them out rather than mislabel them
     assert Study(c3).report_cells() == [("adapters", "paper"), ("full", "paper")]
+    # gradients whose settings are unknown are left out too; rollouts sampled otherwise are an error
+    st = os.path.join(Study(c).grad_dir("full", "authors"), "settings.json")
+    os.rename(st, st + ".away")
+    assert ("full", "authors") not in Study(c).report_cells()
+    os.rename(st + ".away", st)
+    rs = os.path.join(Study(c).rollout_dir(), "settings.json")  # the chunks here were written by hand
+    with open(rs, "w") as f:
+        json.dump(Study(c).settings(), f)
+    assert Study(c).sample_mismatch() == []
+    c4 = c.copy_and_resolve_references()
+    c4.grad_angles.temperature = 0.5
+    with pytest.raises(ValueError, match="temperature: 1.0 → 0.5"):
+        Study(c4).report_cells()
+    os.remove(rs)
 
     # report, through the command
     assert launch_ga.main(["--config=configs/grad_angles_quickstart.py", f"--config.model.path={c.model.path}",
