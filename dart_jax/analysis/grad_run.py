@@ -16,10 +16,10 @@
     stages.json               each stage's wall time
 
 Gradients (analysis.grad_roles): one backward pass per role, the GRPO surrogate at ratio 1 restricted to
-the role's tokens, token-mean; `params=full` differentiates the whole backbone (the paper; of a checkpoint's adapted policy, its
-adapters held fixed), `adapters`
-the policy's adapters (a fresh shared LoRA of rank `adapter_rank` when the policy has none: its B = 0,
-so only B receives gradient, g_B = g_W·Aᵀ, a random projection of the backbone's gradient).
+the role's tokens, token-mean; `params=full` differentiates the whole backbone (the paper; under a
+checkpoint's adapters held fixed), `adapters` the policy's adapters (a fresh shared LoRA of rank
+`adapter_rank` when the policy has none: its B = 0, so only B receives gradient, g_B = g_W·Aᵀ, a random
+projection of the backbone's gradient).
 
 Weighting (the paper leaves open whether the advantage weights the per-trajectory gradient): the paper
 protocol computes the log-likelihood gradient g(τ) once per (trajectory, role); the advantage-weighted
@@ -411,18 +411,15 @@ class Study(StageLog):
         cells = []
         for params in dict.fromkeys([*self.c.params, *PARAMS]):
             for protocol in dict.fromkeys([*self.c.protocols, *PROTOCOLS]):
-                if not os.path.isdir(self.grad_dir(params, protocol)):
+                d = self.grad_dir(params, protocol)
+                if not os.path.isdir(d):
                     continue
-                if not os.path.isfile(os.path.join(self.grad_dir(params, protocol), "settings.json")):
-                    log.warning("grad_angles report: %s has no settings.json (settings unknown): left out (run "
-                                "--stage=grads --params=%s --protocol=%s to compute it again)",
-                                self.grad_dir(params, protocol), params, protocol)
-                    continue
-                diffs = self.grads_mismatch(params, protocol)
+                diffs = (self.grads_mismatch(params, protocol) if os.path.isfile(os.path.join(d, "settings.json"))
+                         else ["no settings.json: settings unknown"])
                 if diffs:
                     log.warning("grad_angles report: %s was computed under other settings (%s): left out (run "
                                 "--stage=grads --params=%s --protocol=%s to compute it again)",
-                                self.grad_dir(params, protocol), "; ".join(diffs), params, protocol)
+                                d, "; ".join(diffs), params, protocol)
                     continue
                 cells.append((params, protocol))
         return cells
