@@ -5,7 +5,7 @@
                               + warm start, or a checkpoint), `chunk` queries at a time, until `queries`
                               groups with mixed outcomes (some right, some wrong) are in hand or the pool
                               (`datasets`, first `limit`) ends; settings.json records what sampled them, and
-                              a different setting samples again (with a warning naming why)
+                              a different setting samples again (with a warning naming why): analysis.grad_sample
     grads/<params>/<protocol>/<uid>.npz
                               per mixed query: `paper` — the Gram matrix, per unit (tensor × layer), of the
                               2G per-trajectory role gradients (reasoning of each trajectory, tool of each);
@@ -35,7 +35,6 @@ analysis.grad_angles.Sketch), whose angles the tests hold to exact ones.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -56,6 +55,7 @@ from dart_jax.analysis.grad_angles import (  # noqa: F401  (the stages' helpers,
     tree_nbytes,
 )
 
+from dart_jax.analysis.grad_sample import Group, Rollouts  # noqa: F401  (Group re-exported)
 from dart_jax.analysis.stage_log import StageLog
 
 log = logging.getLogger(__name__)
@@ -81,18 +81,7 @@ def _section(config):
     return c
 
 
-@dataclasses.dataclass
-class Group:
-    """One query's G trajectories (numpy, as sampled)."""
-    uid: str
-    ids: np.ndarray
-    positions: np.ndarray
-    loss_mask: np.ndarray
-    scores: np.ndarray
-    accuracy: np.ndarray
-
-
-class Study(StageLog):
+class Study(Rollouts, StageLog):
     """The stages of one gradient-alignment experiment; each skips what its outputs show is done."""
 
     def __init__(self, config, checkpoint: str | None = None, step: int | None = None):
@@ -111,120 +100,6 @@ class Study(StageLog):
             self._policy = load_eval_policy(self.config, run_mesh(self.config), self.checkpoint, step=self.step,
                                             seed=int(self.c.seed))
         return self._policy
-
-    # -- sample ------------------------------------------------------------------------------------
-    def settings(self) -> dict:
-        from dart_jax.rollout.agent import trajectory_settings
-        c = self.c
-        return {"model": self.config.model.path, "warm_start": self.config.get("warm_start", "") or "",
-                "checkpoint": self.checkpoint or "", "step": self.step, "datasets": sorted(c.datasets),
-                "limit": int(c.limit) if c.limit else None, "group_size": int(c.group_size),
-                "temperature": float(c.temperature), "seed": int(c.seed), "chunk": int(c.chunk),
-                "rollout": trajectory_settings(self.config.rollout)}
-
-    def rollout_dir(self) -> str:
-        return os.path.join(self.out, "rollouts")
-
-    def _chunks(self) -> list[str]:
-        d = self.rollout_dir()
-        if not os.path.isdir(d):
-            return []
-        return sorted(os.path.join(d, f) for f in os.listdir(d)
-                      if f.startswith("chunk_") and f.endswith(".npz") and not f.endswith(".tmp.npz"))
-
-    def groups(self) -> list[Group]:
-        """Every sampled group, in sampling order."""
-        out = []
-        for path in self._chunks():
-            z = np.load(path, allow_pickle=False)
-            g = int(z["group_size"])
-            for q, uid in enumerate(z["uids"].tolist()):
-                s = slice(q * g, (q + 1) * g)
-                out.append(Group(uid, z["ids"][s], z["positions"][s], z["loss_mask"][s], z["scores"][s],
-                                 z["accuracy"][s]))
-        return out
-
-    def mixed_groups(self) -> list[Group]:
-        return [g for g in self.groups() if mixed(g.accuracy)][:int(self.c.queries)]
-
-    def _pool(self) -> list[dict]:
-        from dart_jax.eval.datasets import load_set, resolve
-        rows = []
-        for s in resolve(list(self.c.datasets), self.config.task):
-            r, _ = load_set(s, int(self.c.limit) if self.c.limit else None)
-            rows += r
-        return rows
-
-    def sample(self) -> dict:
-        from dart_jax.rewards.training import make_reward
-        from dart_jax.rl import stages as rl_stages
-        from dart_jax.rl.sections import reward_config, section
-        from dart_jax.rollout.agent import Agent, RolloutConfig
-        from dart_jax.rollout.protocol import PROTOCOLS as TASKS
-        from dart_jax.rollout.sampling import SamplingConfig
-        from dart_jax.run.held_out import task_accuracy
-        from dart_jax.run.policy import run_mesh
-        from dart_jax.run.task import build_tool
-
-        c, d = self.c, self.rollout_dir()
-        settings_path = os.path.join(d, "settings.json")
-        want = self.settings()
-        if os.path.isfile(settings_path):
-            diffs = self.sample_mismatch()
-            if diffs:
-                log.warning("grad_angles sample: %s was sampled differently (%s): sampling again (and the gradients "
-                            "of the old rollouts are removed)", d, "; ".join(diffs))
-                for p in self._chunks():
-                    os.remove(p)
-                shutil.rmtree(os.path.join(self.out, "grads"), ignore_errors=True)
-        os.makedirs(d, exist_ok=True)
-        with open(settings_path, "w") as f:
-            json.dump(want, f, indent=1)
-        rows = self._pool()
-        chunks = self._chunks()
-        have = len(self.mixed_groups())
-        start = len(chunks) * int(c.chunk)
-        if have >= int(c.queries) or start >= len(rows):
-            log.info("grad_angles sample: done (%d mixed groups of %d queries sampled)", have, start)
-            return {"mixed": have, "sampled": min(start, len(rows)), "status": "skipped"}
-        pol = self.policy()
-        protocol = TASKS[self.config.task]
-        agent = Agent(pol.cfg, pol.tokenizer, protocol, build_tool(self.config, protocol),
-                      SamplingConfig(temperature=float(c.temperature)),
-                      RolloutConfig(**section(self.config, "rollout"), route_mode=pol.route_mode),
-                      pol.router_convention or self.config.router.convention, mesh=run_mesh(self.config))
-        reward = make_reward(self.config.task, reward_config(self.config))
-        from tqdm.auto import tqdm
-        bar = tqdm(total=int(c.queries), initial=have, desc="mixed groups", unit="query")
-        t0 = time.perf_counter()
-        k = len(chunks)
-        while have < int(c.queries) and start < len(rows):
-            part = rows[start:start + int(c.chunk)]
-            seed = int(c.seed) * 1_000_003 + k
-            ro = rl_stages.rollout(agent, (pol.base, pol.adapters), part, int(c.group_size), seed)
-            sc = reward.score(ro.tb.response_text, ro.metas)
-            acc = task_accuracy(self.config.task, ro.tb.response_text, ro.metas, sc.scores)
-            tb = ro.tb
-            path = os.path.join(d, f"chunk_{k:03d}.npz")
-            with open(os.path.join(d, f"chunk_{k:03d}.jsonl"), "w") as f:
-                for i, text in enumerate(tb.response_text):
-                    f.write(json.dumps({"uid": str(tb.uids[i]), "score": float(sc.scores[i]),
-                                        "accuracy": float(acc[i]), "response": text}, ensure_ascii=False) + "\n")
-            np.savez_compressed(path + ".tmp.npz", ids=tb.ids, positions=tb.positions, loss_mask=tb.loss_mask,
-                     scores=sc.scores, accuracy=acc, uids=np.asarray([str(r["id"]) for r in part]),
-                     group_size=int(c.group_size), seed=seed)
-            os.replace(path + ".tmp.npz", path)  # a chunk exists whole or not at all
-            new = len(self.mixed_groups())
-            bar.update(new - have)
-            self._record("sample", f"chunk_{k:03d}", time.perf_counter() - t0, mixed=new - have,
-                         trajectories=len(tb.response_text))
-            t0 = time.perf_counter()
-            have, start, k = new, start + len(part), k + 1
-        bar.close()
-        if have < int(c.queries):
-            log.warning("grad_angles sample: the pool (%d queries) gave %d mixed groups of the %d asked", len(rows),
-                        have, int(c.queries))
-        return {"mixed": have, "sampled": min(start, len(rows)), "status": "sampled"}
 
     # -- gradients ---------------------------------------------------------------------------------
     def grad_dir(self, params: str, protocol: str) -> str:
@@ -282,17 +157,6 @@ class Study(StageLog):
         else:
             out.update(authors_k=int(c.authors_k), seed=int(c.seed))
         return out
-
-    def sample_mismatch(self) -> list[str]:
-        """How the rollouts on disk were sampled differently from this study's settings ([] when alike or
-        when nothing was sampled yet)."""
-        path = os.path.join(self.rollout_dir(), "settings.json")
-        if not os.path.isfile(path):
-            return []
-        with open(path) as f:
-            got = json.load(f)
-        want = self.settings()
-        return [f"{k}: {got.get(k)!r} → {want[k]!r}" for k in want if got.get(k) != want[k]]
 
     def grads_mismatch(self, params: str, protocol: str) -> list[str]:
         path = os.path.join(self.grad_dir(params, protocol), "settings.json")
