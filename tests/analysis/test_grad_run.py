@@ -230,7 +230,10 @@ def test_grads_and_report_match_direct_passes_and_resume(studied, capsys):
     assert units and {r["kind"] for r in units} == {"cross", "same"}
     for name in ("report.md", "paper_cross_vs_same.png", "authors_layers_full_advantage.png"):
         assert os.path.getsize(os.path.join(rep, name)) > 0, name
-    assert "| full/loglik |" in open(os.path.join(rep, "report.md")).read()
+    text = open(os.path.join(rep, "report.md")).read()
+    assert "| full/loglik |" in text
+    walls = text.split("## Wall time")[1].split("Files:")[0]
+    assert walls.count("- grads full/paper:") == 1 and "s a query" in walls  # per-query time, not the stage twice
     assert summary["setting"]["params"] == ["full", "adapters"] and summary["setting"]["protocols"] == ["paper", "authors"]
 
 
