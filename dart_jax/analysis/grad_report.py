@@ -416,7 +416,8 @@ def render(summary: dict) -> str:
                              f"({v['total'] / v['timed']:.0f} s a query)")
         for stage, items in times.items():
             for item, v in items.items():
-                if stage != "grads" or item not in qs:  # a cell's queries carry its time, over every sitting
+                # a reported cell's queries carry its time over every sitting; cells not reported are left out
+                if stage != "grads" or (item in qs and not qs[item]["timed"]):
                     lines.append(f"- {stage} {item}: {v['seconds']:.0f} s")
         lines.append("")
     lines += ["Files: " + ", ".join(os.path.basename(p) for p in summary.get("files", {}).values()), ""]

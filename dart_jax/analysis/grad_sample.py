@@ -37,7 +37,8 @@ class Group:
 
 
 class Rollouts:
-    """Sampling and reading the rollouts of a `Study` (config section `c`, `out`, `policy()`, `_record`)."""
+    """Sampling and reading the rollouts of a `Study` (`config`, its section `c`, `checkpoint`, `step`, `out`,
+    `policy()`, `_record`)."""
 
     def settings(self) -> dict:
         from dart_jax.rollout.agent import trajectory_settings
