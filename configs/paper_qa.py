@@ -1,8 +1,7 @@
 """The paper's QA setups (METHOD §5–6): DART, Search-R1 (full-parameter GRPO) and LoRA-16.
 
+    python -m launch.prepare_data qa --input=/data/nq_hotpotqa_train/train.parquet --out=data/nq_hotpotqa_train
     python -m launch.train --config=configs/paper_qa.py:dart,qwen2.5-3b-base \
-        --config.model.path=/models/Qwen2.5-3B \
-        --config.data.train[0].path=/data/nq_hotpotqa_train/train.parquet \
         --config.retriever.url=http://127.0.0.1:8000/retrieve
 
 method: dart | search_r1 | lora16 | mixlora | 2agent | 2agent_lora
@@ -19,18 +18,20 @@ ablation compares it with DART), 2-Agent-LoRA as two rank-8 LoRAs over the froze
 checkpoint every 20 steps. Observations capped at 1024 tokens (DART) / 500 (Search-R1); invalid
 actions end the row (DART) / get Search-R1's corrective message. Retrieval: a Search-R1 server
 (E5-base-v2 over wiki-18) at `retriever.url`; serve one with `python -m launch.serve_retriever`.
-Model paths are fields: nothing downloads.
+Models are Hugging Face hub ids read from the local Hugging Face cache (`hf download Qwen/Qwen2.5-3B`
+before the run; nothing downloads during it); `--config.model.path=/models/Qwen2.5-3B`, a local
+directory, works as well.
 """
 
 from configs import base
 
 MODELS = {
-    "qwen2.5-3b-base": "models/Qwen2.5-3B",
-    "qwen2.5-3b-instruct": "models/Qwen2.5-3B-Instruct",
-    "qwen2.5-7b-base": "models/Qwen2.5-7B",
-    "qwen2.5-7b-instruct": "models/Qwen2.5-7B-Instruct",
-    "llama3.1-8b-instruct": "models/Llama-3.1-8B-Instruct",
-    "qwen3-14b-base": "models/Qwen3-14B-Base",
+    "qwen2.5-3b-base": "Qwen/Qwen2.5-3B",
+    "qwen2.5-3b-instruct": "Qwen/Qwen2.5-3B-Instruct",
+    "qwen2.5-7b-base": "Qwen/Qwen2.5-7B",
+    "qwen2.5-7b-instruct": "Qwen/Qwen2.5-7B-Instruct",
+    "llama3.1-8b-instruct": "meta-llama/Llama-3.1-8B-Instruct",
+    "qwen3-14b-base": "Qwen/Qwen3-14B-Base",
 }
 METHODS = ("dart", "search_r1", "lora16", "mixlora", "2agent", "2agent_lora")
 
@@ -45,7 +46,7 @@ def qa_common(c, model: str):
         raise ValueError(f"model {model!r}; expected one of {sorted(MODELS)}")
     c.model.path = MODELS[model]
     c.task = "qa"
-    c.data.train = base.search_r1_data("data/nq_hotpotqa_train/train.parquet")
+    c.data.train = [dict(spec, prepare="qa") for spec in base.search_r1_data("data/nq_hotpotqa_train/train.parquet")]
     c.retriever.url = "http://127.0.0.1:8000/retrieve"
     c.retriever.topk = 3
     c.rollout.max_turns = 4

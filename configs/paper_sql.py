@@ -1,16 +1,22 @@
 """The paper's NL2SQL setups (METHOD §1, §6) on Qwen2.5-Coder-7B(-Instruct), SkyRL-SQL protocol.
 
-    python -m launch.train --config=configs/paper_sql.py:dart --config.model.path=/models/Qwen2.5-Coder-7B-Instruct \
-        --config.data.train[0].path=/data/SkyRL-SQL-653-data-newfmt/train.parquet \
-        --config.data.train[0].db_root=/data/sql/db_files/data
+    python -m launch.prepare_data sql --input=/data/skyrl_sql_653/train.parquet --db-root=/data/omnisql/data \
+        --out=data/skyrl_sql
+    python -m launch.train --config=configs/paper_sql.py:dart
 
 method: dart | lora | full (Sky-SQL's full-parameter GRPO) | mixlora (DART's budget: rank-8 attention
 LoRAs, 2 FFN experts of rank 8, top-2, router aux 0.001)
 
-Training data (required; a clear error names what is missing): SkyRL-SQL-653 as published, newfmt or
-verl-format parquet; `db_root` is SkyRL's `db_path` (OmniSQL's data/ folder, holding
-SynSQL-2.5M/databases, spider/database and bird/train/train_databases). Every shipped evaluation set
-(Spider dev / DK / Realistic / Syn, BIRD dev / mini-dev) is excluded from it by question.
+Model: the hub id Qwen/Qwen2.5-Coder-7B-Instruct, read from the local Hugging Face cache (`hf download
+Qwen/Qwen2.5-Coder-7B-Instruct` before the run; nothing downloads during it);
+`--config.model.path=DIR` takes a local directory instead.
+
+Training data: data/skyrl_sql/train.parquet, SkyRL-SQL-653 as launch.prepare_data sql writes it (its
+rows carry their database path; a missing file names the command). A published newfmt or
+verl-format parquet works too with `--config.data.train[0].path=FILE --config.data.train[0].db_root=DIR`,
+DIR being SkyRL's `db_path` (OmniSQL's data/ folder, holding SynSQL-2.5M/databases, spider/database
+and bird/train/train_databases). Every shipped evaluation set (Spider dev / DK / Realistic / Syn,
+BIRD dev / mini-dev) is excluded from it by question.
 Reward +1 / −1 (SkyRL's format check, then execution match with result rows compared as sets; `--config.reward.sql_shaping=skyrl` for
 SkyRL's +1 / 0 / −1), empty gold results earn nothing, a failing gold query drops its prompt; max 5
 turns, observation tables truncated to 50 rows, 5 s tool timeout, 30 s reward timeout.
@@ -28,9 +34,9 @@ def get_config(arg: str | None = None):
         raise ValueError(f"method {method!r}; expected one of {METHODS}")
     c = base.get()
     c.task = "sql"
-    c.model.path = "models/Qwen2.5-Coder-7B-Instruct"
-    c.data.train = [dict(reader="skyrl_sql", path="", db_root="", data_source="skyrl_sql",
-                         exclude=exclusion_specs("sql"))]
+    c.model.path = "Qwen/Qwen2.5-Coder-7B-Instruct"
+    c.data.train = [dict(reader="skyrl_sql", path="data/skyrl_sql/train.parquet", db_root="", data_source="skyrl_sql",
+                         prepare="sql", exclude=exclusion_specs("sql"))]
     c.reward.sql_match = "set"  # SkyRL-SQL's frozenset comparison of result rows, as published (REFERENCE §9)
     c.rollout.max_turns = 5
     c.rollout.max_tokens_per_turn = 1024

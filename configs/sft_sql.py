@@ -1,7 +1,6 @@
 """LoRA warm start for the NL2SQL protocol (SkyRL-SQL tags) on Spider *train*.
 
     python -m launch.sft --config=configs/sft_sql.py \
-        --config.model.path=/models/Qwen2.5-Coder-7B-Instruct \
         --config.sft.data[0].path=/data/spider/train_spider.json --config.sft.data[0].db_root=/data/spider/database
     python -m launch.train --config=configs/paper_sql.py:dart --config.warm_start=runs/sft_sql/warm_start ...
 
@@ -24,7 +23,7 @@ from dart_jax.eval.datasets import exclusion_specs
 def get_config():
     c = base.get()
     c.task = "sql"
-    c.model.path = "models/Qwen2.5-Coder-7B-Instruct"
+    c.model.path = "Qwen/Qwen2.5-Coder-7B-Instruct"
     c.method.variant = "lora"
     c.method.rank = 16
     c.method.alpha = 32.0

@@ -117,13 +117,15 @@ def test_paper_sql_needs_its_training_file_and_excludes_every_evaluation_set(tmp
     from dart_jax.rl.trainer import Trainer
     c = paper_sql.get_config("dart")
     spec = dict(c.data.train[0])
-    assert spec["reader"] == "skyrl_sql" and "spider/dev" not in spec["path"]
+    assert spec["reader"] == "skyrl_sql" and spec["path"] == "data/skyrl_sql/train.parquet"
     assert {e["data_source"] for e in spec["exclude"]} == {s.name for s in SQL_SETS}
     c.model.path = str(tmp_path / "no-model")  # the data check comes first
+    c.data.train = [dict(spec, path="")]
     with pytest.raises(DataError, match="has no path"):
         Trainer(c)
     c.data.train = [dict(spec, path=str(tmp_path / "SkyRL-SQL-653" / "train.parquet"))]
-    with pytest.raises(FileNotFoundError, match="SkyRL-SQL-653/train.parquet"):
+    with pytest.raises(FileNotFoundError, match="SkyRL-SQL-653/train.parquet not found; prepare it with: "
+                                                "python -m launch.prepare_data sql"):
         Trainer(c)
     qa = paper_qa.get_config("dart,qwen2.5-3b-base")
     assert {e["data_source"] for e in qa.data.train[0]["exclude"]} >= {"nq", "triviaqa", "popqa", "bamboogle"}

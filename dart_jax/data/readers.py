@@ -23,17 +23,23 @@ from typing import Any, Iterable, Sequence
 
 from dart_jax.data.corpus import read_jsonl
 from dart_jax.data.text import normalize_answer
+from dart_jax.errors import UserError
 
 log = logging.getLogger(__name__)
 
 
-class DataError(ValueError):
-    pass
+class DataError(UserError):
+    """A dataset file or row the readers cannot use. `reason` is a short category ("missing
+    question", "empty answers", …): launch.prepare_data counts the rows it drops by it."""
+
+    def __init__(self, message: str, reason: str = "invalid row"):
+        super().__init__(message)
+        self.reason = reason
 
 
 def _need(row: dict, field: str, path: str, k: int) -> Any:
     if field not in row or row[field] is None:
-        raise DataError(f"{path}: row {k} has no field {field!r} (fields: {sorted(row)})")
+        raise DataError(f"{path}: row {k} has no field {field!r} (fields: {sorted(row)})", f"missing {field}")
     return row[field]
 
 
@@ -52,10 +58,40 @@ def _answers(value, path: str, k: int) -> list[str]:
         return _answers(value["target"], path, k)
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value) and value:
         return list(value)
-    raise DataError(f"{path}: row {k} has golden answers {value!r}; expected a string or a non-empty list of strings")
+    reason = ("missing answers" if value is None else
+              "empty answers" if isinstance(value, (list, tuple)) and not value else "invalid answers")
+    raise DataError(f"{path}: row {k} has golden answers {value!r}; expected a string or a non-empty list of strings",
+                    reason)
 
 
 _QUESTION = re.compile(r"Question:\s*(.*?)\s*$", re.S)
+
+
+def search_r1_row(r: dict, path: str, k: int, data_source: str | None = None) -> dict:
+    """Row `k` of a Search-R1 parquet as a task row: the question from `question` or the prompt's
+    'Question: …' line, answers from `golden_answers` or `reward_model.ground_truth.target`, uid
+    '{data_source}-{id}' (`id`, else `extra_info.index`, else k). Raises DataError (with its reason)."""
+    source = data_source or _need(r, "data_source", path, k)
+    if r.get("question"):
+        question = r["question"]
+    else:
+        prompt = r.get("prompt")
+        text = prompt[-1]["content"] if isinstance(prompt, list) and prompt else str(prompt or "")
+        m = _QUESTION.search(text)
+        if not m:
+            raise DataError(f"{path}: row {k} has no 'question' and its prompt has no 'Question: …' line",
+                            "missing question")
+        question = m.group(1)
+    if r.get("golden_answers") is not None:
+        gold = _answers(r["golden_answers"], path, k)
+    else:
+        rm = r.get("reward_model")
+        if rm is None or rm.get("ground_truth") is None:
+            raise DataError(f"{path}: row {k} has neither 'golden_answers' nor 'reward_model.ground_truth'",
+                            "missing answers")
+        gold = _answers(rm["ground_truth"], path, k)
+    rid = r.get("id") if r.get("id") is not None else (r.get("extra_info") or {}).get("index", k)
+    return {"id": f"{source}-{rid}", "question": question, "golden_answers": gold, "data_source": source}
 
 
 def read_search_r1_parquet(path: str, data_source: str | None = None) -> list[dict]:
@@ -63,25 +99,7 @@ def read_search_r1_parquet(path: str, data_source: str | None = None) -> list[di
     import pyarrow.parquet as pq
 
     table = pq.read_table(_exists(path)).to_pylist()
-    rows = []
-    for k, r in enumerate(table):
-        source = data_source or _need(r, "data_source", path, k)
-        if r.get("question"):
-            question = r["question"]
-        else:
-            prompt = _need(r, "prompt", path, k)
-            text = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
-            m = _QUESTION.search(text)
-            if not m:
-                raise DataError(f"{path}: row {k} has no 'question' and its prompt has no 'Question: …' line")
-            question = m.group(1)
-        if r.get("golden_answers") is not None:
-            gold = _answers(r["golden_answers"], path, k)
-        else:
-            rm = _need(r, "reward_model", path, k)
-            gold = _answers(_need(rm, "ground_truth", f"{path}: reward_model", k), path, k)
-        rid = r.get("id") if r.get("id") is not None else (r.get("extra_info") or {}).get("index", k)
-        rows.append({"id": f"{source}-{rid}", "question": question, "golden_answers": gold, "data_source": source})
+    rows = [search_r1_row(r, path, k, data_source) for k, r in enumerate(table)]
     return _unique(rows, path)
 
 
@@ -194,15 +212,39 @@ def _skyrl_question(r: dict, path: str, k: int) -> tuple[str, str]:
     message '{db_details}:SCHEMA;\n {external_knowledge}: EVIDENCE;\n {question}: QUESTION'."""
     if r.get("question"):
         return str(r["question"]), str(r.get("external_knowledge") or r.get("evidence") or "")
-    prompt = _need(r, "prompt", path, k)
+    prompt = r.get("prompt")
     if hasattr(prompt, "tolist"):
         prompt = prompt.tolist()
-    users = [m.get("content", "") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-    m = _SKYRL_USER.search(users[-1]) if users else None
+    users = [m.get("content", "") for m in prompt or () if isinstance(m, dict) and m.get("role") == "user"]
+    m = _SKYRL_USER.search(users[-1] or "") if users else None
     if m is None:
         raise DataError(f"{path}: row {k} has no 'question' and its user message is not SkyRL-SQL's "
-                        "'{db_details}:…;\n {external_knowledge}: …;\n {question}: …'")
+                        "'{db_details}:…;\n {external_knowledge}: …;\n {question}: …'", "missing question")
     return m.group("question").strip(), m.group("evidence").strip()
+
+
+def skyrl_sql_row(r: dict, path: str, k: int, roots: Sequence[str], data_source: str = "skyrl_sql") -> dict:
+    """Row `k` of a SkyRL-SQL file as a task row (see `read_skyrl_sql`); `db_path` is the first
+    candidate database that exists (the row's own `db_path`, written by launch.prepare_data, then
+    each root's `{root}/{SKYRL_DB_FOLDERS[data]}/{db_id}/{db_id}.sqlite`), else the first candidate.
+    Raises DataError (with its reason)."""
+    db_id = _need(r, "db_id", path, k)
+    spec = r.get("reward_spec") or r.get("reward_model") or {}
+    gold = spec.get("ground_truth") or next((r[f] for f in ("sql", "SQL", "query", "gold_sql") if r.get(f)), None)
+    if not gold:
+        raise DataError(f"{path}: row {k} has no gold SQL (reward_spec.ground_truth, reward_model.ground_truth "
+                        "or sql)", "missing gold SQL")
+    kind = r.get("data")
+    if kind is not None and kind not in SKYRL_DB_FOLDERS:
+        raise DataError(f"{path}: row {k} has data={kind!r}; expected one of {sorted(SKYRL_DB_FOLDERS)}",
+                        "unknown data kind")
+    folders = [SKYRL_DB_FOLDERS[kind]] if kind else [""]
+    candidates = ([r["db_path"]] if r.get("db_path") else []) + [
+        os.path.join(root, f, db_id, f"{db_id}.sqlite") for root in (list(roots) or [""]) for f in folders]
+    db = next((c for c in candidates if os.path.isfile(c)), candidates[0])
+    question, evidence = _skyrl_question(r, path, k)
+    return {"id": f"{data_source}-{k}", "question": question, "query": gold, "db_id": db_id,
+            "db_path": db, "evidence": evidence, "data_source": data_source}
 
 
 def read_skyrl_sql(path: str, db_root, data_source: str = "skyrl_sql", require_db: bool = True
@@ -212,7 +254,8 @@ def read_skyrl_sql(path: str, db_root, data_source: str = "skyrl_sql", require_d
     `data` ∈ {synsql, spider, bird}, gold SQL in `reward_spec.ground_truth` (newfmt) or
     `reward_model.ground_truth` (verl format). The database of a row is
     `{root}/{SKYRL_DB_FOLDERS[data]}/{db_id}/{db_id}.sqlite` under the first `db_root` that has it
-    (the `db_path` of SkyRL's env config: OmniSQL's data/ folder). Rows with a flat `sql` and the
+    (the `db_path` of SkyRL's env config: OmniSQL's data/ folder), or the row's own `db_path` (the
+    files launch.prepare_data writes carry it, so they need no root). Rows with a flat `sql` and the
     database directly under the root (`{root}/{db_id}/{db_id}.sqlite`) are read too. The prompt is
     rebuilt by our SkyRL-SQL template (`data.prompts.sql_prompt`) from the question, the external
     knowledge and the DDL of the database, as for evaluation; uids are '{data_source}-{row}'."""
@@ -221,28 +264,15 @@ def read_skyrl_sql(path: str, db_root, data_source: str = "skyrl_sql", require_d
         records = pq.read_table(_exists(path)).to_pylist()
     else:
         records = _json_records(path)
-    roots = db_roots(db_root) or [""]
+    roots = db_roots(db_root)
     rows, missing, example = [], 0, ""
     for k, r in enumerate(records):
-        db_id = _need(r, "db_id", path, k)
-        spec = r.get("reward_spec") or r.get("reward_model") or {}
-        gold = spec.get("ground_truth") or next((r[f] for f in ("sql", "SQL", "query", "gold_sql") if r.get(f)), None)
-        if not gold:
-            raise DataError(f"{path}: row {k} has no gold SQL (reward_spec.ground_truth, reward_model.ground_truth "
-                            "or sql)")
-        kind = r.get("data")
-        if kind is not None and kind not in SKYRL_DB_FOLDERS:
-            raise DataError(f"{path}: row {k} has data={kind!r}; expected one of {sorted(SKYRL_DB_FOLDERS)}")
-        folders = [SKYRL_DB_FOLDERS[kind]] if kind else [""]
-        candidates = [os.path.join(root, f, db_id, f"{db_id}.sqlite") for root in roots for f in folders]
-        db = next((c for c in candidates if os.path.isfile(c)), candidates[0])
-        if require_db and not os.path.isfile(db):
+        row = skyrl_sql_row(r, path, k, roots, data_source)
+        if require_db and not os.path.isfile(row["db_path"]):
             missing += 1
-            example = example or db
+            example = example or row["db_path"]
             continue
-        question, evidence = _skyrl_question(r, path, k)
-        rows.append({"id": f"{data_source}-{k}", "question": question, "query": gold, "db_id": db_id,
-                     "db_path": db, "evidence": evidence, "data_source": data_source})
+        rows.append(row)
     _log_skipped(path, missing, "their database is not under the database root", example)
     return _unique(rows, path), missing
 
@@ -353,7 +383,9 @@ def select_rows(rows: list[dict], spec: dict, path: str = "") -> list[dict]:
 
 def load_rows(spec: dict, base_dir: str | None = None, require_db: bool = True) -> list[dict]:
     """One dataset from a config entry {"reader", "path", "data_source", "db_root", "limit", "offset",
-    "exclude", "db_ids", "shuffle", "query_fold", "fold_db_alias", "max_hardness"}. `db_ids` / `shuffle` /
+    "exclude", "db_ids", "shuffle", "query_fold", "fold_db_alias", "max_hardness", "prepare"}.
+    `prepare` names the launch.prepare_data setting (qa | sql) that writes `path`: a missing file
+    then says how to make it. `db_ids` / `shuffle` /
     `query_fold` / `max_hardness` select rows
     (`select_rows`);
     `exclude` lists datasets (entries of the same form) whose questions are removed
@@ -368,6 +400,9 @@ def load_rows(spec: dict, base_dir: str | None = None, require_db: bool = True) 
     path = spec["path"]
     if base_dir and not os.path.isabs(path) and not os.path.exists(path):
         path = os.path.join(base_dir, path)
+    if spec.get("prepare") and not os.path.isfile(path):
+        from dart_jax.data.prepare import prepare_hint
+        raise FileNotFoundError(f"dataset file {spec['path']} not found; {prepare_hint(spec['prepare'], spec['path'])}")
     kw = {"data_source": spec["data_source"]} if spec.get("data_source") else {}
     if reader in ("spider", "bird", "skyrl_sql"):
         roots = [os.path.join(base_dir, r) if base_dir and not os.path.isabs(r) and not os.path.exists(r) else r
