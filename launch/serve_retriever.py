@@ -1,13 +1,17 @@
-"""Serve POST /retrieve (Search-R1's contract, REFERENCE §8) on loopback. Without --index, the embedded
-MiniLM index over the shipped corpus (built on first use).
+"""Serve POST /retrieve (Search-R1's retrieval-server contract) on loopback. Without --index, the
+embedded MiniLM index over the shipped corpus (built on first use).
 
     python -m launch.serve_retriever --port=8000
-    python -m launch.serve_retriever --index=runs/index --host=0.0.0.0   # exposed beyond loopback
+    python -m launch.serve_retriever --index=indexes/wiki18_e5 --port=8000   # from launch.build_index --adopt
+    python -m launch.serve_retriever --index=runs/index --host=0.0.0.0       # exposed beyond loopback
+
+Queries get the prefix the index's meta.json records (E5: "query: "); --query-prefix overrides it.
+faiss moves the index to the GPUs when it was built with GPU support (--faiss-gpu=auto). Search-R1's
+own search_r1/search/retrieval_server.py answers the same POST /retrieve contract: a run's
+retriever.url may point at either.
 """
 
 from __future__ import annotations
-
-import sys
 
 from absl import flags
 
@@ -15,13 +19,20 @@ from launch._cli import Command
 
 CLI = Command("launch.serve_retriever", __doc__)
 F = CLI.flags
-INDEX = flags.DEFINE_string("index", None, "a faiss index directory (launch.build_index)", flag_values=F)
+INDEX = flags.DEFINE_string("index", None, "an index directory (launch.build_index)", flag_values=F)
 HOST = flags.DEFINE_string("host", "127.0.0.1", "loopback by default; 0.0.0.0 exposes it", flag_values=F)
 PORT = flags.DEFINE_integer("port", 8000, "port", flag_values=F)
 MAX_BATCH = flags.DEFINE_integer("max-batch", 512, "queries per request at most", flag_values=F)
 BATCH_QUERIES = flags.DEFINE_integer("batch-queries", 256, "queries per encoder call (concurrent requests are "
                                      "batched together)", flag_values=F)
 MAX_WAIT_MS = flags.DEFINE_float("max-wait-ms", 5.0, "how long a batch waits for more requests", flag_values=F)
+QUERY_PREFIX = flags.DEFINE_string("query-prefix", None, "text put before each query (default: the index's "
+                                   "meta.json)", flag_values=F)
+PASSAGE_PREFIX = flags.DEFINE_string("passage-prefix", None, "the prefix the passages were encoded with "
+                                     "(default: the index's meta.json; recorded, searches do not use it)",
+                                     flag_values=F)
+FAISS_GPU = flags.DEFINE_enum("faiss-gpu", "auto", ["auto", "on", "off"], "put the faiss index on the GPUs: auto "
+                              "when faiss has GPU support, on (fail without), off", flag_values=F)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     from dart_jax.tools.retrieval import Retriever, ensure_index
     from dart_jax.tools.retrieval_server import RetrievalServer, ServerLimits
     limits = ServerLimits(max_batch=MAX_BATCH.value, batch_queries=BATCH_QUERIES.value, max_wait_ms=MAX_WAIT_MS.value)
-    server = RetrievalServer(Retriever(INDEX.value or ensure_index()), HOST.value, PORT.value, limits)
+    retriever = Retriever(INDEX.value or ensure_index(), query_prefix=QUERY_PREFIX.value or None,
+                          passage_prefix=PASSAGE_PREFIX.value or None, faiss_gpu=FAISS_GPU.value)
+    server = RetrievalServer(retriever, HOST.value, PORT.value, limits)
+    print(f"encoder {retriever.encoder.name}: query prefix {retriever.encoder.query_prefix!r}, passage prefix "
+          f"{retriever.encoder.passage_prefix!r}; {len(retriever.corpus)} passages", flush=True)
     try:
         server.serve_forever(on_ready=lambda s: print(f"serving POST {s.url} (GET /health)", flush=True))
     except KeyboardInterrupt:
@@ -38,4 +53,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    CLI.run(main)

@@ -25,7 +25,8 @@ def make_tool(config, protocol):
         searcher = RemoteRetriever(rc.url)
     else:
         index = rc.index_dir or ensure_index(repo_path(rc.corpus), rc.encoder)
-        searcher = Retriever(index)
+        searcher = Retriever(index, query_prefix=rc.get("query_prefix") or None,
+                             passage_prefix=rc.get("passage_prefix") or None)
     return RetrievalTool(searcher, topk=int(rc.topk))
 
 

