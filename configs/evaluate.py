@@ -1,4 +1,6 @@
 """Evaluation defaults for `launch.evaluate` without --config: the paper's rollout settings per task.
+With --checkpoint=RUN the run's own settings (base model, tool, rollout; its run_config.json and
+dart_adapters.json) replace these: a run is evaluated as it was trained (dart_jax/eval/as_trained.py).
 
     python -m launch.evaluate --model smollm2-135m-instruct --task sql --dataset spider_dev --limit 50
     python -m launch.evaluate --config=configs/evaluate.py:qa --config.model.path=DIR ...

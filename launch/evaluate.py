@@ -2,10 +2,22 @@
 (EM per QA source with Gen-Avg / MH-Avg / Avg, EX per SQL benchmark) through the training sampler and
 tools; prints the tables and writes results.{md,csv,json} and per_question.jsonl to --out.
 
-    python -m launch.evaluate --config=configs/quickstart.py --checkpoint=runs/quickstart --limit=50
+    python -m launch.evaluate --checkpoint=runs/quickstart --limit=50          # as the run was trained
     python -m launch.evaluate --model=smollm2-135m-instruct --task=sql --dataset=spider_dev --limit=50
-    python -m launch.evaluate --config=configs/quickstart.py --checkpoint=runs/quickstart --n-samples=50
+    python -m launch.evaluate --checkpoint=runs/quickstart --n-samples=50
     python -m launch.evaluate --config=configs/quickstart.py --compose-tool=runs/cea-tool --n-samples=8   # H_Tool
+
+With --checkpoint and no --config, the run is evaluated as it was trained: the base model (and its
+dtypes / remat), the task, the method and router, the rollout settings and the tool (retriever URL or
+index, corpus, encoder, prefixes, top-k; SQL timeout) come from the run's run_config.json and its
+adapters' dart_adapters.json; the sentinel tags come with the adapters' tokenizer. --config (a file in
+place of the run's settings), --model, --task and --config.x=y override them, and each value they
+change relative to the run is printed (`model.path: run's X → Y (from --model)`). A base model the
+adapters were not trained on (another architecture, vocabulary or size, or other weights), or a
+retriever URL that does not answer a query, is refused in one line before anything loads.
+Without --checkpoint, the defaults are configs/evaluate.py (the embedded SmolLM2, the shipped corpus).
+The results header names the model, the retriever (server URL, or index / corpus with its encoder and
+prefixes) or databases, the protocol, the samples per question and the temperature.
 
 Run again into the same --out (e.g. after an interruption, or with a larger --limit), an evaluation
 reuses the batches already sampled with the same settings and samples only the rest; the records are
@@ -72,15 +84,84 @@ KEEP_DISTINCT = flags.DEFINE_bool("keep-distinct", True, "Spider EX: run both qu
 QUIET = flags.DEFINE_bool("quiet", False, "no progress bar", flag_values=F)
 
 
-def main(argv: list[str] | None = None) -> int:
-    CLI.parse(argv)
-    START()
+EVAL_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "evaluate.py")
+
+
+def _config_file(argv: list[str]) -> str | None:
+    """The --config value as given on the command line (None: not given)."""
+    value = None
+    for i, a in enumerate(argv):
+        if a.startswith(("--config=", "-config=")):
+            value = a.split("=", 1)[1]
+        elif a in ("--config", "-config") and i + 1 < len(argv):
+            value = argv[i + 1]
+    return value
+
+
+def _set(config, dotted: str, value) -> None:
+    *path, leaf = dotted.split(".")
+    node = config
+    for part in path:
+        node = node[part]
+    node[leaf] = value
+
+
+def build_config(argv: list[str]):
+    """-> (the config to evaluate, {"run", "records", "overrides"} when it was taken from a trained run,
+    else None).
+
+    Precedence: configs/evaluate.py's defaults < the run's saved settings (--checkpoint without
+    --config) < --config.x=y < --task / --model. With --config the file replaces the first two."""
     from configs import evaluate as eval_config
-    config = CLI.config.value if CLI.config.value is not None else eval_config.get_config(TASK.value or "qa")
+    from dart_jax.eval import as_trained
+    config_file = _config_file(argv)
+    overridden = {n[len("config."):]: F[n].value for n in F if n.startswith("config.") and F[n].present}
+    run = as_trained.locate(CHECKPOINT.value) if CHECKPOINT.value else None
+    as_run = None
+    if run is not None:
+        as_run = eval_config.get_config(run.task or TASK.value or "qa")
+        as_trained.adopt(as_run, run)
+    if config_file is not None:
+        config = CLI.config.value
+    else:
+        config = (as_run.copy_and_resolve_references() if as_run is not None
+                  else eval_config.get_config(TASK.value or "qa"))
+        for key, value in overridden.items():
+            _set(config, key, value)
     if TASK.value:
         config.task = TASK.value
     if MODEL.value:
         config.model.path = MODEL.value
+    if run is None:
+        return config, None
+
+    def origin(field: str) -> str:
+        flag = {"task": TASK, "model.path": MODEL}.get(field)
+        if flag is not None and flag.value:
+            return f"--{flag.name}"
+        return f"--config.{field}" if field in overridden else f"--config={config_file}"
+
+    from dart_jax.parallel.distributed import is_main
+    changed = as_trained.differences(as_run, config, origin)
+    if is_main():
+        for line in changed:
+            print(line)
+    return config, {"run": run.run_dir or run.manifest_dir, "records": run.records, "overrides": changed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --config.x=y needs a config to parse against: without --config, the evaluation defaults' fields
+    # (build_config starts from the run's settings or the defaults and applies only what was given)
+    CLI.parse(argv if _config_file(argv) is not None else [f"--config={EVAL_CONFIG}"] + argv)
+    START()
+    config, trained = build_config(argv)
+    if config.task == "qa" and not FIXED.value:  # a dead retriever.url: one line now, not after the model loads
+        from dart_jax.errors import UserError
+        from dart_jax.run.preflight import check_retriever
+        check = check_retriever(config)
+        if check.failed:
+            raise UserError(check.message)
     from dart_jax.eval.job import evaluate
     from dart_jax.eval.report import markdown
     from dart_jax.eval.runner import EvalOptions
@@ -101,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                ("reasoning", COMPOSE_REASONING.value) if COMPOSE_REASONING.value else None)
     results = evaluate(config, out, datasets, options, checkpoint=CHECKPOINT.value, peft=PEFT.value,
                        remove=REMOVE.value, step=STEP.value, fixed_retrieval=FIXED.value,
-                       compare=COMPARE.value or None, compose=compose, resume_run=RESUME.value)
+                       compare=COMPARE.value or None, compose=compose, resume_run=RESUME.value,
+                       as_trained=trained)
     from dart_jax.parallel.distributed import is_main
     if is_main():
         print(markdown(results))
@@ -111,4 +193,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    CLI.run(main)

@@ -1,6 +1,8 @@
 """A DART adapter directory: both role adapters as PEFT directories plus what routing needs.
 
-    DIR/dart_adapters.json               adapter names, router tags and convention, base vocab size
+    DIR/dart_adapters.json               adapter names, router tags and convention, vocab size, the base
+                                         model's name and identity (architecture + weight fingerprint:
+                                         checkpoints/base_identity.py, so a wrong base is refused)
     DIR/<name>/                          one PEFT LoRA directory per adapter
     DIR/sentinel_embeddings.safetensors  rows of the added tag tokens (embed; lm_head when untied)
     DIR/tokenizer files                  the tokenizer with the tags added
@@ -33,7 +35,8 @@ def export_dart(out_dir: str, adapters: dict[str, LoraAdapter], cfg: ModelConfig
                 open_tag: str = "<search>", close_tag: str = "</search>", convention: str = "dart_jax",
                 tags: tuple[str, ...] | None = None, base_model: str | None = None, extra: dict | None = None,
                 dtype: str = "float32") -> str:
-    """`extra` adds fields to the manifest (kind, the warm start the adapters sit on, training stats)."""
+    """`extra` adds fields to the manifest (kind, the warm start the adapters sit on, training stats).
+    `base_model` (a name or path) is recorded with its identity (`base_config`) when it resolves here."""
     os.makedirs(out_dir, exist_ok=True)
     names = adapter_names(adapters)
     for name in names:
@@ -43,12 +46,24 @@ def export_dart(out_dir: str, adapters: dict[str, LoraAdapter], cfg: ModelConfig
     rows["ids"] = np.asarray(list(ids.values()), np.int64)
     save_file(rows, os.path.join(out_dir, ROWS))
     tokenizer.save_pretrained(out_dir)
+    identity = _identity(base_model) if base_model else None
     manifest = {"adapters": list(names), "route_ids": {n: i for i, n in enumerate(names)},
                 "router": {"open": [open_tag], "close": [close_tag], "convention": convention},
-                "tags": list(ids), "vocab_size": cfg.vocab_size, "base_model": base_model, **(extra or {})}
+                "tags": list(ids), "vocab_size": cfg.vocab_size, "base_model": base_model,
+                **({"base_config": identity} if identity else {}),
+                **(extra or {})}
     with open(os.path.join(out_dir, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=2)
     return out_dir
+
+
+def _identity(base_model: str) -> dict | None:
+    """The base's identity (base_identity.describe_base), or None when it does not resolve here."""
+    from dart_jax.checkpoints.base_identity import describe_base
+    try:
+        return describe_base(base_model)
+    except (OSError, ValueError):
+        return None
 
 
 def import_dart(path: str, base: Params, cfg: ModelConfig):

@@ -1,4 +1,4 @@
-"""The evaluation sets of the paper (METHOD §6), by name, on the slices shipped in data/.
+"""The evaluation sets of the paper (its results tables), by name, on the slices shipped in data/.
 
 QA: EM per data source; Gen-Avg over the general sets (NQ, TriviaQA, PopQA), MH-Avg over the
 multi-hop sets (HotpotQA, 2Wiki, MuSiQue, Bamboogle), Avg over all seven.
@@ -13,8 +13,8 @@ import dataclasses
 import os
 
 from dart_jax.data.paths import DATA
-from dart_jax.data.spider_split import HELDOUT_DBS, TRAIN_DBS
 from dart_jax.data.readers import READERS, drop_missing_db, load_rows, select_rows
+from dart_jax.data.spider_split import HELDOUT_DBS, TRAIN_DBS
 
 
 @dataclasses.dataclass(frozen=True)

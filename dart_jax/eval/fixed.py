@@ -1,5 +1,5 @@
-"""Fixed-retrieval evaluation (METHOD §4): replay the documents another run retrieved, so EM
-differences between two policies come from reasoning only.
+"""Fixed-retrieval evaluation (the paper's analysis of reasoning against tool use): replay the
+documents another run retrieved, so EM differences between two policies come from reasoning only.
 
 The recorded run is a trajectory file: `per_question.jsonl` of `launch.evaluate` (each record's
 `tool_calls[k].observation`) or a training run's `rollouts.jsonl` (the observation pieces). The

@@ -8,8 +8,8 @@ import time
 
 import jax
 
-from dart_jax.data.paths import repo_path
 from dart_jax.adapters.method import TwoModels
+from dart_jax.data.paths import repo_path
 from dart_jax.eval import paper, resume
 from dart_jax.eval.datasets import default_sets, resolve
 from dart_jax.eval.fixed import FixedRetrieval
@@ -47,11 +47,16 @@ def policy_name(source: dict) -> str:
     return name
 
 
+def architecture(cfg) -> str:
+    """The evaluated model's shape in words, for the report's header (vocabulary with the tags)."""
+    return f"{cfg.model_type}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, vocabulary {cfg.vocab_size}"
+
+
 def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: EvalOptions = EvalOptions(),
              checkpoint: str | None = None, peft: str | None = None, remove: str | None = None,
              step: int | None = None, fixed_retrieval: str | None = None,
              compare: list[str] | None = None, compose: tuple[str, str] | None = None,
-             resume_run: bool = True) -> dict:
+             resume_run: bool = True, as_trained: dict | None = None) -> dict:
     """-> results (also written to out_dir: results.{md,csv,json}, per_question.jsonl and, with
     n_samples > 1, per_question_accuracy.jsonl).
 
@@ -62,7 +67,11 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
 
     `resume_run`: when out_dir holds an evaluation with the same setup (all but `limit`), the batches
     it sampled are reused and only the rest is sampled (eval.resume: the result is the same as one
-    uninterrupted run); setup["resumed"] counts what was reused."""
+    uninterrupted run); setup["resumed"] counts what was reused.
+
+    `as_trained` = {"run": directory, "records": [files read], "overrides": ["field: run's X → Y (from
+    FLAG)", ...]}: the config was taken from that run (eval.as_trained); the report's header says so
+    and lists the overrides."""
     task = config.task
     if task not in PROTOCOLS:
         raise ValueError(f"task {task!r}; expected one of {sorted(PROTOCOLS)}")
@@ -110,6 +119,8 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
              "devices": f"{jax.device_count()} × {jax.devices()[0].platform}", "seconds": 0.0,
              "processes": jax.process_count(),
              "model_config": section(config, "model"), "mesh": list(config.mesh.shape),
+             "architecture": architecture(policy.cfg),
+             **({"as_trained": as_trained} if as_trained else {}),
              "db_root": options.db_root or "", "sql_timeout_s": options.sql_timeout_s,
              **({} if options.keep_distinct or task != "sql" else {"keep_distinct": False}),
              "files": resume.stamps(policy.source, fixed_retrieval)}

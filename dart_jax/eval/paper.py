@@ -1,4 +1,4 @@
-"""The paper's reported numbers (METHOD §6), for side-by-side tables, and which of them a run matches.
+"""The paper's reported numbers (its results tables), for side-by-side tables, and which of them a run matches.
 
 A paper row is comparable only when the setup matches: the same backbone (Qwen2.5-3B base or
 instruct for the QA table, Qwen2.5-Coder-7B for SQL) and the same method. Anything else is shown
@@ -16,7 +16,7 @@ def _qa(*vals):
     return dict(zip(QA_COLUMNS + ("Avg",), vals))
 
 
-# EM, Qwen2.5-3B backbones (METHOD §6, first table)
+# EM, Qwen2.5-3B backbones (the paper's QA results table)
 PAPER_QA = {
     ("search_r1", "qwen2.5-3b-base"): _qa(0.440, 0.582, 0.413, 0.265, 0.244, 0.061, 0.113, 0.303),
     ("mixlora", "qwen2.5-3b-base"): _qa(0.427, 0.595, 0.443, 0.292, 0.282, 0.063, 0.176, 0.325),
@@ -42,7 +42,7 @@ for (_, _), _row in PAPER_QA.items():  # the per-dataset rows also carry the gro
         _row["Gen-Avg"] = round(sum(_row[k] for k in QA_COLUMNS[:3]) / 3, 4)
         _row["MH-Avg"] = round(sum(_row[k] for k in QA_COLUMNS[3:]) / 4, 4)
 
-# EX, Qwen2.5-Coder-7B (METHOD §6, NL2SQL)
+# EX, Qwen2.5-Coder-7B (the paper's NL2SQL results table)
 PAPER_SQL = {
     ("dart", "qwen2.5-coder-7b"): {"bird_dev": 0.5215, "spider_dev": 0.8251, "spider_dk": 0.7144,
                                    "spider_realistic": 0.7815, "spider_syn": 0.7137, "spider_test": 0.8291,

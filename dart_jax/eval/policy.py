@@ -8,8 +8,11 @@
     --peft DIR         one PEFT LoRA directory, applied to every generated token (variant lora)
     neither            the model of `config.model.path` (+ `config.warm_start` when set), no adapters
 
+A checkpoint's adapters are applied only to the base they were trained on: `config.model.path` is
+checked against the identity the run recorded (eval.as_trained.check_base) before anything loads.
+
 `remove` ("reasoning" | "tool") zeroes one role adapter at inference (DART-Reas keeps reasoning and
-removes tool, DART-Tool the reverse; METHOD §4): the removed role's tokens run the bare base.
+removes tool, DART-Tool the reverse: the paper's adapter-removal ablation): the removed role's tokens run the bare base.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import jax.numpy as jnp
 from dart_jax.adapters.method import MethodSpec, model_trees
 from dart_jax.checkpoints.dart_io import MANIFEST
 from dart_jax.data.paths import repo_path
+from dart_jax.eval.as_trained import check_base
 from dart_jax.models.lora import LoraAdapter
 from dart_jax.run.policy import ROUTE_MODE, load_policy
 
@@ -85,6 +89,7 @@ def load_eval_policy(config, mesh, checkpoint: str | None = None, peft: str | No
         from dart_jax.checkpoints.authors_io import is_authors_dir
         if is_authors_dir(checkpoint):
             return _from_authors(config, mesh, checkpoint, remove, source)
+        check_base(checkpoint, config.model.path)  # a wrong base: one line, before anything loads
         dart = _dart_dir(checkpoint)
         orbax = _orbax_dir(checkpoint)
         if dart is None and orbax is None:

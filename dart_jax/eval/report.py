@@ -1,5 +1,6 @@
-"""Evaluation reports: the paper-style table, per-dataset details, the side-by-side with the paper
-(METHOD §6), as markdown, CSV and JSON."""
+"""Evaluation reports: a header naming what was evaluated and how (model, retrieval or database tool,
+protocol, samples and temperature), the paper-style table, per-dataset details and the side-by-side
+with the paper's results tables, as markdown, CSV and JSON."""
 
 from __future__ import annotations
 
@@ -96,18 +97,81 @@ def paper_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+PROTOCOL_NAMES = {"qa": "Search-R1", "sql": "SkyRL-SQL"}
+
+
+def _quoted(v) -> str:
+    return json.dumps(v, ensure_ascii=False)
+
+
+def _tool_line(s: dict) -> str:
+    """Where observations came from: the retriever (server URL, or index / corpus with its encoder and
+    prefixes), the recorded documents of a fixed-retrieval file, or the SQL databases."""
+    if s.get("fixed_retrieval"):
+        return f"fixed retrieval: the documents recorded in {s['fixed_retrieval']}"
+    if s.get("task") == "sql":
+        timeout = f", {s['sql_timeout_s']:g} s per query" if s.get("sql_timeout_s") else ""
+        where = f"the databases in {s['db_root']}" if s.get("db_root") else "the shipped databases"
+        return f"tool: SQLite over {where}{timeout}"
+    r = s.get("retriever") or {}
+    if not r:
+        return "retrieval: not recorded"
+    top = f", top-{r['topk']} passages" if r.get("topk") else ""
+    if r.get("url"):
+        return f"retrieval: the retrieval server at {r['url']}{top}"
+    where = f"the index {r['index_dir']}" if r.get("index_dir") else f"the corpus {r.get('corpus')}"
+    prefixes = "".join(f", {name} prefix {_quoted(r[key])}" for key, name in (("query_prefix", "query"),
+                                                                             ("passage_prefix", "passage"))
+                       if r.get(key))
+    if not prefixes and "query_prefix" in r:  # "" takes the index's (detected from the encoder)
+        prefixes = ", the prefixes the index records"
+    return f"retrieval: {where} with the encoder {r.get('encoder')}{prefixes}{top}"
+
+
+def _protocol_line(s: dict) -> str:
+    ro = s.get("rollout") or {}
+    task = s.get("task")
+    name = f"{PROTOCOL_NAMES.get(task, task)} ({task})"
+    if not ro:
+        return f"protocol: {name}"
+    return (f"protocol: {name}, up to {ro.get('max_turns')} tool turns of ≤ {ro.get('max_tokens_per_turn')} tokens, "
+            f"observations ≤ {ro.get('max_obs_tokens')} tokens, responses ≤ {ro.get('max_response_tokens')} tokens")
+
+
+def header(results: dict) -> list[str]:
+    """What was evaluated and how, one item per line."""
+    s = results["setup"]
+    mc = s.get("model_config") or {}
+    arch = "; ".join(x for x in (s.get("architecture"),
+                                 f"weights {mc['param_dtype']}, compute {mc['compute_dtype']}"
+                                 if mc.get("param_dtype") else "") if x)
+    n, t = s.get("n_samples", 1), s["temperature"]
+    sampling = ("greedy (temperature 0), 1 sample per question" if t == 0 else
+                f"{n} sample{'s' if n > 1 else ''} per question at temperature {t:g}"
+                + (f" (top-p {s['top_p']:g}" + (f", top-k {s['top_k']})" if s.get("top_k") else ")")
+                   if s.get("top_p") is not None else ""))
+    lines = [f"- model: {s.get('model', '?')}" + (f" ({arch})" if arch else ""),
+             f"- {_tool_line(s)}", f"- {_protocol_line(s)}", f"- sampling: {sampling}",
+             f"- questions: {'first ' + str(s['limit']) + ' of each set' if s.get('limit') else 'all'}"
+             + ("; Spider EX with DISTINCT deleted from both queries (test-suite's default)"
+                if s.get("keep_distinct") is False and any(d.get("semantics") == "spider"
+                                                           for d in results["datasets"].values()) else "")]
+    trained = s.get("as_trained")
+    if trained:
+        records = trained.get("records") or []
+        what = (f"as {trained['run']} was trained ({', '.join(records)})" if "run_config.json" in records else
+                f"the base model from {', '.join(os.path.join(trained['run'], r) for r in records)}, the rest "
+                "configs/evaluate.py's defaults")
+        changed = trained.get("overrides") or []
+        lines.append(f"- settings: {what}" + (", except " + "; ".join(changed) if changed else ""))
+    return lines
+
+
 def markdown(results: dict) -> str:
     s = results["setup"]
-    mode = "greedy" if s["temperature"] == 0 else f"{s['n_samples']} samples at T = {s['temperature']}"
-    parts = [f"# Evaluation: {s['policy']}", "",
-             f"task {s['task']}, {mode}, limit {s.get('limit') or 'none'}, "
-             f"{'fixed retrieval from ' + s['fixed_retrieval'] if s.get('fixed_retrieval') else 'live tool'}"
-             + (", Spider EX with DISTINCT deleted from both queries (test-suite's default)"
-                if s.get("keep_distinct") is False and any(d.get("semantics") == "spider"
-                                                           for d in results["datasets"].values()) else ""), "",
+    parts = [f"# Evaluation: {s['policy']}", "", *header(results), "",
              main_table(results), "", "## Per dataset", "", detail_table(results), "",
-             "## Against the paper (METHOD §6)",
-             "", paper_table(results)]
+             "## Against the paper", "", paper_table(results)]
     if results.get("fixed_retrieval_stats"):
         parts += ["", "Fixed retrieval: " + ", ".join(f"{k} {v}" for k, v in results["fixed_retrieval_stats"].items())]
     return "\n".join(parts) + "\n"

@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 
 PROGRESS = "progress.json"
 RECORDS = "per_question.jsonl"
-# setup keys that do not shape a trajectory (a batch is the same batch on any number of processes)
-VOLATILE = ("seconds", "compare", "limit", "resumed", "processes")
+# setup keys that do not shape a trajectory (a batch is the same batch on any number of processes;
+# the architecture follows from the stamped model files, the as-trained notes from the other settings)
+VOLATILE = ("seconds", "compare", "limit", "resumed", "processes", "architecture", "as_trained")
 LAYOUT_MODEL = ("cache_block",)  # model settings that change how attention reads the cache, not what it computes
 SUMMARIES = ("results.json", "results.md", "results.csv", "per_question_accuracy.jsonl")
 PATH_KEYS = ("checkpoint", "adapters", "peft", "warm_start", "model")

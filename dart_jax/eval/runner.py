@@ -113,7 +113,6 @@ class Evaluator:
         from tqdm.auto import tqdm
 
         from dart_jax.eval.resume import reusable, write_records
-
         from dart_jax.parallel.distributed import from_main
         # process 0 loads (an SQL gold query that times out on one loaded host must not on another)
         loaded = [(s, *from_main(self.load, s)) for s in sets]
