@@ -6,6 +6,9 @@
         --config.data.train[0].path=train.parquet --config.retriever.url=http://127.0.0.1:8000/retrieve
 
 A new run refuses an output.dir that holds a run (--resume continues it, --overwrite replaces it).
+Before any model loads it runs launch.preflight's checks (retriever, databases, datasets, weights, the
+mesh against the devices, the memory per device on an accelerator) and stops with exit status 2 on a
+failure; --skip-preflight skips them.
 
 Multi-process (multi-host): the same command on every process, with --coordinator=HOST:PORT
 --num-processes=N --process-id=I, or with --distributed under SLURM / Open MPI / a Cloud TPU pod
@@ -17,16 +20,38 @@ from __future__ import annotations
 
 import sys
 
+from absl import flags
+
 from launch._cli import Command, define_distributed_flags, define_run_flags
 
 CLI = Command("launch.train", __doc__, config=True, config_required=True)
 RESUME, OVERWRITE = define_run_flags(CLI)
 START = define_distributed_flags(CLI)
+SKIP_PREFLIGHT = flags.DEFINE_bool("skip-preflight", False, "start without the preflight checks (launch.preflight)",
+                                   flag_values=CLI.flags)
+
+
+def preflight_or_exit(config) -> None:
+    """The preflight checks; a failure prints its lines and exits 2 before anything loads."""
+    import logging
+
+    from dart_jax.run.preflight import preflight
+    report = preflight(config)
+    for check in report.checks:
+        if check.failed:
+            print(f"launch.train: {check.line()}", file=sys.stderr)
+        else:
+            logging.getLogger("launch.train").info("preflight %s", check.line())
+    if not report.ok:
+        print("launch.train: preflight failed; fix what it names (or start with --skip-preflight)", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def main(argv: list[str] | None = None) -> int:
     CLI.parse(argv)
     START()
+    if not SKIP_PREFLIGHT.value:
+        preflight_or_exit(CLI.config.value)
     from dart_jax.rl.trainer import Trainer, summary
     from dart_jax.run.run_dir import RunDirError
     try:

@@ -76,41 +76,62 @@ class DataStream:
         return out
 
 
+def update_plan(config) -> stages.UpdatePlan:
+    """How `config.train` splits and walks a step's batch (stages.UpdatePlan)."""
+    tc = config.train
+    return stages.UpdatePlan(tc.mini_batch, tc.micro_batch, tc.ppo_epochs, tc.shuffle_minibatches, tc.seed,
+                             tc.get("old_logp", "recompute"), tc.get("share_prefix", False), tc.pad_multiple)
+
+
+def check_settings(config, nproc: int = 1) -> None:
+    """The rules a run's settings must meet, checked before anything loads (the trainer and
+    `launch.preflight` share them): every section parses, and the batch splits as the update and the
+    `nproc` processes need it. Raises ValueError naming the fields."""
+    tc = config.train
+    method, loss_cfg, sampling, plan = (method_spec(config), loss_config(config),
+                                        SamplingConfig(**section(config, "sampling")), update_plan(config))
+    optim_config(config)
+    RolloutConfig(**section(config, "rollout"), route_mode=ROUTE_MODE[method.variant])
+    if method.variant == "2agent" and config.router.convention != "dart_jax":
+        raise ValueError("method.variant='2agent' needs router.convention='dart_jax': a token's log-prob comes "
+                         "from the model that wrote it, the model in control after the token before (the "
+                         f"composition's rule); the {config.router.convention!r} convention's roles are shifted "
+                         "by one token and would train the first token of each tool span through the other model")
+    if plan.share_prefix and (method.variant in ("mixlora", "2agent") or method.dropout > 0):
+        raise ValueError("train.share_prefix runs a group's prompt once for all its rows: not with "
+                         f"method.variant={method.variant!r} (MixLoRA's load balance and the 2-Agent "
+                         "composition count every row's tokens) nor with method.dropout > 0 (one dropout "
+                         f"mask for the shared prompt), got dropout={method.dropout}")
+    if plan.share_prefix and (tc.micro_batch > tc.group_size or tc.group_size % tc.micro_batch):
+        raise ValueError(f"train.share_prefix shares a prompt within a micro-batch: train.micro_batch "
+                         f"({tc.micro_batch}) must divide train.group_size ({tc.group_size}), so that each "
+                         "micro-batch holds rows of one group")
+    if plan.old_logp == "sampler" and sampling.temperature != loss_cfg.temperature:
+        raise ValueError(f"train.old_logp='sampler' needs sampling.temperature ({sampling.temperature}) "
+                         f"== loss.temperature ({loss_cfg.temperature}): the sampler records log-probs "
+                         "at its own temperature")
+    n_traj = tc.prompts_per_step * tc.group_size
+    if n_traj % tc.mini_batch or tc.mini_batch % tc.micro_batch:
+        raise ValueError(f"train.prompts_per_step × train.group_size = {n_traj} must be a multiple of "
+                         f"train.mini_batch ({tc.mini_batch}), itself a multiple of train.micro_batch "
+                         f"({tc.micro_batch})")
+    if tc.prompts_per_step % nproc:
+        raise ValueError(f"train.prompts_per_step={tc.prompts_per_step} must divide among {nproc} processes "
+                         "(each rolls out whole GRPO groups)")
+
+
 class Trainer:
     def __init__(self, config, on_step: Callable[[int, dict], None] | None = None):
         self.config = config
         self.on_step = on_step
         tc = config.train
+        check_settings(config, jax.process_count())
         self.method = method_spec(config)
         self.loss_cfg = loss_config(config)
         self.optim_cfg = optim_config(config)
-        if self.method.variant == "2agent" and config.router.convention != "dart_jax":
-            raise ValueError("method.variant='2agent' needs router.convention='dart_jax': a token's log-prob comes "
-                             "from the model that wrote it, the model in control after the token before (the "
-                             f"composition's rule); the {config.router.convention!r} convention's roles are shifted "
-                             "by one token and would train the first token of each tool span through the other model")
         self.rollout_cfg = RolloutConfig(**section(config, "rollout"), route_mode=ROUTE_MODE[self.method.variant])
         self.sampling = SamplingConfig(**section(config, "sampling"))
-        self.plan = stages.UpdatePlan(tc.mini_batch, tc.micro_batch, tc.ppo_epochs, tc.shuffle_minibatches, tc.seed,
-                                      tc.get("old_logp", "recompute"), tc.get("share_prefix", False), tc.pad_multiple)
-        if self.plan.share_prefix and (self.method.variant in ("mixlora", "2agent") or self.method.dropout > 0):
-            raise ValueError("train.share_prefix runs a group's prompt once for all its rows: not with "
-                             f"method.variant={self.method.variant!r} (MixLoRA's load balance and the 2-Agent "
-                             "composition count every row's tokens) nor with method.dropout > 0 (one dropout "
-                             f"mask for the shared prompt), got dropout={self.method.dropout}")
-        if self.plan.share_prefix and (tc.micro_batch > tc.group_size or tc.group_size % tc.micro_batch):
-            raise ValueError(f"train.share_prefix shares a prompt within a micro-batch: train.micro_batch "
-                             f"({tc.micro_batch}) must divide train.group_size ({tc.group_size}), so that each "
-                             "micro-batch holds rows of one group")
-        if self.plan.old_logp == "sampler" and self.sampling.temperature != self.loss_cfg.temperature:
-            raise ValueError(f"train.old_logp='sampler' needs sampling.temperature ({self.sampling.temperature}) "
-                             f"== loss.temperature ({self.loss_cfg.temperature}): the sampler records log-probs "
-                             "at its own temperature")
-        n_traj = tc.prompts_per_step * tc.group_size
-        if n_traj % tc.mini_batch or tc.mini_batch % tc.micro_batch:
-            raise ValueError(f"train.prompts_per_step × train.group_size = {n_traj} must be a multiple of "
-                             f"train.mini_batch ({tc.mini_batch}), itself a multiple of train.micro_batch "
-                             f"({tc.micro_batch})")
+        self.plan = update_plan(config)
         self.rows = load_task_rows(config)  # before the model: a missing data file fails fast
         self.mesh = run_mesh(config)
         key = jax.random.PRNGKey(tc.seed)
@@ -127,9 +148,6 @@ class Trainer:
         self.reward = make_reward(config.task, reward_config(config))
         # multi-process: each process rolls out its share of a step's prompts on its own devices
         self.nproc, self.pid = jax.process_count(), jax.process_index()
-        if tc.prompts_per_step % self.nproc:
-            raise ValueError(f"train.prompts_per_step={tc.prompts_per_step} must divide among {self.nproc} processes "
-                             "(each rolls out whole GRPO groups)")
         self.local_mesh = local_mesh(self.mesh)
         self.agent = Agent(cfg, tok, self.protocol, build_tool(config, self.protocol), self.sampling,
                            self.rollout_cfg, config.router.convention, mesh=self.local_mesh)
@@ -239,6 +257,13 @@ class Trainer:
         writer = (MetricsWriter(oc.dir, resume_step=start if resume else None, tensorboard=oc.tensorboard)
                   if is_main() else NullWriter(os.path.join(oc.dir, "metrics.jsonl")))
         history = []
+        if self.eval_rows and start == 0:  # phase lines before the bar: a log line would break it
+            log.info("step 0: the starting policy on %d held-out questions (eval.temperature %g; the sampler "
+                     "compiles on first use)", len(self.eval_rows), float(self.config.eval.temperature))
+        if start < tc.steps:
+            log.info("steps %d-%d: each rolls out %d prompts × %d samples, scores them, then updates; the first "
+                     "step compiles the rollout and the update programs", start + 1, tc.steps, tc.prompts_per_step,
+                     tc.group_size)
         bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, desc="GRPO", unit="step",
                    disable=not oc.progress or not is_main())
         every = int(self.config.eval.every)  # plus the first (step 0) and the last step

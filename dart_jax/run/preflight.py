@@ -1,0 +1,658 @@
+"""Preflight: what a GRPO run needs, checked before any model loads, so that a wrong path, a dead
+retriever or a run that cannot fit its devices fails in seconds with what to do, not after model
+load, compile and 300 s of retries.
+
+    retriever   QA: `retriever.url` answers one real query (a dead port fails in seconds);
+                `retriever.index_dir` holds meta.json and its files; neither: the shipped sample index
+    databases   SQL: every `db_root` exists and holds the databases its rows name (a sample)
+    datasets    every `data.train` / `eval.data` file exists
+    weights     `model.path` resolves (a path, an embedded name, a hub id in the local HF cache);
+                `warm_start` / `init_from` exist
+    mesh        the trainer's own rules (rl.trainer.check_settings) and `mesh.shape` against the devices
+    memory      per device, from XLA's memory analysis of the programs the run compiles, at the true
+                shapes with abstract arrays (nothing allocated, no weights read): the jitted GRPO train
+                step (fp32 masters + AdamW moments of the trainable tree, the frozen base, one
+                mini-batch of micro-batches at the config's lengths) and one decode segment of the
+                rollout at its batch and maximum cache length; against the device's memory. Over budget:
+                the numbers and the first of a few mesh / decode layout / remat candidates that fits.
+
+The architecture comes from the model's config.json; when the weights are absent the paper models'
+architectures shipped in data/model_configs/<Org>/<Name>/config.json stand in (the output says so).
+On the CPU backend without a planning budget the memory check is skipped: host RAM is not device
+memory. Planned on forced CPU devices the figures are XLA:CPU's analysis of the same programs; XLA on
+a GPU or TPU schedules and reuses buffers its own way, so the check run on the accelerator itself
+(launch.train runs it) is the one to trust near the limit. jax on GPU claims 75% of device memory
+unless XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise; the budget read from a GPU (`bytes_limit`)
+already reflects that, a planning budget (`device_memory_gib`) is taken as given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+import socket
+import time
+import urllib.parse
+from typing import Any, Callable
+
+from dart_jax.data.paths import DATA, REPO, repo_path
+
+GIB = 2 ** 30
+MODEL_CONFIGS = os.path.join(DATA, "model_configs")
+PREPARE = {"qa": "python -m launch.prepare_data qa --input=PATH/train.parquet --out=data/nq_hotpotqa_train",
+           "sql": "python -m launch.prepare_data sql --input=PATH/train.parquet --db-root=PATH --out=data/skyrl_sql"}
+# prompt tokens a trajectory starts with when the config does not say (`prompt_tokens`): Search-R1's
+# instruction + a question fits 512; SkyRL-SQL's prompt carries the database schema (up to ~2k tokens)
+PROMPT_TOKENS = {"qa": 512, "sql": 2048}
+SQL_READERS = ("spider", "bird", "skyrl_sql")
+DB_SAMPLE = 64          # databases checked per training set
+CONNECT_TIMEOUT_S = 3.0  # the retriever's port: refused or unreachable is known at once
+QUERY_TIMEOUT_S = 30.0   # one real query: a cold Search-R1 server over 21M passages takes seconds
+
+
+@dataclasses.dataclass
+class Check:
+    """One check's outcome: `status` ok | FAIL | skipped, `message` one line (a failure says what is
+    wrong; what to do), `data` the figures behind it (tests, --json)."""
+    name: str
+    status: str
+    message: str
+    data: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "FAIL"
+
+    def line(self) -> str:
+        return f"{self.name:<10} {self.status}: {self.message}"
+
+
+@dataclasses.dataclass
+class Report:
+    checks: list[Check]
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.failed for c in self.checks)
+
+    def lines(self) -> list[str]:
+        return [c.line() for c in self.checks]
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, "checks": {c.name: {"status": c.status, "message": c.message, **c.data}
+                                          for c in self.checks}}
+
+
+def ok(name: str, message: str, **data) -> Check:
+    return Check(name, "ok", message, data)
+
+
+def fail(name: str, message: str, **data) -> Check:
+    return Check(name, "FAIL", message, data)
+
+
+def skipped(name: str, message: str, **data) -> Check:
+    return Check(name, "skipped", message, data)
+
+
+# -- retriever ----------------------------------------------------------------------------------------
+def check_retriever(config) -> Check:
+    """QA only: the URL answers one real query, or the index directory is complete."""
+    if config.task != "qa":
+        return skipped("retriever", f"task {config.task!r} has no retriever")
+    rc = config.retriever
+    if rc.url:
+        return probe_url(rc.url, int(rc.topk))
+    if rc.index_dir:
+        return check_index_dir(repo_path(rc.index_dir))
+    corpus = repo_path(rc.corpus)
+    if not os.path.isfile(corpus):
+        return fail("retriever", f"retriever.corpus={rc.corpus} not found; set --config.retriever.corpus to a "
+                                 "jsonl corpus, or serve an index and set --config.retriever.url")
+    return ok("retriever", f"the local index of {rc.corpus} with encoder {rc.encoder} (built on first use)")
+
+
+def probe_url(url: str, topk: int) -> Check:
+    """One real query against `url` with short deadlines: the port must accept a connection within
+    CONNECT_TIMEOUT_S (Search-R1's own server has no /health, so the query itself is the check)."""
+    from dart_jax.tools.retrieval_server import RemoteRetriever
+    client = RemoteRetriever(url, timeout_s=QUERY_TIMEOUT_S, deadline_s=QUERY_TIMEOUT_S)
+    parts = urllib.parse.urlsplit(client.url)
+    host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    serve = "start it (python -m launch.serve_retriever --index=DIR --port=PORT) or fix --config.retriever.url"
+    if parts.scheme not in ("http", "https") or not host:
+        return fail("retriever", f"retriever.url={url!r} is not an http(s) URL; {serve}")
+    t0 = time.perf_counter()
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        return fail("retriever", f"retriever.url={url} does not accept connections ({type(e).__name__}: "
+                                 f"{getattr(e, 'strerror', None) or e}); {serve}", url=client.url)
+    try:
+        hits = client.search(["who wrote the declaration of independence"], max(1, topk))
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        return fail("retriever", f"retriever.url={url} did not answer a query: {e}; {serve}", url=client.url)
+    seconds = time.perf_counter() - t0
+    docs = hits[0] if hits else []
+    if not docs or not all(isinstance(d, dict) and "contents" in d for d, _ in docs):
+        return fail("retriever", f"retriever.url={url} answered without passages ({len(docs)} results, each "
+                                 "needs a 'contents' field, as Search-R1's server returns); point it at a "
+                                 "Search-R1-compatible server", url=client.url)
+    return ok("retriever", f"{client.url} answered a query in {seconds:.2f} s ({len(docs)} passages)",
+              url=client.url, seconds=seconds, passages=len(docs))
+
+
+def check_index_dir(index_dir: str) -> Check:
+    from dart_jax.tools.retrieval import CORPUS, INDEX, META
+    fix = ("build one with python -m launch.build_index (or adopt Search-R1's e5_Flat.index: "
+           "python -m launch.build_index --adopt=PATH/e5_Flat.index --corpus=PATH/wiki-18.jsonl "
+           "--encoder=intfloat/e5-base-v2 --out=DIR)")
+    meta_path = os.path.join(index_dir, META)
+    if not os.path.isfile(meta_path):
+        return fail("retriever", f"retriever.index_dir={index_dir} has no {META}; {fix}")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    names = [INDEX, CORPUS] + ([meta["offsets"]] if meta.get("offsets") else [])
+    missing = [n for n in names if not os.path.exists(os.path.join(index_dir, n))]  # a dangling link too
+    if missing:
+        return fail("retriever", f"retriever.index_dir={index_dir} lacks {', '.join(missing)} (a link whose target "
+                                 f"moved counts as missing); {fix}")
+    return ok("retriever", f"index {index_dir}: {meta.get('count', '?')} passages, encoder {meta.get('encoder')}",
+              index_dir=index_dir)
+
+
+# -- data -----------------------------------------------------------------------------------------------
+def _data_path(path: str) -> str:
+    """A dataset path as `readers.load_rows` resolves it."""
+    return path if os.path.isabs(path) or os.path.exists(path) else os.path.join(REPO, path)
+
+
+def check_datasets(config) -> Check:
+    """Every training and held-out file exists (a missing training file names the command that writes it)."""
+    entries = [(f"data.train[{i}]", dict(s)) for i, s in enumerate(config.data.train)]
+    ec = config.get("eval")
+    if ec and ec.n and ec.data:
+        entries += [(f"eval.data[{i}]", dict(s)) for i, s in enumerate(ec.data)]
+    if not config.data.train:
+        return fail("datasets", "config.data.train is empty; list the training sets (configs/base.py) or "
+                                f"write them with {PREPARE.get(config.task, PREPARE['qa'])}")
+    for field, spec in entries:
+        if spec.get("reader") == "tfds":
+            continue
+        how = (f"write it with {PREPARE[config.task]}" if field.startswith("data.train") and config.task in PREPARE
+               else "fix the path")
+        if not spec.get("path"):
+            return fail("datasets", f"{field}.path is empty; {how} (or set --config.{field}.path=FILE)", field=field)
+        path = _data_path(spec["path"])
+        if not os.path.isfile(path):
+            return fail("datasets", f"{field}.path={spec['path']} not found; {how} "
+                                    f"(or set --config.{field}.path=FILE)", field=field, path=path)
+    return ok("datasets", f"{len(entries)} file(s) found", files=len(entries))
+
+
+def check_databases(config) -> Check:
+    """SQL sets: each db_root exists and a sample of the databases the rows name is there."""
+    sets = [(i, dict(s)) for i, s in enumerate(config.data.train) if dict(s).get("reader") in SQL_READERS]
+    if not sets:
+        return skipped("databases", "no SQL training set")
+    from dart_jax.data.readers import db_roots, load_rows
+    checked = 0
+    for i, spec in sets:
+        field = f"data.train[{i}].db_root"
+        roots = [_data_path(r) for r in db_roots(spec.get("db_root"))]
+        fix = ("point it at OmniSQL's data/ folder (holding SynSQL-2.5M/databases, spider/database, "
+               "bird/train/train_databases)" if spec["reader"] == "skyrl_sql" else "point it at the databases' folder")
+        if not roots:
+            return fail("databases", f"{field} is empty; {fix}: --config.{field}=DIR")
+        absent = [r for r in roots if not os.path.isdir(r)]
+        if absent:
+            return fail("databases", f"{field}={absent[0]} is not a directory; {fix}", field=field)
+        if not os.path.isfile(_data_path(spec.get("path") or "")):
+            continue  # the datasets check names the missing file
+        try:
+            rows = load_rows(dict(spec, db_root=roots, exclude=()), REPO, require_db=False)
+        except (ValueError, OSError) as e:
+            return fail("databases", f"data.train[{i}] cannot be read: {e}; fix the file or --config.data.train[{i}]")
+        paths = sorted({r["db_path"] for r in rows})
+        step = max(1, len(paths) // DB_SAMPLE)
+        sample = paths[::step][:DB_SAMPLE]
+        missing = [p for p in sample if not os.path.isfile(p)]
+        checked += len(sample)
+        if missing:
+            return fail("databases", f"{field}: {len(missing)} of {len(sample)} sampled databases missing (e.g. "
+                                     f"{missing[0]}); {fix}", field=field, checked=len(sample), missing=len(missing))
+    return ok("databases", f"{checked} of the databases the rows name checked, all present", checked=checked)
+
+
+# -- weights --------------------------------------------------------------------------------------------
+def check_weights(config) -> Check:
+    """model.path resolves to weights (models.names.resolve), warm_start / init_from are what they claim."""
+    from dart_jax.checkpoints.dart_io import MANIFEST
+    from dart_jax.models.names import is_gguf, resolve
+    from dart_jax.run.policy import init_kind
+    try:
+        path = resolve(config.model.path)
+    except FileNotFoundError as e:
+        return fail("weights", f"model.path: {e}")
+    if not (is_gguf(path) or os.path.isfile(os.path.join(path, "config.json"))):
+        return fail("weights", f"model.path={config.model.path} resolves to {path}, which is neither a .gguf file "
+                               "nor an HF model directory with config.json; set --config.model.path")
+    for field in ("warm_start", "init_from"):
+        value = config.get(field, "") or ""
+        if not value:
+            continue
+        where = repo_path(value)
+        if field == "init_from":
+            try:
+                init_kind(where)
+            except FileNotFoundError as e:
+                return fail("weights", f"{e}; write one with launch.train (adapters/) or fix --config.init_from")
+        elif not os.path.isfile(os.path.join(where, MANIFEST)):
+            return fail("weights", f"warm_start={value} has no {MANIFEST}; write one with python -m launch.sft "
+                                   "or fix --config.warm_start")
+    return ok("weights", f"{config.model.path} -> {path}", path=path)
+
+
+def architecture(config) -> tuple[Any, str]:
+    """-> (ModelConfig with config.model's overrides, where it came from): the weights' config.json
+    (or GGUF header), else the shipped preset of the same name; (None, why) when neither exists."""
+    from dart_jax.checkpoints.registry import open_source
+    from dart_jax.models.config import config_from_hf_dir
+    from dart_jax.run.policy import init_kind, model_overrides
+    over = model_overrides(config)
+    path = config.model.path
+    init_from = repo_path(config.get("init_from", "") or "")
+    if init_from and os.path.isfile(os.path.join(init_from, "config.json")) and init_kind(init_from) == "hf":
+        path = init_from  # an HF model as init_from replaces model.path (run.policy)
+    try:
+        _, cfg = open_source(path, **over)
+        return cfg, path
+    except (FileNotFoundError, ValueError):
+        pass
+    preset = preset_dir(path)
+    if preset is None:
+        return None, (f"no config.json for {path} and no architecture preset in "
+                      f"{os.path.relpath(MODEL_CONFIGS, REPO)}/<Org>/<Name>")
+    return config_from_hf_dir(preset, **over), (f"{os.path.relpath(preset, REPO)}/config.json (the weights are not "
+                                                "present: their published architecture)")
+
+
+def preset_dir(path: str) -> str | None:
+    """data/model_configs/<Org>/<Name> for a hub id "Org/Name" or any path ending in <Name>."""
+    parts = [p for p in path.replace("\\", "/").split("/") if p]
+    if len(parts) >= 2 and os.path.isdir(os.path.join(MODEL_CONFIGS, parts[-2], parts[-1])):
+        return os.path.join(MODEL_CONFIGS, parts[-2], parts[-1])
+    if not parts:
+        return None
+    name = parts[-1].lower()
+    hits = [d for d in glob.glob(os.path.join(MODEL_CONFIGS, "*", "*")) if os.path.basename(d).lower() == name]
+    return hits[0] if hits else None
+
+
+# -- mesh -----------------------------------------------------------------------------------------------
+def mesh_shape(config, devices: int) -> tuple[int, int, int]:
+    """`mesh.shape`, or every device on the data axis (run.policy.run_mesh's default)."""
+    return tuple(int(s) for s in config.mesh.shape) if config.mesh.shape else (devices, 1, 1)
+
+
+def check_mesh(config, processes: int) -> Check:
+    """The trainer's rules for the settings and the processes (rl.trainer.check_settings) and the mesh
+    against the devices (run.policy.run_mesh)."""
+    import jax
+
+    from dart_jax.rl.trainer import check_settings
+    from dart_jax.run.policy import run_mesh
+    try:
+        check_settings(config, processes)
+        mesh = run_mesh(config)
+    except ValueError as e:
+        fix = "set --config.mesh.shape='(DATA,FSDP,TENSOR)' with a product ≤ the devices" if "mesh" in str(e) \
+            else "fix the settings named"
+        return fail("mesh", f"{e}; {fix}", devices=jax.device_count())
+    shape = tuple(int(s) for s in mesh.devices.shape)
+    if shape[0] % processes:
+        return fail("mesh", f"mesh.shape={shape}: the data axis ({shape[0]}) must be a multiple of the {processes} "
+                            "processes (each rolls out on its own devices); set --config.mesh.shape")
+    return ok("mesh", f"{'x'.join(map(str, shape))} (data×fsdp×tensor) on {mesh.size} of {jax.device_count()} devices, "
+                      f"{processes} process(es)", shape=shape, devices=jax.device_count(), processes=processes)
+
+
+# -- memory ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """What the memory estimate varies: the mesh, the decode layout and the remat policy."""
+    mesh: tuple[int, int, int]
+    layout: str
+    remat: str
+
+    def describe(self) -> str:
+        return (f"--config.mesh.shape='({','.join(map(str, self.mesh))})' "
+                f"--config.rollout.decode_layout={self.layout} --config.model.remat_policy={self.remat}")
+
+
+def _sds(tree, shardings):
+    import jax
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings)
+
+
+def per_device(tree) -> int:
+    """Bytes of one device's shard of every leaf of an abstract (sharded) tree."""
+    import jax
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def per_layer_tree(base):
+    """The abstract base with `layers` as per-layer dicts, each placed as its source minus the layer axis
+    (models.transformer.unstack_layers)."""
+    import jax
+
+    from dart_jax.models import transformer
+    layers, _ = jax.eval_shape(lambda lay, emb: transformer._split_layers(lay, emb, False), base["layers"],
+                               base["embed"])
+    drop = transformer._drop_leading
+    layers = tuple(jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=drop(s.sharding)),
+                                lay, base["layers"]) for lay in layers)
+    return dict(base, layers=layers)
+
+
+def lengths(config, prompt_tokens: int | None) -> dict:
+    """The shapes the run reaches at most: a trajectory of `prompt` + rollout.max_response_tokens
+    tokens (padded to train.pad_multiple) in the update; in the rollout, every row of this process's
+    share of the step at a cache capacity holding that trajectory plus one decode segment. (The
+    cache's write index is shared by the batch's rows, so a batch whose rows take their longest
+    segments in different turns can grow past one row's maximum: this is the configured maximum, not
+    a bound.)"""
+    from dart_jax.rollout.sampler import bucket, cache_bucket
+    rc, tc = config.rollout, config.train
+    prompt = int(prompt_tokens or PROMPT_TOKENS.get(config.task, 512))
+    pad = int(tc.pad_multiple) or 1
+    seq = -(-(prompt + int(rc.max_response_tokens)) // pad) * pad
+    segment = bucket(int(rc.max_tokens_per_turn))
+    return {"prompt": prompt, "train_length": seq, "segment": segment,
+            "capacity": cache_bucket(prompt + int(rc.max_response_tokens) + segment + 1)}
+
+
+def train_trees(config, cfg, mesh) -> tuple[Any, Any]:
+    """(train state, frozen base) as abstract arrays placed as the trainer places them
+    (rl.placement.place_state): nothing allocated, no weights read."""
+    import jax
+
+    from dart_jax.adapters.method import init_adapters, trainable
+    from dart_jax.models import transformer
+    from dart_jax.models.sharding import adapter_shardings, base_shardings
+    from dart_jax.rl.optim import make_optimizer
+    from dart_jax.rl.placement import state_shardings
+    from dart_jax.rl.sections import method_spec, optim_config
+    from dart_jax.rl.step import init_state
+    method, opt = method_spec(config), make_optimizer(optim_config(config))
+    key = jax.random.PRNGKey(0)
+    base = _sds(jax.eval_shape(lambda k: transformer.init_params(cfg, k), key), base_shardings(cfg, mesh))
+    adapters = jax.eval_shape(lambda k: init_adapters(method, cfg, k), key)
+    if adapters is not None:
+        adapters = _sds(adapters, adapter_shardings(adapters, cfg, mesh))
+    params = trainable(method, base, adapters)
+    abstract = jax.eval_shape(lambda p: init_state(p, opt), params)
+    return _sds(abstract, state_shardings(opt, abstract, jax.tree.map(lambda x: x.sharding, params), mesh)), base
+
+
+def train_memory(config, cfg, mesh, layout: str, seq: int) -> dict:
+    """Per-device bytes of the GRPO update: XLA's memory analysis of the jitted, sharded train step
+    (as bench.sweep compiles it) on abstract arrays, and the train state / frozen base on their own."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from dart_jax.rl.placement import jit_step, microbatch_sharding
+    from dart_jax.rl.sections import loss_config, method_spec, optim_config
+    from dart_jax.rl.step import batch_keys, make_train_step
+    method, lc, oc = method_spec(config), loss_config(config), optim_config(config)
+    state, base = train_trees(config, cfg, mesh)
+    # what the decode layout `per_layer` copies: the layers, and the [D, V] head when embeddings are tied
+    copy = per_device(base["layers"]) + (per_device(base["embed"]) if cfg.tie_word_embeddings else 0)
+    if layout == "shared" and not method.trains_base:
+        base = per_layer_tree(base)  # the trainer holds the frozen base per layer for both stages
+    tc = config.train
+    m, b = tc.mini_batch // tc.micro_batch, tc.micro_batch
+    floats = ("loss_mask", "old_logp", "ref_logp", "advantages")
+    shapes = {k: (m, b) if k == "advantages" else (m, b, seq) for k in batch_keys(lc)}
+    batch = {k: jax.ShapeDtypeStruct(s, jnp.float32 if k in floats else jnp.int32,
+                                     sharding=microbatch_sharding(s, mesh)) for k, s in shapes.items()}
+    fn = jit_step(make_train_step(cfg, method, lc, oc), state, base, shapes, mesh)
+    compiled = fn.lower(state, base, batch, jax.random.PRNGKey(0), np.int32(0)).compile()
+    ma = compiled.memory_analysis()
+    step = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes - ma.alias_size_in_bytes)
+    return {"state": per_device(state), "base": per_device(base), "batch": per_device(batch),
+            "step": int(step), "step_temp": int(ma.temp_size_in_bytes), "layer_copy": copy,
+            "models": 2 if method.variant == "2agent" else 1}
+
+
+def decode_memory(cfg, mesh, layout: str, rows: int, prompt: int, segment: int) -> dict:
+    """Per-device bytes of one decode segment at the rollout's batch and maximum cache length
+    (bench.rollout_mesh.abstract_row: XLA's memory analysis, nothing allocated)."""
+    from dart_jax.bench.rollout_mesh import abstract_row
+    row = abstract_row(cfg, mesh, layout, rows, prompt, segment)
+    return {"peak": int(row["peak_gib"] * GIB), "kv": int(row["kv_gib"] * GIB), "temp": int(row["temp_gib"] * GIB),
+            "weights": int(row["weights_gib"] * GIB), "capacity": row["capacity"]}
+
+
+class MemoryModel:
+    """Estimates for one config on the devices at hand, memoised per program (a candidate search
+    recompiles only what a candidate changes)."""
+
+    def __init__(self, config, cfg, processes: int, prompt_tokens: int | None = None):
+        from dart_jax.rl.sections import method_spec
+        self.config, self.cfg, self.processes = config, cfg, processes
+        self.len = lengths(config, prompt_tokens)
+        tc = config.train
+        self.rows = tc.prompts_per_step * tc.group_size // processes
+        self.trains_base = method_spec(config).trains_base
+        self._train: dict = {}
+        self._decode: dict = {}
+        self._resident: dict = {}
+
+    def _mesh(self, shape):
+        import jax
+
+        from dart_jax.parallel.mesh import make_mesh
+        return make_mesh(shape, jax.devices()[:math.prod(shape)])
+
+    def layout(self, s: Setting) -> str:
+        """The layout the run really decodes with: a trained base is copied per layer even under `shared`."""
+        return "per_layer" if s.layout == "shared" and self.trains_base else s.layout
+
+    def update(self, s: Setting) -> dict:
+        """Bytes per device of the update under `s`: the step's arguments, outputs and temporaries, plus
+        the decode layout's per-layer copy, which stays memoised through the update (models.transformer)."""
+        layout = self.layout(s)
+        key = (s.mesh, s.remat, layout == "shared")
+        if key not in self._train:
+            self._train[key] = train_memory(self.config, self.cfg.replace(remat_policy=s.remat), self._mesh(s.mesh),
+                                            layout, self.len["train_length"])
+        t = dict(self._train[key])
+        t["layout_copy"] = t["layer_copy"] if layout == "per_layer" else 0
+        t["train"] = t["step"] + t["layout_copy"]
+        return t
+
+    def estimate(self, s: Setting) -> dict:
+        """Bytes per device of the update and of the rollout under `s`; `peak` the larger. The rollout
+        holds the train state, (full fine-tuning) the frozen reference beside the trained copy it
+        decodes with, and per model the decode program's weights, cache and layout copy."""
+        t = self.update(s)
+        layout = self.layout(s)
+        local = (s.mesh[0] // self.processes, s.mesh[1], s.mesh[2])
+        if (local, layout) not in self._decode:
+            self._decode[(local, layout)] = decode_memory(
+                self.cfg, self._mesh(local), layout, self.rows,
+                self.len["prompt"] + int(self.config.rollout.max_response_tokens), self.len["segment"])
+        d = self._decode[(local, layout)]
+        ref = t["base"] if self.trains_base else 0
+        decode = t["state"] + ref + t["models"] * (d["peak"] - d["temp"]) + d["temp"]
+        return {**t, "setting": s, "kv": d["kv"] * t["models"], "decode": decode, "capacity": d["capacity"],
+                "rows": self.rows, "peak": max(t["train"], decode)}
+
+    def resident(self, mesh: tuple[int, int, int]) -> int:
+        """Bytes per device of the train state and the frozen base alone on `mesh` (no compile): a
+        setting whose resident part is over the budget needs no compile to be ruled out."""
+        if mesh not in self._resident:
+            state, base = train_trees(self.config, self.cfg, self._mesh(mesh))
+            self._resident[mesh] = per_device(state) + per_device(base)
+        return self._resident[mesh]
+
+    def kv_floor(self, local_devices: int) -> int:
+        """Bytes per device of the rollout's KV cache (every model's) with its rows spread over every
+        local device: no mesh, layout or remat goes below it."""
+        cfg = self.cfg
+        per_slot = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * cfg.dtype.itemsize + 4  # k, v; position
+        models = 2 if "2agent" == self.config.method.variant else 1
+        return models * self.rows * self.len["capacity"] * per_slot // local_devices
+
+
+def candidates(current: Setting, trains_base: bool, processes: int) -> list[Setting]:
+    """Settings to try when `current` does not fit, cheapest first: on the current mesh a decode
+    layout without a weight copy (stacked), remat of the attention scores (dots_no_batch) or of
+    everything (full: a second forward); then the same on meshes that shard the weights, the train
+    state and the micro-batch's rows further, fewer devices per shard first (fsdp before tensor: fsdp
+    gathers a layer's weights once, tensor exchanges activations every projection). The `shared`
+    layout (a frozen base held per layer: training unrolls the layers) comes last on each mesh."""
+    layouts = list(dict.fromkeys([current.layout, "stacked"]))
+    remats = list(dict.fromkeys([current.remat, "dots_no_batch", "full"]))
+    n = math.prod(current.mesh)
+    meshes = sorted(((n // (f * t), f, t) for f in range(1, n + 1) for t in range(1, n + 1)
+                     if n % (f * t) == 0 and (n // (f * t)) % processes == 0),
+                    key=lambda m: (m != current.mesh, m[1] * m[2], m[2]))
+    out = []
+    for m in meshes:
+        out += [Setting(m, lay, r) for r in remats for lay in layouts]
+        out += [] if trains_base else [Setting(m, "shared", r) for r in remats]
+    return list(dict.fromkeys(s for s in out if s != current))
+
+
+def _gib(x: int) -> str:
+    return f"{x / GIB:.1f}"
+
+
+def figures(e: dict) -> str:
+    return (f"state {_gib(e['state'])}, base {_gib(e['base'])}, step temporaries {_gib(e['step_temp'])}"
+            + (f", decode-layout copy {_gib(e['layout_copy'])}" if e["layout_copy"] else "")
+            + f" -> update {_gib(e['train'])}; rollout {_gib(e['decode'])} (KV cache {_gib(e['kv'])}: {e['rows']} "
+            f"rows × {e['capacity']} slots) GiB/device")
+
+
+def check_memory(config, processes: int, device_memory_gib: float | None, prompt_tokens: int | None = None,
+                 max_estimates: int = 10, log: Callable[[str], None] | None = None) -> Check:
+    """The larger of the update and the rollout per device against the budget (`device_memory_gib`,
+    else the device's own limit); over it, the cheapest candidate setting that fits (`search`), or,
+    when the rollout's KV cache alone is over, the processes it needs and the setting the update needs."""
+    import jax
+    dev = jax.devices()[0]
+    if device_memory_gib:
+        budget, source = int(device_memory_gib * GIB), "--device-memory-gib"
+    else:
+        limit = (dev.memory_stats() or {}).get("bytes_limit")
+        if dev.platform == "cpu" or not limit:
+            return skipped("memory", f"{dev.platform} backend: host RAM is not device memory "
+                                     "(--device-memory-gib=G plans for G GiB devices)")
+        budget, source = int(limit), f"{dev.device_kind} bytes_limit"
+    cfg, arch = architecture(config)
+    if cfg is None:
+        return skipped("memory", f"{arch}: the architecture is unknown")
+    model = MemoryModel(config, cfg, processes, prompt_tokens)
+    current = Setting(mesh_shape(config, jax.device_count()), config.rollout.decode_layout, config.model.remat_policy)
+    t0 = time.perf_counter()
+    e = model.estimate(current)
+    data = {"budget_gib": budget / GIB, "architecture": arch, "lengths": model.len,
+            "setting": dataclasses.asdict(current),
+            "estimate_gib": {k: v / GIB for k, v in e.items()
+                             if k in ("state", "base", "step_temp", "layout_copy", "train", "kv", "decode", "peak")}}
+    where = f"budget {budget / GIB:.1f} GiB/device ({source}); architecture from {arch}"
+    if e["peak"] <= budget:
+        return ok("memory", f"{figures(e)}; {where}", seconds=time.perf_counter() - t0, **data)
+    local = jax.device_count() // processes
+    rollout_fits = model.kv_floor(local) < budget
+    # when no setting can fit the rollout, say at least what makes the update fit
+    def measure(s: Setting) -> int:
+        return model.estimate(s)["peak"] if rollout_fits else model.update(s)["train"]
+
+    # the rollout alone over and the update under as set: nothing to search for the update
+    fits, tried = ((current, e["train"]), []) if not rollout_fits and e["train"] <= budget else \
+        search(model, current, budget, measure, max_estimates, log)
+    data.update(tried=tried, seconds=time.perf_counter() - t0)
+    head = f"over budget: {figures(e)}; {where}"
+    if fits and rollout_fits:
+        data["fits"] = {"setting": dataclasses.asdict(fits[0]), "gib": fits[1] / GIB}
+        return fail("memory", f"{head}; fits at {_gib(fits[1])} GiB/device with {fits[0].describe()}", **data)
+    if rollout_fits:
+        return fail("memory", f"{head}; none of {len(tried)} mesh / decode layout / remat settings estimated fits: "
+                              "use devices with more memory or more of them", **data)
+    update = f"no setting estimated brings the update under either ({len(tried)} tried)"
+    rest = e["decode"] - e["kv"]  # the rollout without its cache, under the best setting known
+    if fits:
+        data["update_fits"] = {"setting": dataclasses.asdict(fits[0]), "gib": fits[1] / GIB}
+        best = model.estimate(fits[0])
+        rest = best["decode"] - best["kv"]
+        update = (f"the update fits as set ({_gib(fits[1])} GiB/device)" if fits[0] == current else
+                  f"the update fits at {_gib(fits[1])} GiB/device with {fits[0].describe()}")
+    nodes = processes
+    while model.kv_floor(local) * processes // nodes + rest > budget and nodes < 64 * processes:
+        nodes *= 2
+    data["rollout_processes"] = nodes
+    more = (f"about {nodes} processes of {local} devices (plan with --devices={nodes * local} --processes={nodes})"
+            if model.kv_floor(local) * processes // nodes + rest <= budget else "more processes")
+    return fail("memory", f"{head}; the rollout's KV cache alone is at least {_gib(model.kv_floor(local))} GiB/device "
+                          f"({model.rows} rows per process × {model.len['capacity']} slots): {more} or fewer rows "
+                          f"(train.prompts_per_step × train.group_size) bring it under; {update}", **data)
+
+
+def search(model: MemoryModel, current: Setting, budget: int, measure: Callable[[Setting], int], limit: int,
+           log: Callable[[str], None] | None) -> tuple[tuple[Setting, int] | None, list[dict]]:
+    """The cheapest candidate (`candidates`' order) whose `measure` fits `budget`, estimating at most
+    `limit` settings: a mesh whose train state and base alone are over is ruled out without a compile,
+    and one whose lightest setting (stacked layout, full remat) is over is skipped after that one."""
+    tried: list[dict] = []
+
+    def need(s: Setting) -> int:
+        seen = next((t for t in tried if t["setting"] == dataclasses.asdict(s)), None)
+        if seen is not None:
+            return seen["bytes"]
+        if log:
+            log(f"preflight: over budget; estimating {s.describe()}")
+        tried.append({"setting": dataclasses.asdict(s), "bytes": measure(s)})
+        tried[-1]["gib"] = tried[-1]["bytes"] / GIB
+        return tried[-1]["bytes"]
+
+    cands = candidates(current, model.trains_base, model.processes)
+    for mesh in dict.fromkeys(s.mesh for s in cands):
+        if model.resident(mesh) >= budget:
+            continue
+        if need(Setting(mesh, "stacked", "full")) > budget:
+            continue
+        for s in (c for c in cands if c.mesh == mesh):
+            if len(tried) >= limit:
+                return None, tried
+            value = need(s)
+            if value <= budget:
+                return (s, value), tried
+    return None, tried
+
+
+# -- all ------------------------------------------------------------------------------------------------
+def preflight(config, processes: int | None = None, device_memory_gib: float | None = None,
+              prompt_tokens: int | None = None, log: Callable[[str], None] | None = None) -> Report:
+    """Every check, in the order a run meets what it checks; the memory estimate only when the mesh and
+    the settings pass (it compiles at their shapes)."""
+    import jax
+    processes = processes or jax.process_count()
+    checks = [check_retriever(config), check_databases(config), check_datasets(config), check_weights(config),
+              check_mesh(config, processes)]
+    if checks[-1].failed:
+        checks.append(skipped("memory", "the mesh or the settings fail (see mesh)"))
+    else:
+        try:
+            checks.append(check_memory(config, processes, device_memory_gib, prompt_tokens, log=log))
+        except Exception as e:  # noqa: BLE001 — an estimate that cannot be made must not stop the run
+            first = (str(e).splitlines() or [""])[0]
+            checks.append(skipped("memory", f"not estimated ({type(e).__name__}: {first})"))
+    return Report(checks)

@@ -1,0 +1,232 @@
+"""Preflight (dart_jax/run/preflight.py, launch.preflight, the hook in launch.train): each check fails
+on the real thing missing and names the fix; the memory estimate is XLA's memory analysis of the step
+the trainer compiles, checked against a direct compile on real arrays as bench/sweep does it."""
+
+import os
+import socket
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import base
+from dart_jax.run import preflight as pf
+
+SPIDER = dict(reader="spider", path="data/spider/dev_questions.jsonl", db_root="data/spider/database",
+              data_source="spider_dev")
+
+
+def dead_url() -> str:
+    """A loopback port nothing listens on (bound, then released)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}/retrieve"
+
+
+def qa_config(**train):
+    c = base.get()
+    c.data.train = [dict(reader="flashrag", path="data/qa/nq_oracle.jsonl", data_source="nq")]
+    c.model.path = "smollm2-135m-instruct"
+    c.train.update(dict(prompts_per_step=2, group_size=2, mini_batch=4, micro_batch=2, **train))
+    return c
+
+
+def test_dead_retriever_fails_fast_in_one_line():
+    c = qa_config()
+    c.retriever.url = dead_url()
+    t0 = time.perf_counter()
+    check = pf.check_retriever(c)
+    assert time.perf_counter() - t0 < 5
+    assert check.failed and "\n" not in check.line()
+    assert c.retriever.url in check.message and "launch.serve_retriever" in check.message
+
+
+def test_live_server_over_the_shipped_index_passes(tmp_path, monkeypatch):
+    monkeypatch.setenv("DART_JAX_CACHE", str(tmp_path))
+    from dart_jax.tools.retrieval import Retriever, ensure_index
+    from dart_jax.tools.retrieval_server import RetrievalServer
+    retriever = Retriever(ensure_index())
+    server = RetrievalServer(retriever, "127.0.0.1", 0).start()
+    try:
+        c = qa_config()
+        c.retriever.url, c.retriever.topk = server.url, 3
+        check = pf.check_retriever(c)
+    finally:
+        server.stop()
+    assert check.status == "ok", check.line()
+    assert check.data["passages"] == 3 and check.data["url"] == server.url
+
+
+def test_index_dir_without_its_files_fails(tmp_path):
+    c = qa_config()
+    c.retriever.index_dir = str(tmp_path)
+    check = pf.check_retriever(c)
+    assert check.failed and "meta.json" in check.message and "launch.build_index" in check.message
+
+
+def test_missing_dataset_names_prepare_data():
+    c = qa_config()
+    c.data.train = [dict(reader="search_r1_parquet", path="data/nq_hotpotqa_train/no_such.parquet")]
+    check = pf.check_datasets(c)
+    assert check.failed and "data.train[0].path" in check.message
+    assert "python -m launch.prepare_data qa" in check.message
+
+
+def test_database_roots(tmp_path):
+    root = os.path.join(pf.REPO, SPIDER["db_root"])
+    shipped = sorted(d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, f"{d}.sqlite")))
+    c = qa_config()
+    c.task = "sql"
+    c.data.train = [SPIDER]  # Spider dev names databases the repository does not ship
+    partial = pf.check_databases(c)
+    assert partial.failed and "data.train[0].db_root" in partial.message and partial.data["missing"] >= 1
+    c.data.train = [dict(SPIDER, db_ids=shipped)]  # only the rows of shipped databases
+    good = pf.check_databases(c)
+    assert good.status == "ok", good.line()
+    assert good.data["checked"] == min(len(shipped), pf.DB_SAMPLE)
+    c.data.train = [dict(SPIDER, db_ids=shipped, db_root=str(tmp_path / "absent"))]
+    absent = pf.check_databases(c)
+    assert absent.failed and "db_root" in absent.message and "not a directory" in absent.message
+    c.data.train = [dict(SPIDER, db_ids=shipped, db_root=str(tmp_path))]  # a folder without the databases
+    empty = pf.check_databases(c)
+    assert empty.failed and empty.data["missing"] == empty.data["checked"] == min(len(shipped), pf.DB_SAMPLE)
+
+
+def test_missing_weights_name_the_download_command():
+    c = qa_config()
+    c.model.path = "dart-jax-tests/no-such-model"
+    check = pf.check_weights(c)
+    assert check.failed and "hf download dart-jax-tests/no-such-model" in check.message
+    c.model.path = "smollm2-135m-instruct"
+    c.warm_start = "data/warm_start/no_such_dir"
+    check = pf.check_weights(c)
+    assert check.failed and "warm_start" in check.message and "launch.sft" in check.message
+
+
+def test_mesh_larger_than_the_devices():
+    c = qa_config()
+    c.mesh.shape = (jax.device_count() * 2, 1, 1)
+    check = pf.check_mesh(c, 1)
+    assert check.failed and "mesh.shape" in check.message and f"{jax.device_count()} available" in check.message
+    c.mesh.shape = (2, 1, 1)
+    c.train.prompts_per_step = 3  # 3 × 2 trajectories do not split into mini-batches of 4
+    check = pf.check_mesh(c, 1)
+    assert check.failed and "train.mini_batch" in check.message
+
+
+def tiny_config(path: str):
+    c = qa_config()
+    c.model.update(path=path, param_dtype="float32", compute_dtype="float32", remat_policy="none")
+    c.mesh.shape = (2, 1, 1)
+    c.rollout.update(max_response_tokens=48, max_tokens_per_turn=16, decode_layout="per_layer")
+    c.train.pad_multiple = 16
+    return c
+
+
+def test_memory_estimate_is_the_compiled_steps_analysis(tiny_dirs):
+    """The estimate of the update equals XLA's memory analysis of the same step compiled on real,
+    placed arrays (bench/sweep's way), and the train state equals the live arrays' shards."""
+    from dart_jax.adapters.method import init_adapters
+    from dart_jax.bench.train import synthetic_batch
+    from dart_jax.checkpoints.registry import load_model
+    from dart_jax.parallel.mesh import make_mesh
+    from dart_jax.rl.optim import make_optimizer
+    from dart_jax.rl.placement import jit_step, microbatch_sharding, place_state, state_bytes_per_device
+    from dart_jax.rl.sections import loss_config, method_spec, optim_config
+    from dart_jax.rl.step import BATCH_KEYS, make_train_step
+    from dart_jax.run.policy import model_overrides
+
+    c = tiny_config(tiny_dirs["qwen2"][0])
+    mesh = make_mesh((2, 1, 1), jax.devices()[:2])
+    cfg, arch = pf.architecture(c)
+    assert arch == c.model.path
+    seq = pf.lengths(c, 32)["train_length"]
+    got = pf.train_memory(c, cfg, mesh, "per_layer", seq)
+
+    method, lc, oc = method_spec(c), loss_config(c), optim_config(c)
+    cfg2, base_params = load_model(c.model.path, mesh=mesh, **model_overrides(c))
+    state, placed = place_state(method, cfg2, base_params, init_adapters(method, cfg2, jax.random.PRNGKey(0)),
+                                make_optimizer(oc), mesh)
+    m, b = c.train.mini_batch // c.train.micro_batch, c.train.micro_batch
+    data = synthetic_batch(cfg2, m * b, seq)
+    batch = {k: jnp.asarray(data[k]).reshape((m, b) + data[k].shape[1:]) for k in BATCH_KEYS}
+    batch = {k: jax.device_put(v, microbatch_sharding(v.shape, mesh)) for k, v in batch.items()}
+    fn = jit_step(make_train_step(cfg2, method, lc, oc), state, placed, {k: v.shape for k, v in batch.items()}, mesh)
+    ma = fn.lower(state, placed, batch, jax.random.PRNGKey(0), np.int32(0)).compile().memory_analysis()
+    assert got["step"] == (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
+                           - ma.alias_size_in_bytes)
+    assert got["step_temp"] == ma.temp_size_in_bytes
+    assert got["state"] == state_bytes_per_device(state)
+    shard = sum(max(s.data.nbytes for s in x.addressable_shards) for x in jax.tree.leaves(placed))
+    assert got["base"] == shard
+
+
+def test_memory_over_budget_names_a_setting_that_fits(tiny_dirs):
+    c = tiny_config(tiny_dirs["qwen2"][0])
+    model = pf.MemoryModel(c, pf.architecture(c)[0], 1, 32)
+    current = pf.Setting((2, 1, 1), "per_layer", "none")
+    here = model.estimate(current)
+    assert here["layout_copy"] > 0  # per_layer keeps a copy of the layers through the update
+    stacked = model.estimate(pf.Setting((2, 1, 1), "stacked", "none"))
+    assert stacked["peak"] < here["peak"]
+    budget_gib = (stacked["peak"] + here["peak"]) / 2 / pf.GIB
+    over = pf.check_memory(c, 1, budget_gib, prompt_tokens=32)
+    assert over.failed and "\n" not in over.message
+    assert "rollout.decode_layout=stacked" in over.message
+    assert over.data["fits"]["gib"] <= budget_gib < over.data["estimate_gib"]["peak"]
+    # the named setting, applied to the config, passes at the same budget
+    c.rollout.decode_layout = over.data["fits"]["setting"]["layout"]
+    c.model.remat_policy = over.data["fits"]["setting"]["remat"]
+    c.mesh.shape = over.data["fits"]["setting"]["mesh"]
+    assert pf.check_memory(c, 1, budget_gib, prompt_tokens=32).status == "ok"
+
+
+def test_memory_is_skipped_on_cpu_without_a_budget():
+    check = pf.check_memory(qa_config(), 1, None)
+    assert check.status == "skipped" and "host RAM" in check.message
+
+
+def test_paper_presets_stand_in_for_absent_weights():
+    from configs import paper_qa
+    c = paper_qa.get_config("dart,qwen2.5-7b-base")
+    cfg, arch = pf.architecture(c)
+    assert "data/model_configs/Qwen/Qwen2.5-7B/config.json" in arch and "not present" in arch
+    # Qwen2.5-7B as published: 7.62B parameters (the model card's figure)
+    assert (cfg.hidden_size, cfg.num_layers, cfg.num_kv_heads, cfg.vocab_size) == (3584, 28, 4, 152064)
+    assert round(cfg.num_params() / 1e9, 2) == 7.62
+
+
+def test_launch_train_stops_before_the_model_on_a_dead_retriever(tmp_path, capsys):
+    from launch import train
+    out = tmp_path / "run"
+    argv = ["--config=configs/quickstart.py", f"--config.retriever.url={dead_url()}",
+            "--config.data.train[0].path=data/qa/no_such_file.jsonl", f"--config.output.dir={out}"]
+    t0 = time.perf_counter()
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    assert e.value.code == 2 and time.perf_counter() - t0 < 30
+    err = capsys.readouterr().err
+    assert "retriever  FAIL" in err and "datasets   FAIL" in err and not out.exists()
+    # --skip-preflight: the trainer itself starts and meets the missing file (before its model load)
+    try:
+        train.main(argv + ["--skip-preflight"])
+        raise AssertionError("launch.train ran without its training file")
+    except FileNotFoundError as e:
+        message = str(e)
+    except SystemExit as e:  # the command's one-line report of the same error
+        assert e.code == 2
+        message = capsys.readouterr().err
+    assert "no_such_file" in message and "preflight" not in message
+
+
+def test_launch_preflight_exit_status(capsys, tmp_path):
+    from launch import preflight
+    assert preflight.main(["--config=configs/quickstart.py", f"--json={tmp_path / 'p.json'}"]) == 0
+    assert "memory     skipped" in capsys.readouterr().out
+    assert preflight.main(["--config=configs/quickstart.py", f"--config.retriever.url={dead_url()}"]) == 2
+    out = capsys.readouterr().out
+    assert "retriever  FAIL" in out and "preflight failed" in out
