@@ -69,7 +69,13 @@ def resolve(name_or_path: str) -> str:
     if os.path.exists(name_or_path):
         return name_or_path
     if is_hub_id(name_or_path):
-        return from_hub_cache(name_or_path)
+        try:
+            return from_hub_cache(name_or_path)
+        except ModelNotFound as e:
+            if os.path.isdir(name_or_path.split("/")[0]):  # "models/X" with models/ here: a mistyped path
+                raise ModelNotFound(f"{e} (or, if you meant a local directory: {os.path.abspath(name_or_path)} "
+                                    "does not exist)") from None
+            raise
     raise FileNotFoundError(
         f"model {name_or_path!r} is neither an existing path nor an embedded name ({', '.join(EMBEDDED)}) "
         f"nor a Hugging Face hub id (Org/Name)")
