@@ -1,4 +1,4 @@
-"""CEA training variants (METHOD §2): GRPO keeping only one role's token gradients.
+"""CEA training variants (the paper's Capability Effect Attribution): GRPO keeping only one role's token gradients.
 
     python -m launch.train --config=configs/cea.py:reas,qwen2.5-3b-base --config.model.path=...
     python -m launch.train --config=configs/cea.py:reas,qwen2.5-3b-base,authors    # the authors' roles

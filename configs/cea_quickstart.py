@@ -1,4 +1,5 @@
-"""CEA on the embedded default (METHOD §2): the first small-scale finding, on 2 CPU cores.
+"""CEA (the paper's Capability Effect Attribution) on the embedded default: the first small-scale
+finding, on 2 CPU cores.
 
     python -m launch.cea --config=configs/cea_quickstart.py          # every missing stage, resumable
     python -m launch.train --config=configs/cea_quickstart.py:tool   # one variant's training alone
@@ -12,7 +13,7 @@ T = 1, 8 times each, on 64 held-out NQ questions whose gold passage is in the sh
 (`nq_corpus_heldout`: nq_oracle rows neither the warm start nor any GRPO step sees), and β is solved
 per question (dart_jax/analysis/cea.py).
 
-Setting (issue 17 asks which, and why): NQ, one search. On NQ the warm start writes the question
+Setting (which, and why): NQ, one search. On NQ the warm start writes the question
 itself as the query, so M_Tool has little to learn and β's tool terms are expected small. HotpotQA
 with two searches would give the tool role more to learn, but the warm start was trained on
 one-search NQ demonstrations only and never issues a second, bridging query, and 12 GRPO steps of a

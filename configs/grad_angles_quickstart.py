@@ -1,4 +1,4 @@
-"""Gradient alignment on the embedded default (METHOD §2, issue 18), sized for 2 CPU cores.
+"""Gradient alignment on the embedded default (the paper's gradient-alignment analysis), sized for 2 CPU cores.
 
     python -m launch.grad_angles --config=configs/grad_angles_quickstart.py
 

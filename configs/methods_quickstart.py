@@ -1,4 +1,4 @@
-"""The paper's methods compared on the embedded default (issue 19, METHOD §4): DART, LoRA-16, full
+"""The paper's methods compared on the embedded default (the paper's baselines and ablations): DART, LoRA-16, full
 fine-tuning with Search-R1's settings, MixLoRA and 2-Agent, each trained from the shipped warm start
 with the same data, steps and seeds, then evaluated greedily on held-out questions.
 

@@ -1,4 +1,4 @@
-"""The paper's QA setups (METHOD §5–6): DART, Search-R1 (full-parameter GRPO) and LoRA-16.
+"""The paper's QA setups (its Experimental Setup and main QA table): DART, Search-R1 (full-parameter GRPO) and LoRA-16.
 
     python -m launch.prepare_data qa --input=/data/nq_hotpotqa_train/train.parquet --out=data/nq_hotpotqa_train
     python -m launch.train --config=configs/paper_qa.py:dart,qwen2.5-3b-base \

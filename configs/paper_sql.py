@@ -1,4 +1,4 @@
-"""The paper's NL2SQL setups (METHOD §1, §6) on Qwen2.5-Coder-7B(-Instruct), SkyRL-SQL protocol.
+"""The paper's NL2SQL setups (its NL2SQL setting and results) on Qwen2.5-Coder-7B(-Instruct), SkyRL-SQL protocol.
 
     python -m launch.prepare_data sql --input=/data/skyrl_sql_653/train.parquet --db-root=/data/omnisql/data \
         --out=data/skyrl_sql
@@ -37,7 +37,7 @@ def get_config(arg: str | None = None):
     c.model.path = "Qwen/Qwen2.5-Coder-7B-Instruct"
     c.data.train = [dict(reader="skyrl_sql", path="data/skyrl_sql/train.parquet", db_root="", data_source="skyrl_sql",
                          prepare="sql", exclude=exclusion_specs("sql"))]
-    c.reward.sql_match = "set"  # SkyRL-SQL's frozenset comparison of result rows, as published (REFERENCE §9)
+    c.reward.sql_match = "set"  # SkyRL-SQL's frozenset comparison of result rows, as published
     c.rollout.max_turns = 5
     c.rollout.max_tokens_per_turn = 1024
     c.rollout.max_response_tokens = 6144

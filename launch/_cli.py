@@ -1,7 +1,9 @@
 """One convention for every `python -m launch.X`: absl flags on the command's own FlagValues
 (`--flag=value`, `--config=FILE[:ARG]` with `--config.field=value` overrides where a config
 exists, multi-word flags with dashes), `--help` printing the command's docstring (purpose and an
-example) and its flags, a clear message and exit status 2 on a bad flag, quiet logging.
+example) and its flags, quiet logging, and every user mistake reported as one line
+`launch.X: what is wrong; what to do` on stderr with exit status 2 (`--verbose`: with its traceback
+and the libraries' log lines).
 
     CLI = Command("launch.X", __doc__, config=True)
     N = flags.DEFINE_integer("n", 4, "trajectories", flag_values=CLI.flags)
@@ -10,13 +12,29 @@ example) and its flags, a clear message and exit status 2 on a bad flag, quiet l
         args = CLI.parse(argv)          # positional arguments (e.g. a subcommand)
         ...
 
+    if __name__ == "__main__":
+        CLI.run(main)                   # user mistakes -> one line, exit 2; a bug keeps its traceback
+
 Each command owns its FlagValues, so commands can share flag names (--model, --out, --json) and
 still be imported together (tests call several `main(argv)` in one process).
+
+What counts as a user mistake (`is_user_mistake`): dart_jax.errors.UserError, a missing / misplaced
+file (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError), a port already in
+use, the run-directory / data / checkpoint refusals (RunDirError, DataError, CheckpointMismatch, …)
+and `raise SystemExit("message")`. Anything else is a bug and keeps Python's traceback.
 """
 
 from __future__ import annotations
 
+import difflib
+import errno
+import importlib.util
+import os
+import re
 import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from absl import flags
 from ml_collections import config_flags
@@ -24,6 +42,46 @@ from ml_collections import config_flags
 from launch._log import setup_logging
 
 HELP = ("-h", "--help", "-help", "--helpfull")
+# Exceptions raised for what the user asked for (module.qualname, so that none of them is imported
+# here: a command's --help stays instant, and a class can only be raised once its module is loaded).
+MISTAKES = frozenset({
+    "dart_jax.errors.UserError",
+    "dart_jax.run.run_dir.RunDirError",
+    "dart_jax.data.readers.DataError",
+    "dart_jax.checkpoints.loader.CheckpointMismatch",
+    "dart_jax.checkpoints.authors_io.AuthorsLayoutError",
+    "dart_jax.data.sql_hardness.HardnessError",
+    "builtins.FileNotFoundError", "builtins.NotADirectoryError", "builtins.IsADirectoryError",
+    "builtins.PermissionError",
+})
+
+
+def is_user_mistake(e: BaseException) -> bool:
+    """A mistake in what the user asked for (reported as one line), not a bug (a traceback)."""
+    if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:
+        return True
+    return any(f"{c.__module__}.{c.__qualname__}" in MISTAKES for c in type(e).__mro__)
+
+
+def describe(e: BaseException) -> str:
+    """The one line that reports mistake `e` (without the command's name)."""
+    if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:
+        return f"{e.strerror or e}; the port is taken: stop what listens on it, or pick another --port"
+    if isinstance(e, OSError) and e.filename is not None and e.strerror and str(e).startswith("[Errno"):
+        return f"{e.filename}: {e.strerror.lower()}; check the path"
+    text = e.args[0] if isinstance(e, KeyError) and e.args and isinstance(e.args[0], str) else str(e)
+    return " ".join(text.split()) or type(e).__name__
+
+
+def _verbose(argv: list[str]) -> bool:
+    """--verbose as the command line says it (read before parsing: a failed parse must know it too)."""
+    on = False
+    for a in argv:
+        if a in ("--verbose", "-verbose", "--verbose=true", "--verbose=1", "--verbose=True"):
+            on = True
+        elif a in ("--noverbose", "--verbose=false", "--verbose=0", "--verbose=False"):
+            on = False
+    return on
 
 
 class Command:
@@ -31,6 +89,9 @@ class Command:
         self.prog, self.doc = name, doc.strip()
         self.flags = flags.FlagValues()
         self.config_required = config_required
+        self.verbose = False
+        flags.DEFINE_bool("verbose", False, "show the libraries' log lines and, with a reported mistake, its "
+                          "traceback", flag_values=self.flags)
         self.config = self._define_config([]) if config else None
 
     def _define_config(self, argv: list[str]):
@@ -45,28 +106,243 @@ class Command:
     def usage(self) -> str:
         return f"{self.doc}\n\nflags:\n{self.flags.get_help()}"
 
+    def fail(self, message: str, cause: BaseException | None = None) -> NoReturn:
+        """Report a mistake as `launch.X: message` (with --verbose, `cause`'s traceback first), exit 2."""
+        if self.verbose and cause is not None:
+            traceback.print_exception(cause)
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
     def parse(self, argv: list[str] | None = None) -> list[str]:
-        """Parse `argv` (default sys.argv[1:]) -> positional arguments; --help prints and exits 0."""
+        """Parse `argv` (default sys.argv[1:]) -> positional arguments; --help prints and exits 0; a
+        bad flag, config file or override is reported in one line (exit 2) before anything runs."""
         argv = list(sys.argv[1:] if argv is None else argv)
+        self.verbose = _verbose(argv)
         if any(a in HELP for a in argv):
             print(self.usage())
             raise SystemExit(0)
-        self.flags.unparse_flags()  # a second parse in one process starts from the defaults again
+        if self.flags.is_parsed():
+            self.flags.unparse_flags()  # a second parse in one process starts from the defaults again
         if self.config is not None:
+            self._check_config_args(argv)
             self.config = self._define_config(argv)
         try:
             rest = self.flags([self.prog] + argv)
         except flags.Error as e:
-            print(f"{self.prog}: {e}\n(--help lists the flags)", file=sys.stderr)
-            raise SystemExit(2) from None
+            self.fail(self._flag_error(e, argv), e)
+        except (KeyError, AttributeError, IndexError) as e:  # ml_collections: an override path the config lacks
+            problem = _override_problem(_config_arg(argv), argv)
+            if problem is None:
+                raise
+            self.fail(problem, e)
         if self.config_required and self.config.value is None:
-            print(f"{self.prog}: --config=configs/NAME.py is required (--help for an example)", file=sys.stderr)
-            raise SystemExit(2)
-        setup_logging()
+            self.fail("--config=configs/NAME.py is required; --help shows an example")
+        if self.config is not None and self.config.value is not None:
+            problem = _repeated_tuple(self.config.value, argv)
+            if problem:
+                self.fail(problem)
+        setup_logging(self.verbose)
         return rest[1:]
+
+    def _check_config_args(self, argv: list[str]) -> None:
+        """One --config, given before its overrides, naming a file that exists."""
+        specs = [a.split("=", 1)[1] for a in argv if re.match(r"-{1,2}config=", a)]
+        specs += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config", "-config")]
+        overrides = _overrides(argv)
+        if len(specs) > 1:
+            self.fail(f"--config given {len(specs)} times ({', '.join(specs)}); give one config file and change "
+                      "its fields with --config.section.field=value")
+        if not specs and overrides:
+            path, value = overrides[0]
+            self.fail(f"--config.{path}={value} changes a config, but no --config=FILE names one; e.g. "
+                      f"--config=configs/quickstart.py --config.{path}={value}")
+        if specs:
+            self._check_config_file(specs[0])
+
+    def _check_config_file(self, spec: str) -> None:
+        path = spec.split(":", 1)[0]
+        if os.path.isfile(path):
+            return
+        folder = os.path.dirname(path) or "."
+        have = sorted(n for n in os.listdir(folder) if n.endswith(".py")) if os.path.isdir(folder) else []
+        close = difflib.get_close_matches(os.path.basename(path), have, n=1, cutoff=0.8)
+        hint = (f"did you mean {os.path.join(os.path.dirname(path), close[0])}?" if close else
+                "the configs are configs/*.py (e.g. --config=configs/quickstart.py)")
+        self.fail(f"--config={spec}: no such config file; {hint}")
+
+    def _flag_error(self, e: flags.Error, argv: list[str]) -> str:
+        """absl / ml_collections' error -> one line naming the flag, what is wrong and what to do."""
+        text = str(e)
+        if "Error whilst parsing config file" in text:  # get_config raised: its last line says why
+            last = [line for line in text.splitlines() if line.strip()][-1].strip()
+            return f"--config={_config_arg(argv)}: {last}; the config file's docstring lists its arguments"
+        m = re.match(r"flag --config\.([^=]+)=(.*?): (.*)", text, re.S)
+        config = _load_config(_config_arg(argv)) if m else None
+        if config is not None:
+            path, value = m.group(1), m.group(2)
+            try:
+                current = _walk(config, path)
+            except LookupError as missing:
+                return f"--config.{path}={value}: {missing}"
+            if hasattr(current, "keys"):
+                first = next(iter(current.keys()), "field")
+                return (f"--config.{path}={value}: {path} is a section; set its fields one by one, e.g. "
+                        f"--config.{path}.{first}={_example(current[first]) if first in current else '...'}")
+            return (f"--config.{path}={value}: {path} takes {_type_words(current)} (the config has "
+                    f"{current!r}); e.g. --config.{path}={_example(current)}")
+        first = text.splitlines()[0] if text else type(e).__name__
+        return f"{first.rstrip('.')}; --help lists the flags"
 
     def value(self, name: str):
         return self.flags[name].value
+
+    def run(self, main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> NoReturn:
+        """`python -m launch.X`: run `main`, report a user mistake as one line with exit status 2
+        (with its traceback under --verbose), let a bug raise with its traceback."""
+        args = list(sys.argv[1:] if argv is None else argv)
+        self.verbose = _verbose(args)
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            if not isinstance(e.code, str):
+                raise
+            message = e.code.strip()
+            if message.startswith(self.prog + ":"):
+                message = message[len(self.prog) + 1:].strip()
+            self.fail(message, e)
+        except KeyboardInterrupt as e:  # Ctrl-C: a line, not a page of the stack it stopped in
+            if self.verbose:
+                traceback.print_exception(e)
+            print(f"{self.prog}: interrupted", file=sys.stderr)
+            raise SystemExit(130) from None
+        except Exception as e:
+            if not is_user_mistake(e):
+                raise
+            self.fail(describe(e), e)
+        raise SystemExit(code)
+
+
+def _config_arg(argv: list[str]) -> str | None:
+    """The value of --config in `argv` (the last one), or None."""
+    value = None
+    for i, a in enumerate(argv):
+        if a.startswith("--config=") or a.startswith("-config="):
+            value = a.split("=", 1)[1]
+        elif a in ("--config", "-config") and i + 1 < len(argv):
+            value = argv[i + 1]
+    return value
+
+
+def _load_config(spec: str | None):
+    """The config `spec` (FILE[:ARG]) names, loaded as ml_collections does; None if it cannot be."""
+    if not spec:
+        return None
+    path, *arg = spec.split(":", 1)
+    try:
+        module_spec = importlib.util.spec_from_file_location("_launch_config_check", path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        return module.get_config(*arg)
+    except Exception:  # noqa: BLE001 — the real parse reports the config's own failure
+        return None
+
+
+_PART = re.compile(r"([^\[\]]+)((?:\[\d+\])*)$")
+
+
+def _walk(config, path: str) -> Any:
+    """The value at dotted `path` (with [i] indices, as ml_collections' overrides write them);
+    LookupError naming the first part that is not there, with the closest field names."""
+    node, done = config, []
+    for part in path.split("."):
+        m = _PART.match(part)
+        name, indices = (m.group(1), [int(i) for i in re.findall(r"\d+", m.group(2))]) if m else (part, [])
+        keys = list(node.keys()) if hasattr(node, "keys") else []
+        if name not in keys:
+            full = ".".join(done + [name])
+            close = difflib.get_close_matches(name, keys, n=1)
+            prefix = ".".join(done)
+            where = f"{prefix} has " if prefix else "the config has "
+            hint = (f"did you mean {'.'.join(done + [close[0]])}?" if close else
+                    f"{where}{', '.join(sorted(keys)) or 'no fields'}")
+            raise LookupError(f"no field {full}; {hint}")
+        node = node[name]
+        done.append(name)
+        for i in indices:
+            if not isinstance(node, (list, tuple)) or i >= len(node):
+                n = len(node) if isinstance(node, (list, tuple)) else 0
+                raise LookupError(f"{'.'.join(done)} has {n} {'entry' if n == 1 else 'entries'}, no [{i}]; "
+                                  f"indices run from 0 to {n - 1}" if n else f"{'.'.join(done)} is empty, no [{i}]")
+            node = node[i]
+            done[-1] += f"[{i}]"
+    return node
+
+
+def _overrides(argv: list[str]) -> list[tuple[str, str]]:
+    """(path, value) of each --config.PATH=VALUE in argv, in order."""
+    out = []
+    for a in argv:
+        m = re.match(r"-{1,2}(?:no)?config\.([^=]+)(?:=(.*))?$", a)
+        if m:
+            out.append((m.group(1), m.group(2) if m.group(2) is not None else ""))
+    return out
+
+
+def _override_problem(spec: str | None, argv: list[str]) -> str | None:
+    """The first --config.PATH=VALUE whose PATH the config lacks, as one line with a suggestion."""
+    config = _load_config(spec)
+    if config is None:
+        return None
+    for path, value in _overrides(argv):
+        try:
+            _walk(config, path)
+        except LookupError as e:
+            return f"--config.{path}={value}: {e}"
+    return None
+
+
+def _repeated_tuple(config, argv: list[str]) -> str | None:
+    """A tuple field given whole more than once: ml_collections would concatenate the tuples
+    (`--config.mesh.shape=1,2,1 --config.mesh.shape=2,1,1` -> (1, 2, 1, 2, 1, 1)), never what was meant.
+    Repeating single items (`--config.x=1 --config.x=2` -> (1, 2)) stays the way to build a tuple."""
+    seen: dict[str, list[str]] = {}
+    for path, value in _overrides(argv):
+        seen.setdefault(path, []).append(value)
+    for path, values in seen.items():
+        if len(values) < 2 or not any("," in v or "(" in v for v in values):
+            continue
+        try:
+            is_tuple = isinstance(_walk(config, path), tuple)
+        except LookupError:
+            continue
+        if is_tuple:
+            return (f"--config.{path} given {len(values)} times ({' and '.join(values)}): the tuples would be "
+                    f"joined into one; give the whole tuple once, e.g. --config.{path}={values[-1]}")
+    return None
+
+
+def _type_words(value: Any) -> str:
+    if value is None:
+        return "a value"
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, tuple):
+        return "a tuple"
+    return f"a {type(value).__name__}"
+
+
+def _example(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value) if value else "1,2,1"
+    return str(value)
 
 
 def define_distributed_flags(cmd: Command):
@@ -88,8 +364,7 @@ def define_distributed_flags(cmd: Command):
         try:
             return initialize(coord.value, nproc.value, pid.value, auto=auto.value)
         except ValueError as e:
-            print(f"{cmd.prog}: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
+            cmd.fail(str(e), e)
     return start
 
 

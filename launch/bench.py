@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import types
 
 from absl import flags
@@ -210,4 +209,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    CLI.run(main)

@@ -8,7 +8,6 @@ data/spider, data/bird; dart_jax/data/eval_sets.py).
 from __future__ import annotations
 
 import os
-import sys
 
 from absl import flags
 
@@ -35,4 +34,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    CLI.run(main)

@@ -1,6 +1,6 @@
-"""Capability Effect Attribution (METHOD §2) end to end: train M_Reas / M_Tool / M_Unified, sample the
-six variants (with H_Tool / H_Reas composed from two models), solve per-question β and report it with
-its uncertainty (dart_jax/analysis/cea*.py).
+"""Capability Effect Attribution (the paper's interference analysis) end to end: train M_Reas /
+M_Tool / M_Unified, sample the six variants (with H_Tool / H_Reas composed from two models), solve
+per-question β and report it with its uncertainty (dart_jax/analysis/cea*.py).
 
     python -m launch.cea --config=configs/cea_quickstart.py                 # every stage still missing
     python -m launch.cea --config=configs/cea_quickstart.py --stage=train   # one stage (train|sample|solve)
@@ -27,6 +27,7 @@ import os
 
 from absl import flags
 
+from dart_jax.errors import UserError
 from launch._cli import Command, define_distributed_flags
 
 CLI = Command("launch.cea", __doc__, config=True)
@@ -54,15 +55,16 @@ def parse_inputs(values: list[str]) -> dict[str, str]:
     if len(values) == 1 and "=" not in values[0]:
         root = values[0]
         if not os.path.isdir(root):
-            raise FileNotFoundError(f"--inputs {root}: not a directory")
+            raise FileNotFoundError(f"--inputs {root}: not a directory; give the directory of the six variants' "
+                                    "evaluations, or variant=PATH six times")
         return {v: os.path.join(root, v) for v in VARIANTS}
     out = {}
     for item in values:
         if "=" not in item:
-            raise ValueError(f"--inputs {item!r}: expected variant=PATH (or one directory of variant sub-directories)")
+            raise UserError(f"--inputs {item!r}: expected variant=PATH (or one directory of variant sub-directories)")
         v, path = item.split("=", 1)
         if v in out:
-            raise ValueError(f"--inputs names variant {v!r} twice")
+            raise UserError(f"--inputs names variant {v!r} twice; give each variant once")
         out[v] = path
     return out
 
@@ -126,4 +128,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    CLI.run(main)

@@ -3,12 +3,14 @@
     python -m launch.crosscheck model --model=smollm2-135m-instruct
     python -m launch.crosscheck loss --model=smollm2-135m-instruct --reference=verl --json
     python -m launch.crosscheck step --model=DIR --dtype=bfloat16 --tol=params=1e-2
+    python -m launch.crosscheck all --model=smollm2-135m-instruct     # the four checks, one after another
 
     model     logits, log-probs, greedy continuation vs transformers
     adapters  routed logits and adapter gradients vs transformers + a hand-written routed-LoRA reference
               (--adapters DIR: a DART directory; default: fresh adapters with B ~ N(0, 0.02²))
     loss      one GRPO trajectory batch: advantages, log-probs, entropy, ratio, pg loss / KL / entropy in
-              every aggregation mode, total loss and gradients vs a PyTorch implementation of REFERENCE §1–6
+              every aggregation mode, total loss and gradients vs a PyTorch implementation of verl's GRPO
+              conventions (dart_jax/parity/torch_grpo.py)
     step      three RL steps of two mini-batch updates (clipping, AdamW, warmup on verl's clock) vs
               torch.optim.AdamW + LambdaLR stepped once per RL step: parameters and lr after each
 
@@ -17,8 +19,10 @@ difference from ours. --tol KEY=VALUE (repeatable) holds a quantity class to you
 ours (keys: advantages, logp, entropy, ratio, loss, grad, grad_max, params, params_lr, logits,
 adapter_grad; for the run's --dtype); an unknown key is an error. The old --logit-tol / --grad-tol mean
 --tol logits= / --tol adapter_grad=, and the old form `--model X [--adapters DIR]` (no check named)
-runs `model` / `adapters`. The report is printed (--json: as JSON) and saved as report.md /
-report.json under --out (default runs/crosscheck/<check>-<model>). Exit status 1 when a quantity fails.
+runs `model` / `adapters`. Several checks (or `all`) run one after another with a progress bar.
+Each report is printed (--json: as JSON) and saved as report.md / report.json under --out (with
+several checks, --out/<check>; default runs/crosscheck/<check>-<model>). Exit status 1 when a
+quantity fails.
 """
 
 from __future__ import annotations
@@ -85,11 +89,13 @@ def _tolerances(pairs: list[str]) -> dict[str, float]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or key not in TOLERANCES:
-            raise SystemExit(f"crosscheck: --tol {pair!r}: expected KEY=VALUE with KEY one of {sorted(TOLERANCES)}")
+            raise SystemExit(f"launch.crosscheck: --tol {pair!r}: expected KEY=VALUE with KEY one of "
+                             f"{sorted(TOLERANCES)}")
         try:
             out[key] = float(value)
         except ValueError:
-            raise SystemExit(f"crosscheck: --tol {pair!r}: {value!r} is not a number") from None
+            raise SystemExit(f"launch.crosscheck: --tol {pair!r}: {value!r} is not a number; give e.g. "
+                             f"--tol={key}=1e-3") from None
     return out
 
 
@@ -102,7 +108,7 @@ def _old_tolerance_flags(argv: list[str]) -> list[str]:
         if flag in names:
             if not sep:
                 if i + 1 >= len(argv):
-                    raise SystemExit(f"crosscheck: {flag} needs a value")
+                    raise SystemExit(f"launch.crosscheck: {flag} needs a value, e.g. {flag}=1e-3")
                 i, value = i + 1, argv[i + 1]
             out.append(f"--tol={names[flag]}={value}")
         else:
@@ -114,24 +120,35 @@ def _old_tolerance_flags(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = _old_tolerance_flags(list(sys.argv[1:] if argv is None else argv))
     args = CLI.parse(argv)
-    check = args[0] if args else ("adapters" if ADAPTERS.value else "model")  # no check named: the old form
-    if check not in CHECKS or len(args) > 1:
-        raise SystemExit(f"launch.crosscheck: expected one check of {CHECKS}, got {args}")
+    # no check named: the old form (`--model X [--adapters DIR]`)
+    checks = list(CHECKS) if args == ["all"] else args or ["adapters" if ADAPTERS.value else "model"]
+    unknown = [c for c in checks if c not in CHECKS]
+    if unknown or len(set(checks)) < len(checks):
+        raise SystemExit(f"launch.crosscheck: checks {args}: name each of {CHECKS} at most once, or all")
     if not MODEL.value:
-        raise SystemExit("launch.crosscheck: --model is required (an HF directory, .gguf file or embedded name)")
+        raise SystemExit("launch.crosscheck: --model is required; give an HF directory, a .gguf file or an embedded "
+                         "name (smollm2-135m-instruct)")
+    from tqdm.auto import tqdm
+
     from dart_jax.parity.check_report import tolerances
-    with tolerances(_tolerances(TOL.value), DTYPE.value):
-        report = run(check)
-    out = OUT.value or os.path.join("runs", "crosscheck", f"{check}-{os.path.basename(os.path.normpath(MODEL.value))}")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "report.md"), "w") as f:
-        f.write(report.markdown())
-    with open(os.path.join(out, "report.json"), "w") as f:
-        json.dump(report.to_dict(), f, indent=2)
-    print(json.dumps(report.to_dict(), indent=2) if JSON.value else report.markdown())
-    print(f"report: {out}/report.md, {out}/report.json", file=sys.stderr)
-    return 0 if report.passed else 1
+    tols, passed = _tolerances(TOL.value), True
+    bar = tqdm(checks, desc="crosscheck", unit="check", file=sys.stderr)
+    for check in bar:
+        bar.set_description(f"crosscheck {check}")
+        with tolerances(tols, DTYPE.value):
+            report = run(check)
+        out = (os.path.join(OUT.value, check) if OUT.value and len(checks) > 1 else OUT.value or
+               os.path.join("runs", "crosscheck", f"{check}-{os.path.basename(os.path.normpath(MODEL.value))}"))
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "report.md"), "w") as f:
+            f.write(report.markdown())
+        with open(os.path.join(out, "report.json"), "w") as f:
+            json.dump(report.to_dict(), f, indent=2)
+        bar.write(json.dumps(report.to_dict(), indent=2) if JSON.value else report.markdown(), file=sys.stdout)
+        bar.write(f"report: {out}/report.md, {out}/report.json", file=sys.stderr)
+        passed = passed and report.passed
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    CLI.run(main)

@@ -1,4 +1,4 @@
-"""Gradient alignment (METHOD §2, issue 18): angles between the reasoning-role and tool-role policy
+"""Gradient alignment (the paper's interference analysis): angles between the reasoning-role and tool-role policy
 gradients of one trajectory, against same-role angles across trajectories of one query, by the
 paper's protocol and by the DART authors' (dart_jax/analysis/grad_*.py).
 
@@ -72,4 +72,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    CLI.run(main)

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import sys
 
 from absl import flags
 
@@ -26,7 +25,8 @@ TASK = flags.DEFINE_enum("task", "qa", ["qa", "sql"], "router tags: <search> or 
 def main(argv: list[str] | None = None) -> int:
     CLI.parse(argv)
     if not MODEL.value or not OUT.value:
-        raise SystemExit("launch.init_adapters: --model and --out are required")
+        raise SystemExit("launch.init_adapters: --model and --out are required; e.g. --model=smollm2-135m-instruct "
+                         "--out=runs/dart0")
     from dart_jax.adapters.bootstrap import init_dart_directory
     from dart_jax.adapters.method import MethodSpec
     tags = ("<search>", "</search>") if TASK.value == "qa" else ("<sql>", "</sql>")
@@ -37,4 +37,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    CLI.run(main)

@@ -1,4 +1,4 @@
-"""The paper's methods compared at small scale (issue 19): train DART, LoRA-16, full fine-tuning,
+"""The paper's methods compared at small scale: train DART, LoRA-16, full fine-tuning,
 MixLoRA and 2-Agent with the same warm start, data, steps and seeds, evaluate each greedily on
 held-out questions, and report EM with its spread over seeds, reward curves, step time and memory.
 
@@ -46,4 +46,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    CLI.run(main)

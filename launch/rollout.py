@@ -11,7 +11,6 @@ writes the tags: --no-warm-start shows that); --warm-start=DIR merges another on
 
 from __future__ import annotations
 
-import sys
 
 from absl import flags
 
@@ -49,4 +48,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    CLI.run(main)

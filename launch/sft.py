@@ -8,8 +8,6 @@ into its base with `--config.warm_start=DIR` (dart_jax/sft/trainer.py).
 
 from __future__ import annotations
 
-import sys
-
 from launch._cli import Command, define_run_flags
 
 CLI = Command("launch.sft", __doc__, config=True, config_required=True)
@@ -18,14 +16,10 @@ RESUME, OVERWRITE = define_run_flags(CLI)
 
 def main(argv: list[str] | None = None) -> int:
     CLI.parse(argv)
-    from dart_jax.run.run_dir import RunDirError
     from dart_jax.sft.trainer import SFTTrainer, sft_summary
-    try:
-        print(sft_summary(SFTTrainer(CLI.config.value).run(resume=RESUME.value, overwrite=OVERWRITE.value)))
-    except RunDirError as e:
-        raise SystemExit(f"launch.sft: {e}") from None
+    print(sft_summary(SFTTrainer(CLI.config.value).run(resume=RESUME.value, overwrite=OVERWRITE.value)))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    CLI.run(main)

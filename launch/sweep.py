@@ -9,7 +9,7 @@ machine the host is split into as many devices as the largest mesh needs.
 decode segment with the sampler's state sharded on the mesh, for each decode layout (stacked,
 per_layer, shared), with decode tokens/s and device memory against weights + KV cache. MODEL is
 `config` (the config's model) or a random-init shape of the accelerator suite (`3b` = Qwen2.5-3B,
-`small`, `tiny`); `--train=false` skips the train-step sweep; `--rollout_abstract` compiles the decode
+`small`, `tiny`); `--train=false` skips the train-step sweep; `--rollout-abstract` compiles the decode
 without running it and reads XLA's memory analysis (a 3B model on a small host):
 
     python -m launch.sweep --config=configs/quickstart.py --mesh=1,1,1 --mesh=8,1,1 --mesh=2,1,4 \
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 
 from absl import flags
@@ -35,34 +36,48 @@ CSV = flags.DEFINE_string("csv", "", "also write the rows to this CSV file", fla
 TRAIN = flags.DEFINE_boolean("train", True, "sweep the GRPO train step", flag_values=CLI.flags)
 ROLLOUT = flags.DEFINE_string("rollout", "", "also sweep rollouts on this model: config | 3b | small | tiny",
                               flag_values=CLI.flags)
-R_BATCH = flags.DEFINE_integer("rollout_batch", 16, "rollout rows", flag_values=CLI.flags)
-R_PROMPT = flags.DEFINE_integer("rollout_prompt", 256, "prompt tokens per row", flag_values=CLI.flags)
-R_NEW = flags.DEFINE_integer("rollout_new", 16, "decoded tokens per row", flag_values=CLI.flags)
-R_ABSTRACT = flags.DEFINE_boolean("rollout_abstract", False, "rollout memory from XLA's memory analysis only "
+R_BATCH = flags.DEFINE_integer("rollout-batch", 16, "rollout rows", flag_values=CLI.flags)
+R_PROMPT = flags.DEFINE_integer("rollout-prompt", 256, "prompt tokens per row", flag_values=CLI.flags)
+R_NEW = flags.DEFINE_integer("rollout-new", 16, "decoded tokens per row", flag_values=CLI.flags)
+R_ABSTRACT = flags.DEFINE_boolean("rollout-abstract", False, "rollout memory from XLA's memory analysis only "
                                   "(compile, allocate nothing, run nothing: models larger than the host)",
                                   flag_values=CLI.flags)
-R_DTYPE = flags.DEFINE_string("rollout_dtype", "bfloat16", "dtype of a random-init rollout model",
+R_DTYPE = flags.DEFINE_string("rollout-dtype", "bfloat16", "dtype of a random-init rollout model",
                               flag_values=CLI.flags)
 
 
 def main(argv: list[str] | None = None) -> int:
     CLI.parse(argv)
-    shapes = [tuple(int(x) for x in m.split(",")) for m in MESH.value]
+    shapes = [tuple(int(x) for x in m.split(",")) if re.fullmatch(r"\d+,\d+,\d+", m) else () for m in MESH.value]
     if not shapes or any(len(s) != 3 for s in shapes):
-        raise SystemExit("launch.sweep: give at least one --mesh=data,fsdp,tensor")
+        raise SystemExit(f"launch.sweep: --mesh {MESH.value or '(none)'}: give at least one mesh as three "
+                         "integers, e.g. --mesh=1,1,1 --mesh=2,1,1")
     need = max(math.prod(s) for s in shapes)
     if "jax" not in sys.modules and "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    f" --xla_force_host_platform_device_count={need}").strip()
+    from tqdm.auto import tqdm
+
     from dart_jax.bench.sweep import sweep_mesh, table, write_csv
+
+    def meshes(what: str):
+        """The shapes, one at a time, under a progress bar naming the mesh being compiled and run."""
+        bar = tqdm(shapes, desc=what, unit="mesh", file=sys.stderr)
+        for shape in bar:
+            bar.set_postfix(mesh="x".join(map(str, shape)))
+            yield shape
+
     rows = []
     if TRAIN.value:
-        rows = sweep_mesh(CLI.config.value, shapes, LENGTH.value, STEPS.value)
+        rows = [r for s in meshes("train-step sweep") for r in sweep_mesh(CLI.config.value, [s], LENGTH.value,
+                                                                           STEPS.value)]
         print(table(rows))
     if ROLLOUT.value:
         from dart_jax.bench import rollout_mesh
-        r_rows = rollout_mesh.sweep_for(CLI.config.value, ROLLOUT.value, shapes, R_BATCH.value, R_PROMPT.value,
-                                        R_NEW.value, R_DTYPE.value, abstract=R_ABSTRACT.value)
+        r_rows = [r for s in meshes("rollout sweep")
+                  for r in rollout_mesh.sweep_for(CLI.config.value, ROLLOUT.value, [s], R_BATCH.value, R_PROMPT.value,
+                                                  R_NEW.value, R_DTYPE.value, log=tqdm.write,
+                                                  abstract=R_ABSTRACT.value)]
         print(rollout_mesh.table(r_rows))
         rows += [{"sweep": "rollout", **r} for r in r_rows]
     if CSV.value:
@@ -72,4 +87,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    CLI.run(main)

@@ -29,9 +29,12 @@ TIERS = [
 TIER = {pkg: i for i, pkgs in enumerate(TIERS) for pkg in pkgs}
 
 
+BASE = ("errors",)  # top-level modules below every tier (dart_jax/errors.py): any package may import them
+
+
 def package_of(module: str) -> str | None:
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[0] == "dart_jax" else None
+    return parts[1] if len(parts) > 1 and parts[0] == "dart_jax" and parts[1] not in BASE else None
 
 
 def imports(path: str):
@@ -62,7 +65,7 @@ def violations(root: str = ROOT) -> list[str]:
         own = parts[1]
         for line, module, name in imports(path):
             target = package_of(module)
-            if module == "dart_jax" and name is not None:
+            if module == "dart_jax" and name is not None and name not in BASE:
                 target = name  # `from dart_jax import pkg`
             if target is None or target == own:
                 continue

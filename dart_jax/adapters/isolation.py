@@ -9,7 +9,7 @@ adapter's values (same routing, same logits) but only the adapter of the role wh
 that pass's loss receives gradient, so ∂L_reas/∂θ_tool = 0 and ∂L_tool/∂θ_reas = 0 exactly.
 
 Both need a loss that is linear in per-token losses with weights that depend only on masks:
-L = Σ_{b,t} w_{b,t} ℓ_{b,t}(θ). Every aggregation mode of REFERENCE §5 has that form.
+L = Σ_{b,t} w_{b,t} ℓ_{b,t}(θ). Every one of verl's aggregation modes has that form.
 """
 
 from __future__ import annotations

@@ -10,14 +10,14 @@
 | 2agent, agent_params="lora" | {"reasoning","tool"}: one LoRA per model over the frozen base | as 2agent; each model's forward applies its LoRA to every token | both LoRAs only |
 
 `role_mask` ("both" | "reasoning" | "tool") keeps only that role's tokens in the policy gradient
-(CEA's M_Unified / M_Reas / M_Tool: m_t of METHOD §2). `isolation` ("forward" | "strict") applies
+(CEA's M_Unified / M_Reas / M_Tool: the paper's role mask m_t). `isolation` ("forward" | "strict") applies
 to dart (see `dart_jax.adapters.isolation`). MixLoRA (`experts`, `top_k` of rank `rank` each,
 `router_aux_coef` for the load-balancing loss) puts a plain LoRA on the attention projections
 among `targets` and LoRA experts on the FFN; the paper's comparison at DART's budget is E = 2
 experts of rank 8, top-2; E = 8, top-2, rank 16 is MoE-PEFT's template. Two-model routing
 (2-Agent, H_Tool, H_Reas) routes roles to two (base, adapters) pairs (rollout.compose).
 
-2-Agent with `agent_params="lora"` (issue 19's cheaper option: two LoRA sets over two frozen copies)
+2-Agent with `agent_params="lora"` (the cheaper option: two LoRA sets over two frozen copies)
 keeps one frozen base in memory: two frozen copies of the same weights are the same function, so the
 models differ only by their LoRAs. Unlike DART, which routes each token to an adapter inside *one*
 forward (a tool token attends to keys and values the reasoning adapter computed), each 2-Agent model

@@ -1,4 +1,4 @@
-"""Capability Effect Attribution (METHOD §2): per-question β from six variants' accuracies.
+"""Capability Effect Attribution (the paper's interference analysis): per-question β from six variants' accuracies.
 
 Pure numpy / scipy. For each question q and variant M, s_q^M = sigmoid(x^M · β_q) with
 x^M = [x1, x2, x3, x12, x13, x23]; the six variants give six independent rows (`DESIGN`), so

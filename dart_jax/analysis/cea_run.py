@@ -1,4 +1,5 @@
-"""CEA end to end (METHOD §2) as resumable stages over one output directory (`config.cea.out`):
+"""CEA end to end (the paper's Capability Effect Attribution) as resumable stages over one output
+directory (`config.cea.out`):
 
     train/<reas|tool|unified>/   the three trained variants: the config with each role mask
                                  (`cea.role_masks`), same data, steps, seed (rl.trainer; resumed from its

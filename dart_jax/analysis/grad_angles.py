@@ -1,4 +1,4 @@
-"""Gradient alignment (METHOD §2, issue 18): the numbers — angles between gradient trees, their
+"""Gradient alignment (the paper's interference analysis): the numbers — angles between gradient trees, their
 aggregation per tensor and per layer, a seeded sketch for many-gradient comparisons, and the DART
 authors' per-layer statistics. No model code and no plotting here.
 

@@ -1,4 +1,4 @@
-"""Gradient alignment's report (issue 18): the per-query statistics written by `grad_run` become
+"""Gradient alignment's report: the per-query statistics written by `grad_run` become
 angles.csv, summary.json, report.md and the figures. Numbers here; drawing in grad_plots.
 
 angles.csv: protocol, params, weighting, query, a, b, kind, tensor, layer, angle — one row per pair

@@ -1,4 +1,4 @@
-"""Per-role gradients for gradient alignment (METHOD §2, issue 18): one backward pass per role, so a
+"""Per-role gradients for gradient alignment (the paper's interference analysis): one backward pass per role, so a
 role's gradient never shares a graph with the other's.
 
 The loss of role r on a set of trajectories is the GRPO surrogate restricted to role-r tokens,

@@ -1,4 +1,4 @@
-"""Gradient alignment end to end (METHOD §2, issue 18) as resumable stages under one directory
+"""Gradient alignment end to end (the paper's interference analysis) as resumable stages under one directory
 (`config.grad_angles.out`):
 
     rollouts/chunk_NNN.npz    G samples per query at T = `temperature` by the policy (the config's model

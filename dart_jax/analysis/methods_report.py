@@ -158,7 +158,8 @@ def _markdown(summary: dict, per_run: dict, datasets: list[str], times: dict) ->
                      f"{e['train_state_mib']:.0f} | {e['peak_rss_mib']:.0f} | "
                      f"{'%.3f' % paper if paper is not None else '—'} |")
     lines += ["", "The paper's column is Qwen2.5-3B-Base on wiki-18 with 100 steps of 256 × 16 trajectories "
-              "(METHOD §6; full = Search-R1's row): orientation only.", "", "![reward curves](reward_curves.png)"]
+              "(the paper's main QA table; full = Search-R1's row): orientation only.", "",
+              "![reward curves](reward_curves.png)"]
     if summary.get("paired"):
         lines += ["", "## Paired on the same questions", "",
                   "Each row: questions right only in A / only in B / in both, of n; p = exact McNemar "

@@ -1,4 +1,4 @@
-"""The method comparison (issue 19) as resumable stages over one output directory (`config.methods.out`):
+"""The method comparison as resumable stages over one output directory (`config.methods.out`):
 
     train/<method>_s<seed>/   one GRPO run per (method, seed): the config with only the method and the
                               seed changed (configs/methods_quickstart.apply_method); resumed from its

@@ -1,4 +1,4 @@
-"""The paper's methods side by side on one backbone (METHOD §7, issue 19): the training state each
+"""The paper's methods side by side on one backbone (the paper's efficiency claims): the training state each
 holds and the time of one GRPO update, DART vs LoRA-16 vs full fine-tuning vs MixLoRA vs 2-Agent.
 
 Memory is read from the live device arrays after `place_state` (what a run holds before its first

@@ -1,4 +1,4 @@
-"""Rollouts on the mesh, measured (issue 20; `launch.sweep --rollout`): for each mesh shape and decode
+"""Rollouts on the mesh, measured (`launch.sweep --rollout`): for each mesh shape and decode
 layout, a prefill and one decode segment of the sampler with its state sharded on the mesh
 (rollout.placement), and the device memory that decode holds.
 
@@ -10,7 +10,7 @@ Memory, per device (the largest over the mesh's devices):
               program's temporaries (XLA's memory analysis, per device); where the backend reports
               an allocator peak (GPU/TPU) it is recorded too ("device_peak": since process start,
               so it also holds whatever the set-up allocated)
-    ratio     peak / (weights + kv): 1.0 would be weights and cache alone. Issue 20's bar is ≤ 1.15
+    ratio     peak / (weights + kv): 1.0 would be weights and cache alone. The target is ≤ 1.15
               for a Qwen2.5-3B-shaped model; `per_layer` holds a second copy of the layer weights by
               design (~2.0), `stacked` holds none but the backend may materialise the slices as
               temporaries, `shared` reads the run's own per-layer tree.

@@ -1,4 +1,4 @@
-"""One command that measures an accelerator (issue 20): `python -m launch.bench --json FILE suite`.
+"""One command that measures an accelerator: `python -m launch.bench --json FILE suite`.
 
 On whatever backend jax finds, on one device, with a random-init model of Qwen2.5-3B's shape in bf16
 (`--shape=3b`; `small` keeps the family and scales it down for CPU, `tiny` is the CI smoke):
@@ -25,7 +25,7 @@ On whatever backend jax finds, on one device, with a random-init model of Qwen2.
                  whole history before every turn (Search-R1 / SkyRL), interleaved rounds
     rollout_memory  the decode section's batch and prompt (≤ 32 new tokens) for each decode layout
                  (rollout.placement: stacked, per_layer, shared) on a fresh base: device memory while
-                 decoding against weights + KV cache (bench.rollout_mesh; issue 20's bar ≤ 1.15 at 3B)
+                 decoding against weights + KV cache (bench.rollout_mesh; target ≤ 1.15 at 3B)
 
 Every section records its own wall time and the compile time separately from the timed repeats; a
 section (or one method) that fails records its error and the others still run, and the JSON is

@@ -14,8 +14,8 @@ Their layout, one HF-style directory:
 
 So y = W x + b + s · B[:, :r] A[:r] x on tool tokens and s · B[:, r:] A[r:] x on reasoning tokens,
 s = lora_alpha / lora_r. Their router routes positions p_open+1 … p_close to the tool adapter
-(REFERENCE §11): the imported RouterSpec carries convention "authors", so evaluation and training
-use their routing unless told otherwise. Names that differ from the above fail with the tensor
+(docs/design.md, the router convention): the imported RouterSpec carries convention "authors", so
+evaluation and training use their routing unless told otherwise. Names that differ from the above fail with the tensor
 named (`AuthorsLayoutError`).
 """
 

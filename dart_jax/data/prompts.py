@@ -1,4 +1,4 @@
-"""Prompt builders: Search-R1 QA (REFERENCE §7) and SkyRL-SQL NL2SQL (REFERENCE §9)."""
+"""Prompt builders: Search-R1 QA and SkyRL-SQL NL2SQL, as those projects write them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SQuAD answer normalisation (REFERENCE §7): what EM compares and what makes two questions the same
+"""SQuAD answer normalisation (Search-R1's EM): what EM compares and what makes two questions the same
 question (training / evaluation exclusion)."""
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from typing import Mapping, Sequence
 
 import jax
@@ -76,9 +77,10 @@ def hybrid_devices(shape: tuple[int, int, int], devices: Sequence):
 
 
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
-                    rules: LogicalRules = DEFAULT_RULES) -> P:
+                    rules: LogicalRules = DEFAULT_RULES, notes: list[str] | None = None) -> P:
     """PartitionSpec for a leaf with logical `axes`; indivisible dims and reused mesh axes are
-    replicated."""
+    replicated. Each indivisible dim is noted: logged, or appended to `notes` (tree_shardings sums
+    a tree's notes up in one line instead of one per leaf)."""
     used: set[str] = set()
     spec = []
     for name, dim in zip(axes, shape):
@@ -89,7 +91,11 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh
         mesh_axes = tuple(a for a in mesh_axes if mesh.shape[a] > 1 and a not in used)
         size = math.prod(mesh.shape[a] for a in mesh_axes)
         if mesh_axes and dim % size:
-            log.info("replicating dim %s=%d (not divisible by %s=%d)", name, dim, mesh_axes, size)
+            note = f"{name}={dim} over {'×'.join(mesh_axes)}={size}"
+            if notes is None:
+                log.info("replicating dim %s (not divisible)", note)
+            else:
+                notes.append(note)
             mesh_axes = ()
         used.update(mesh_axes)
         spec.append(mesh_axes[0] if len(mesh_axes) == 1 else (mesh_axes or None))
@@ -102,5 +108,13 @@ def named_sharding(axes, shape, mesh: Mesh, rules: LogicalRules = DEFAULT_RULES)
 
 def tree_shardings(logical: Mapping[str, tuple[tuple[int, ...], tuple]], mesh: Mesh,
                    rules: LogicalRules = DEFAULT_RULES) -> dict[str, NamedSharding]:
-    """Flat {path: (shape, axes)} -> flat {path: NamedSharding}."""
-    return {path: named_sharding(axes, shape, mesh, rules) for path, (shape, axes) in logical.items()}
+    """Flat {path: (shape, axes)} -> flat {path: NamedSharding}; the dims replicated because they do
+    not divide their mesh axes are logged in one line for the whole tree."""
+    notes: list[str] = []
+    out = {path: NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules, notes))
+           for path, (shape, axes) in logical.items()}
+    if notes:
+        counts = Counter(notes)
+        log.info("replicated, not divisible by their mesh axes: %s",
+                 ", ".join(f"{n} ({k} leaves)" if k > 1 else n for n, k in counts.items()))
+    return out

@@ -79,19 +79,26 @@ class CheckReport:
         return d
 
     def markdown(self) -> str:
+        """GitHub-flavoured markdown: a table with its separator row, a blank line before and after
+        it, and every `|` inside a cell escaped (the measures are written with absolute values)."""
         lines = [f"# crosscheck {self.check}: {self.model} ({self.dtype}, reference {self.reference})", ""]
         if self.differences:
             lines += ["Conventions set for this reference (differences from dart_jax's defaults):", ""]
-            lines += [f"- {d}" for d in self.differences] + [""]
-        lines += ["| quantity | measure | value | max \\|torch\\| | tol fp32 | tol bf16 | pass |",
-                  "|---|---|---|---|---|---|---|"]
+            lines += [f"- {' '.join(str(d).split())}" for d in self.differences] + [""]
+        lines += [row("quantity", "measure", "value", "max |torch|", "tol fp32", "tol bf16", "pass"),
+                  "|---|---|---|---:|---:|---:|---|"]
         for q in self.quantities:
             measure = {"rel": "max |Δ| / max |torch|", "norm": "‖Δ‖ / ‖torch‖"}.get(q.kind, "max |Δ|")
             tols = ["—" if t is None else f"{t:.0e}" for t in (q.tol_fp32, q.tol_bf16)]
-            lines.append(f"| {q.name} | {measure} | {q.value:.3e} | {q.scale:.3e} | {tols[0]} | {tols[1]} | "
-                         f"{'PASS' if q.passed else 'FAIL'} |")
+            lines.append(row(q.name, measure, f"{q.value:.3e}", f"{q.scale:.3e}", tols[0], tols[1],
+                             "PASS" if q.passed else "FAIL"))
         lines += ["", f"{'PASS' if self.passed else 'FAIL'} ({self.seconds:.1f} s)"]
         return "\n".join(lines) + "\n"
+
+
+def row(*cells) -> str:
+    """One markdown table row; a `|` in a cell is escaped, a line break becomes a space."""
+    return "| " + " | ".join(" ".join(str(c).split()).replace("|", "\\|") for c in cells) + " |"
 
 
 def within(value: float, tol: float | None) -> bool:

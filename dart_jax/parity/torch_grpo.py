@@ -1,21 +1,23 @@
-"""PyTorch reference of the GRPO update (REFERENCE §1–6), written from the reference text alone.
+"""PyTorch reference of the GRPO update (verl's conventions, listed below), written from those
+conventions alone.
 
 Nothing here imports dart_jax's JAX code: it is the independent side of `launch.crosscheck loss`
 and `launch.crosscheck step` (and of tests/rl). Conventions, each switchable as the reference
 systems differ:
 
-    §1  z = logits / T; shift by one; log_softmax in fp32; gather.  H = logsumexp(z) − Σ softmax(z)·z
-    §2  A_i = (s_i − mean_g) / (std_g + 1e-6), unbiased std; a group of one: mean 0, std 1;
-        norm_by_std=False: s_i − mean_g
-    §3  k1 = d, abs = |d|, k2 = ½d², k3 = clamp(e^u − u − 1, −10, 10), u = clamp(ref − logp, ±20)
-        (kl_clamp=False: no clamps, Search-R1's older verl)
-    §4  Δ = clamp(logp − old, ±20); ratio = e^Δ; Lclip = max(−A·ratio, −A·clamp(ratio, 1−εl, 1+εh));
-        ℓ = min(−A·c, Lclip) where A < 0 (dual clip c), else Lclip
-    §5  token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (Σ m·ℓ / L with
-        L the configured maximum response length: verl pads every response to it and divides by
-        that width, whatever the batch's own widths); micro-batches by a true global token mean
-        (SkyRL) or verl's per-micro-batch mean / M
-    §6  torch.optim.AdamW after clip_grad_norm_, linear warmup from 0 (LambdaLR)
+    log-probs   z = logits / T; shift by one; log_softmax in fp32; gather.  H = logsumexp(z) − Σ softmax(z)·z
+    advantage   A_i = (s_i − mean_g) / (std_g + 1e-6), unbiased std; a group of one: mean 0, std 1;
+                norm_by_std=False: s_i − mean_g
+    KL          k1 = d, abs = |d|, k2 = ½d², k3 = clamp(e^u − u − 1, −10, 10), u = clamp(ref − logp, ±20)
+                (kl_clamp=False: no clamps, Search-R1's older verl)
+    clip loss   Δ = clamp(logp − old, ±20); ratio = e^Δ;
+                Lclip = max(−A·ratio, −A·clamp(ratio, 1−εl, 1+εh));
+                ℓ = min(−A·c, Lclip) where A < 0 (dual clip c), else Lclip
+    aggregation token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (Σ m·ℓ / L
+                with L the configured maximum response length: verl pads every response to it and
+                divides by that width, whatever the batch's own widths); micro-batches by a true
+                global token mean (SkyRL) or verl's per-micro-batch mean / M
+    optimiser   torch.optim.AdamW after clip_grad_norm_, linear warmup from 0 (LambdaLR)
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def policy_loss(logp, old_logp, adv, clip_low=0.2, clip_high=0.2, dual_clip: flo
 
 
 def aggregate(values, mask, mode: str = "token-mean", response_length: int | None = None):
-    """REFERENCE §5 over one batch (0 when no token carries loss). `response_length`: the configured
+    """verl's loss aggregation over one batch (0 when no token carries loss). `response_length`: the configured
     maximum response length, seq-mean-token-sum-norm's L (required there)."""
     mask = mask.float()
     row = mask.sum(-1)

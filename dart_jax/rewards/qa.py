@@ -1,4 +1,4 @@
-"""QA rewards (Search-R1 conventions, REFERENCE §7): SQuAD normalisation, exact match on the last
+"""QA rewards (Search-R1 conventions): SQuAD normalisation, exact match on the last
 <answer> of the *response*, the optional format reward, and retrieval accuracy."""
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ _OBSERVATION_END = re.compile(r"</observation>", re.IGNORECASE)
 
 
 def verify_format_and_extract(output: str) -> tuple[bool, list[str] | None, str | None]:
-    """SkyRL-SQL's training format check (REFERENCE §9; skyrl-gym `envs/sql/utils.py`
+    """SkyRL-SQL's training format check (skyrl-gym `envs/sql/utils.py`
     `verify_format_and_extract`, same rules in the same order) -> (valid, thoughts, solution):
     exactly one `<solution>` and, after it, exactly one `</solution>`; no think / sql / observation
     tag inside the solution; at least one `<think>…</think>`; before the solution, every
@@ -146,7 +146,7 @@ def extract_solution(response: str) -> str | None:
 
 
 SHAPINGS = {  # reward of (execution match, wrong or failing prediction, format failure)
-    "paper": (1.0, -1.0, -1.0),   # METHOD §1: +1 if the final SQL's result matches, else −1
+    "paper": (1.0, -1.0, -1.0),   # the paper's NL2SQL reward: +1 if the final SQL's result matches, else −1
     "skyrl": (1.0, 0.0, -1.0),    # SkyRL's calculate_reward_single
 }
 

@@ -6,7 +6,7 @@ may enter the update.
     SQL: SkyRL-SQL's format check, then the <solution>'s result rows against the gold query's on
          the row's database (`sql_match`: `set`, SkyRL's frozenset comparison, or `spider`, Spider
          EX's: multisets, columns permutable, row order counted when the gold has ORDER BY),
-         shaped `paper` (+1 match, −1 otherwise; METHOD §1) or `skyrl` (+1 match,
+         shaped `paper` (+1 match, −1 otherwise; the paper's NL2SQL reward) or `skyrl` (+1 match,
          0 wrong, −1 format failure). An empty gold result earns nothing unless `reward_empty_gold`.
          Each question's gold result is computed once and cached; a step's queries run in a thread
          pool, each with the per-call deadline of the hardened executor. A gold query that fails or
@@ -43,7 +43,7 @@ class RewardConfig:
     sql_shaping: str = "paper"
     reward_empty_gold: bool = False
     sql_match: str = "set"                # rewards.sql.SQL_MATCHES: SkyRL's set comparison | Spider EX's
-    sql_timeout_s: float = 30.0           # per query (REFERENCE §9: 30 s for the reward)
+    sql_timeout_s: float = 30.0           # per query (SkyRL-SQL: 30 s for the reward)
     sql_max_rows: int = 100_000
     workers: int = 8
 

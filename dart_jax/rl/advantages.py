@@ -1,4 +1,4 @@
-"""GRPO outcome advantages, grouped by prompt uid (REFERENCE §2).
+"""GRPO outcome advantages, grouped by prompt uid (verl's GRPO advantage).
 
     s_i = Σ_t r_{i,t}                                   (reward on the last response token)
     μ_g, σ_g = mean and unbiased std (÷ n−1) over the group g(i); a group of one has μ = 0, σ = 1

@@ -1,5 +1,5 @@
-"""GRPO / PPO loss terms as pure functions (REFERENCE §3–5). All per-token arrays are f32[B, T],
-token-aligned, and every aggregate is taken over loss-mask tokens only.
+"""GRPO / PPO loss terms as pure functions (verl's KL estimators, clipped loss and aggregation). All
+per-token arrays are f32[B, T], token-aligned, and every aggregate is taken over loss-mask tokens only.
 
 KL estimators, d = logp − ref_logp:
     k1 = d;  abs = |d|;  k2 = ½ d²;
@@ -10,7 +10,7 @@ Clipped policy loss (verl "vanilla"):
     L1 = −A·ratio;  L2 = −A·clamp(ratio, 1−ε_low, 1+ε_high);  Lclip = max(L1, L2)
     L3 = −A·c;  ℓ = min(L3, Lclip) where A < 0 (dual clip, c > 1), else Lclip
 
-Aggregation of per-token ℓ with mask m (REFERENCE §5), each written as Σ w·ℓ / D so that a mini-batch
+Aggregation of per-token ℓ with mask m (verl's modes), each written as Σ w·ℓ / D so that a mini-batch
 split into micro-batches can carry (Σ numerator, Σ D):
     token-mean               w = m,                      D = Σ m
     seq-mean-token-sum       w = m,                      D = #rows with Σ_t m > 0

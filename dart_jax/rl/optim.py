@@ -1,4 +1,4 @@
-"""Optimiser, learning-rate schedule and the schedule's clock (REFERENCE §6).
+"""Optimiser, learning-rate schedule and the schedule's clock (verl's).
 
 AdamW (β = (0.9, 0.999), ε = 1e-8, decoupled weight decay 0.01 as torch.optim.AdamW) after global-
 norm clipping (1.0), split in two so the learning rate can run on its own clock:

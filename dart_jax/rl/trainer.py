@@ -91,7 +91,8 @@ def check_settings(config, nproc: int = 1) -> None:
     method, loss_cfg, sampling, plan = (method_spec(config), loss_config(config),
                                         SamplingConfig(**section(config, "sampling")), update_plan(config))
     optim_config(config)
-    RolloutConfig(**section(config, "rollout"), route_mode=ROUTE_MODE[method.variant])
+    rc = RolloutConfig(**section(config, "rollout"), route_mode=ROUTE_MODE[method.variant])
+    stages.groups_per_chunk(rc.chunk_rows, tc.group_size)
     if method.variant == "2agent" and config.router.convention != "dart_jax":
         raise ValueError("method.variant='2agent' needs router.convention='dart_jax': a token's log-prob comes "
                          "from the model that wrote it, the model in control after the token before (the "

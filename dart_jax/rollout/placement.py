@@ -1,4 +1,4 @@
-"""Where the sampler's arrays live on the run's mesh (issue 20: rollouts on the mesh).
+"""Where the sampler's arrays live on the run's mesh (rollouts on the mesh).
 
 `RolloutMesh` is a static part of the sampler's spec. Every jitted sampler function (prefill, decode
 segment, append, cache growth) pins its decode state to it on the way in and on the way out, so the

@@ -1,5 +1,5 @@
 """Task protocols: the tags, stop sequences and observation rendering of Search-R1 QA and
-SkyRL-SQL (REFERENCE §7, §9)."""
+SkyRL-SQL (their rollout protocols)."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from dart_jax.checkpoints.dart_io import MANIFEST, import_dart
 from dart_jax.checkpoints.peft_io import merge_adapter
 from dart_jax.checkpoints.registry import load_model, load_tagged_model
 from dart_jax.data.paths import repo_path
+from dart_jax.errors import UserError
 from dart_jax.parallel.mesh import make_mesh
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ def run_mesh(config):
     """The device mesh of `config.mesh.shape` (() = every device on the data axis)."""
     shape = tuple(config.mesh.shape) if config.mesh.shape else (jax.device_count(), 1, 1)
     if math.prod(shape) > jax.device_count():
-        raise ValueError(f"mesh.shape={shape} needs {math.prod(shape)} devices; {jax.device_count()} available")
+        raise UserError(f"mesh.shape={shape} needs {math.prod(shape)} devices; {jax.device_count()} available: "
+                        "set --config.mesh.shape to a shape whose product fits")
     return make_mesh(shape, jax.devices()[:math.prod(shape)])
 
 
@@ -89,10 +91,12 @@ def load_policy(config, method: MethodSpec, mesh, key: jax.Array):
     warm = repo_path(config.get("warm_start", "") or "")
     init_from = repo_path(config.get("init_from", "") or "")
     kind = init_kind(init_from) if init_from else ""
+    log.info("loading the policy: %s%s%s", config.model.path, f" + warm start {warm}" if warm else "",
+             f" + init_from {init_from}" if init_from else "")
     if kind == "authors":
         from dart_jax.checkpoints.authors_io import import_authors
         if method.variant != "dart" or warm:
-            raise ValueError(f"init_from={init_from!r} is a DART authors' checkpoint (base + both adapters): it needs "
+            raise UserError(f"init_from={init_from!r} is a DART authors' checkpoint (base + both adapters): it needs "
                              f"method.variant 'dart' (got {method.variant!r}) and no warm_start (got {warm!r})")
         cfg, base, adapters, spec, tok, _ = import_authors(init_from, mesh, **overrides)
         if tok is None:
@@ -111,7 +115,7 @@ def load_policy(config, method: MethodSpec, mesh, key: jax.Array):
     if kind == "peft":
         from dart_jax.checkpoints.peft_io import import_peft
         if method.variant != "lora":
-            raise ValueError(f"init_from={init_from!r} is a PEFT LoRA directory: method.variant must be 'lora', "
+            raise UserError(f"init_from={init_from!r} is a PEFT LoRA directory: method.variant must be 'lora', "
                              f"got {method.variant!r}")
         config = config.copy_and_resolve_references()
         config.init_from = ""
@@ -119,16 +123,16 @@ def load_policy(config, method: MethodSpec, mesh, key: jax.Array):
         return cfg, base, tok, {"shared": import_peft(init_from, cfg)}
     if init_from:
         if method.variant != "dart":
-            raise ValueError(f"init_from={init_from!r} is a DART adapter directory; method.variant must be "
+            raise UserError(f"init_from={init_from!r} is a DART adapter directory; method.variant must be "
                              f"'dart', got {method.variant!r}")
         wanted = _manifest(init_from).get("warm_start") or ""
         if os.path.abspath(repo_path(wanted) or ".") != os.path.abspath(warm or "."):
-            raise ValueError(f"init_from={init_from!r} was trained on top of warm_start={wanted!r}, but this run has "
+            raise UserError(f"init_from={init_from!r} was trained on top of warm_start={wanted!r}, but this run has "
                              f"warm_start={warm!r}: set --config.warm_start to the same directory")
     if warm:
         manifest = _manifest(warm)
         if manifest.get("kind") != "warm_start":
-            raise ValueError(f"warm_start={warm!r} is not a warm-start directory (kind={manifest.get('kind')!r}); "
+            raise UserError(f"warm_start={warm!r} is not a warm-start directory (kind={manifest.get('kind')!r}); "
                              "write one with `python -m launch.sft`")
     if not (warm or init_from):
         cfg, base, tok = load_tagged_model(config.model.path, jax.random.fold_in(key, 0), mesh, **overrides)

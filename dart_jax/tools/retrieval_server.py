@@ -1,4 +1,4 @@
-"""Search-R1-compatible retrieval over HTTP (REFERENCE §8), both directions.
+"""Search-R1-compatible retrieval over HTTP (Search-R1's retrieval-server contract), both directions.
 
     POST /retrieve {"queries": [str], "topk": int, "return_scores": bool}
       -> {"result": [[{"document": {"id", "contents"}, "score": float}, …], …]}

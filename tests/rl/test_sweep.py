@@ -42,8 +42,8 @@ def test_rollout_sweep_every_layout_on_meshes(tmp_path, capsys):
     from launch import sweep
     c = str(tmp_path / "r.csv")
     assert sweep.main(["launch.sweep", "--config=configs/quickstart.py", "--mesh=1,1,1", "--mesh=4,1,2",
-                       "--mesh=1,1,16", "--rollout=tiny", "--train=false", "--rollout_batch=8",
-                       "--rollout_prompt=16", "--rollout_new=4", "--rollout_dtype=float32", f"--csv={c}"]) == 0
+                       "--mesh=1,1,16", "--rollout=tiny", "--train=false", "--rollout-batch=8",
+                       "--rollout-prompt=16", "--rollout-new=4", "--rollout-dtype=float32", f"--csv={c}"]) == 0
     with open(c) as f:
         rows = list(csv.DictReader(f))
     ok = [r for r in rows if not r.get("error")]
@@ -60,11 +60,13 @@ def test_rollout_sweep_every_layout_on_meshes(tmp_path, capsys):
         assert by[(mesh, "shared")]["ratio"] < 1.3
     # 4 data shards: a quarter of the cache per device; tensor=2 splits the tiny model's 2 KV heads
     assert [r["kv_sharding"] for r in ok if r["mesh"] == "4x1x2"][0] == "P('data', 'tensor')"
-    assert "| 4x1x2 | shared |" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "| 4x1x2 | shared |" in captured.out
+    assert "rollout sweep" in captured.err and "3/3" in captured.err  # progress over the meshes
 
 
 def test_rollout_memory_from_xla_analysis_matches_the_run():
-    """--rollout_abstract (compile only, nothing allocated) gives the measured run's memory ratios."""
+    """--rollout-abstract (compile only, nothing allocated) gives the measured run's memory ratios."""
     from dart_jax.bench.rollout_mesh import sweep_rollout
     from dart_jax.bench.suite import model_config
     cfg = model_config("tiny", "float32")
