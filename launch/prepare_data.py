@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     if not INPUT.value:
         raise UserError(f"--input=PATH/train.parquet is required: {SETTINGS[args[0]].what} "
                         f"({SETTINGS[args[0]].download})")
-    report, status = prepare(args[0], INPUT.value, OUT.value or "", DB_ROOT.value or "", OVERWRITE.value)
+    from dart_jax.eval.datasets import exclusion_specs
+    report, status = prepare(args[0], INPUT.value, exclusion_specs(args[0]), OUT.value or "", DB_ROOT.value or "",
+                             OVERWRITE.value)
     print(format_report(report, status))
     return 0
 

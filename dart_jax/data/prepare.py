@@ -200,11 +200,12 @@ def _sha256(path: str) -> str:
 # row selection
 
 
-def evaluation_questions(task: str) -> dict[tuple[str, str], str]:
-    """question_key -> the shipped evaluation set that asks it (the first, in exclusion_specs order)."""
-    from dart_jax.eval.datasets import exclusion_specs
+def evaluation_questions(held_out: list[dict]) -> dict[tuple[str, str], str]:
+    """question_key -> the evaluation set that asks it (the first, in `held_out` order). `held_out`:
+    reader specs of the evaluation sets (`dart_jax.eval.datasets.exclusion_specs(task)`, which the
+    caller passes in: evaluation sits above data in the package layers)."""
     out: dict[tuple[str, str], str] = {}
-    for spec in exclusion_specs(task):
+    for spec in held_out:
         for r in load_rows(dict(spec), require_db=False):
             out.setdefault(question_key(r), spec["data_source"])
     return out
@@ -232,12 +233,12 @@ class _Tally:
 
 
 def _select(pf, columns: list[str], parse: Callable[[dict, int], dict], source_of: Callable[[dict], str],
-            task: str, extra_checks: Callable[[dict], tuple[str, str] | None] = lambda row: None,
+            held_out: list[dict], extra_checks: Callable[[dict], tuple[str, str] | None] = lambda row: None,
             unique_ids: bool = True) -> tuple[list[int], list[dict], _Tally]:
     """-> (kept row indices, their parsed rows, the tally). Checks in order: the reader parses the
     row, its question is not blank, it is no evaluation question, `extra_checks` (the database),
     its uid and its question are new."""
-    held = evaluation_questions(task)
+    held = evaluation_questions(held_out)
     tally, kept, parsed, uids, keys = _Tally(), [], [], set(), set()
     for k, r in _rows(pf, columns):
         source = source_of(r) or "(none)"
@@ -271,7 +272,7 @@ def _select(pf, columns: list[str], parse: Callable[[dict, int], dict], source_o
     return kept, parsed, tally
 
 
-def prepare_qa(input_path: str) -> tuple[Any, dict]:
+def prepare_qa(input_path: str, held_out: list[dict]) -> tuple[Any, dict]:
     """Search-R1's train.parquet -> (the kept rows as a pyarrow Table, the report)."""
     setting = SETTINGS["qa"]
     pf = _open(input_path, setting)
@@ -284,7 +285,7 @@ def prepare_qa(input_path: str) -> tuple[Any, dict]:
         return None
 
     kept, _, tally = _select(pf, columns, lambda r, k: search_r1_row(r, input_path, k),
-                             lambda r: r.get("data_source"), "qa", answers_blank)
+                             lambda r: r.get("data_source"), held_out, answers_blank)
     table = pf.read().take(kept)
     return table, tally.report(setting="qa", input=os.path.abspath(input_path), input_sha256=_sha256(input_path))
 
@@ -299,7 +300,7 @@ def _sqlite_problem(row: dict) -> tuple[str, str] | None:
     return None
 
 
-def prepare_sql(input_path: str, db_root: str) -> tuple[Any, dict]:
+def prepare_sql(input_path: str, db_root: str, held_out: list[dict]) -> tuple[Any, dict]:
     """SkyRL-SQL-653's train.parquet + OmniSQL's data/ folder -> (the kept rows as a pyarrow Table
     with an absolute `db_path` column, the report)."""
     import pyarrow as pa
@@ -318,7 +319,7 @@ def prepare_sql(input_path: str, db_root: str) -> tuple[Any, dict]:
         row = skyrl_sql_row(r, input_path, k, [root])
         return dict(row, db_path=os.path.abspath(row["db_path"]))
 
-    kept, parsed, tally = _select(pf, columns, parse, lambda r: r.get("data"), "sql", _sqlite_problem,
+    kept, parsed, tally = _select(pf, columns, parse, lambda r: r.get("data"), held_out, _sqlite_problem,
                                   unique_ids=False)
     if not kept and tally.dropped["database missing"]:
         raise UserError(f"no database of {input_path} is under {db_root}: all {tally.dropped['database missing']} "
@@ -377,17 +378,19 @@ def _atomic_write(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def prepare(setting: str, input_path: str, out_dir: str = "", db_root: str = "",
+def prepare(setting: str, input_path: str, held_out: list[dict], out_dir: str = "", db_root: str = "",
             overwrite: bool = False) -> tuple[dict, str]:
     """Validate, select and write one setting's training file -> (report, "written" | "unchanged").
-    `out_dir` defaults to where the setting's paper config reads."""
+    `held_out`: reader specs of the evaluation sets whose questions never train
+    (`dart_jax.eval.datasets.exclusion_specs(setting)`); `out_dir` defaults to where the setting's
+    paper config reads."""
     s = _setting(setting)
     if s.name == "qa":
         if db_root:
             raise UserError("--db-root is for the sql setting; qa has no databases")
-        table, report = prepare_qa(input_path)
+        table, report = prepare_qa(input_path, held_out)
     else:
-        table, report = prepare_sql(input_path, db_root)
+        table, report = prepare_sql(input_path, db_root, held_out)
     out_dir = out_dir or s.out
     report["output"] = os.path.join(os.path.abspath(out_dir), TRAIN)
     return report, write(out_dir, table, report, overwrite)

@@ -14,6 +14,7 @@ from dart_jax.data import prepare
 from dart_jax.data.paths import DATA
 from dart_jax.data.readers import read_jsonl
 from dart_jax.errors import UserError
+from dart_jax.eval.datasets import exclusion_specs
 from dart_jax.run.task import load_task_rows
 from launch import prepare_data
 from standins.datasets import (SAMPLE_SQL, SEARCH_R1_SCHEMA, SKYRL_SCHEMA, omnisql_db_root, sample_search_r1_train,
@@ -54,7 +55,7 @@ def test_qa_counts_drop_reasons_and_published_columns(tmp_path):
     rows = _qa_rows()
     src = write_search_r1_train(str(tmp_path / "hf" / "train.parquet"), rows)
     out = str(tmp_path / "nq_hotpotqa_train")
-    report, status = prepare.prepare("qa", src, out)
+    report, status = prepare.prepare("qa", src, exclusion_specs("qa"), out)
     assert status == "written"
     assert report["rows_read"] == 12 and report["rows_kept"] == 4
     assert report["by_source"] == {"(none)": {"read": 1, "kept": 0}, "hotpotqa": {"read": 3, "kept": 2},
@@ -75,7 +76,7 @@ def test_qa_counts_drop_reasons_and_published_columns(tmp_path):
 def test_qa_output_is_what_the_paper_config_reads(tmp_path):
     src = write_search_r1_train(str(tmp_path / "hf" / "train.parquet"), _qa_rows())
     out = str(tmp_path / "nq_hotpotqa_train")
-    prepare.prepare("qa", src, out)
+    prepare.prepare("qa", src, exclusion_specs("qa"), out)
     c = paper_qa.get_config("dart,qwen2.5-3b-base")
     c.data.train = [dict(c.data.train[0], path=os.path.join(out, "train.parquet"))]
     got = load_task_rows(c)
@@ -95,16 +96,16 @@ def test_idempotent_and_refuses_a_different_output(tmp_path):
     rows = _qa_rows()
     src = write_search_r1_train(str(tmp_path / "a.parquet"), rows)
     out = str(tmp_path / "out")
-    assert prepare.prepare("qa", src, out)[1] == "written"
+    assert prepare.prepare("qa", src, exclusion_specs("qa"), out)[1] == "written"
     before = open(os.path.join(out, "train.parquet"), "rb").read()
-    assert prepare.prepare("qa", src, out)[1] == "unchanged"
+    assert prepare.prepare("qa", src, exclusion_specs("qa"), out)[1] == "unchanged"
     assert open(os.path.join(out, "train.parquet"), "rb").read() == before
     other = write_search_r1_train(str(tmp_path / "b.parquet"), rows[:8])
     with pytest.raises(UserError, match=r"already holds different rows \(prepared from .*a\.parquet\); pass "
                                         r"--overwrite"):
-        prepare.prepare("qa", other, out)
+        prepare.prepare("qa", other, exclusion_specs("qa"), out)
     assert open(os.path.join(out, "train.parquet"), "rb").read() == before
-    report, status = prepare.prepare("qa", other, out, overwrite=True)
+    report, status = prepare.prepare("qa", other, exclusion_specs("qa"), out, overwrite=True)
     assert status == "written" and report["rows_kept"] == 2
     assert pq.read_table(os.path.join(out, "train.parquet")).num_rows == 2
 
@@ -137,7 +138,7 @@ def _sql_fixture(tmp_path):
 def test_sql_counts_drop_reasons_and_database_paths(tmp_path):
     src, root, rows = _sql_fixture(tmp_path)
     out = str(tmp_path / "skyrl_sql")
-    report, status = prepare.prepare("sql", src, out, db_root=root)
+    report, status = prepare.prepare("sql", src, exclusion_specs("sql"), out, db_root=root)
     assert status == "written" and report["db_root"] == os.path.abspath(root)
     assert report["rows_read"] == 9 and report["rows_kept"] == 3
     assert report["by_source"] == {"bird": {"read": 1, "kept": 0}, "spider": {"read": 4, "kept": 2},
@@ -160,7 +161,7 @@ def test_sql_counts_drop_reasons_and_database_paths(tmp_path):
 def test_sql_output_is_what_the_paper_config_reads_without_a_db_root(tmp_path):
     src, root, _ = _sql_fixture(tmp_path)
     out = str(tmp_path / "skyrl_sql")
-    prepare.prepare("sql", src, out, db_root=root)
+    prepare.prepare("sql", src, exclusion_specs("sql"), out, db_root=root)
     c = paper_sql.get_config("dart")
     spec = dict(c.data.train[0])
     assert spec["path"] == "data/skyrl_sql/train.parquet" and spec["db_root"] == "" and spec["prepare"] == "sql"
@@ -181,14 +182,14 @@ def test_sql_output_is_what_the_paper_config_reads_without_a_db_root(tmp_path):
 def test_sql_needs_its_database_root(tmp_path):
     src, _, _ = _sql_fixture(tmp_path)
     with pytest.raises(UserError, match="sql needs --db-root"):
-        prepare.prepare("sql", src, str(tmp_path / "o"))
+        prepare.prepare("sql", src, exclusion_specs("sql"), str(tmp_path / "o"))
     with pytest.raises(FileNotFoundError, match="database root .*nowhere not found; it is OmniSQL's data/ folder"):
-        prepare.prepare("sql", src, str(tmp_path / "o"), db_root=str(tmp_path / "nowhere"))
+        prepare.prepare("sql", src, exclusion_specs("sql"), str(tmp_path / "o"), db_root=str(tmp_path / "nowhere"))
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(UserError, match=r"no database of .* is under .*empty: all 7 rows checked miss theirs "
                                         r"\(e\.g\. row 0 \(spider\): .*--db-root is OmniSQL's"):
-        prepare.prepare("sql", src, str(tmp_path / "o"), db_root=str(empty))
+        prepare.prepare("sql", src, exclusion_specs("sql"), str(tmp_path / "o"), db_root=str(empty))
     assert not (tmp_path / "o").exists()
 
 
@@ -196,7 +197,7 @@ def test_published_schema_is_checked(tmp_path):
     import pyarrow as pa
     missing = str(tmp_path / "nowhere" / "train.parquet")
     with pytest.raises(FileNotFoundError) as e:
-        prepare.prepare("qa", missing, str(tmp_path / "o"))
+        prepare.prepare("qa", missing, exclusion_specs("qa"), str(tmp_path / "o"))
     assert str(e.value).endswith("get Search-R1's NQ + HotpotQA training set with: hf download "
                                  f"PeterJinGo/nq_hotpotqa_train --repo-type dataset --local-dir {tmp_path / 'nowhere'}")
     text = tmp_path / "train.parquet"
@@ -207,13 +208,13 @@ def test_published_schema_is_checked(tmp_path):
     pq.write_table(pa.table({"question": ["q?"], "golden_answers": [7]}), bare)
     with pytest.raises(UserError, match=r"bare.parquet: no column 'data_source'; column 'golden_answers' is int64, "
                                         r"expected list<string> \(columns: question, golden_answers\)"):
-        prepare.prepare("qa", bare, str(tmp_path / "o"))
+        prepare.prepare("qa", bare, exclusion_specs("qa"), str(tmp_path / "o"))
     sql, _, _ = _sql_fixture(tmp_path)
     with pytest.raises(UserError, match="it is a SQL training file; prepare it with `python -m launch.prepare_data"):
-        prepare.prepare("qa", sql, str(tmp_path / "o"))
+        prepare.prepare("qa", sql, exclusion_specs("qa"), str(tmp_path / "o"))
     qa = write_search_r1_train(str(tmp_path / "qa.parquet"), _qa_rows())
     with pytest.raises(UserError, match="it is a QA training file"):
-        prepare.prepare("sql", qa, str(tmp_path / "o"), db_root=str(tmp_path))
+        prepare.prepare("sql", qa, exclusion_specs("sql"), str(tmp_path / "o"), db_root=str(tmp_path))
 
 
 def test_missing_training_file_names_the_prepare_command(tmp_path):
@@ -266,10 +267,10 @@ def test_command_prints_the_table_and_reports_mistakes_in_one_line(tmp_path, cap
 def test_rehearsal_samples_are_kept_whole(tmp_path):
     """The stand-ins the recipe rehearsals prepare: every row survives, every gold query runs."""
     qa = sample_search_r1_train(str(tmp_path / "qa" / "train.parquet"), n_nq=3, n_hotpot=2)
-    report, _ = prepare.prepare("qa", qa, str(tmp_path / "nq_hotpotqa_train"))
+    report, _ = prepare.prepare("qa", qa, exclusion_specs("qa"), str(tmp_path / "nq_hotpotqa_train"))
     assert report["by_source"] == {"hotpotqa": {"read": 2, "kept": 2}, "nq": {"read": 3, "kept": 3}}
     sql, root = sample_skyrl_sql(str(tmp_path / "sql" / "train.parquet"), str(tmp_path / "omnisql" / "data"))
-    report, _ = prepare.prepare("sql", sql, str(tmp_path / "skyrl_sql"), db_root=root)
+    report, _ = prepare.prepare("sql", sql, exclusion_specs("sql"), str(tmp_path / "skyrl_sql"), db_root=root)
     assert report["rows_kept"] == report["rows_read"] == len(SAMPLE_SQL) and not report["dropped"]
     table = pq.read_table(str(tmp_path / "skyrl_sql" / "train.parquet")).to_pylist()
     for row in table:
