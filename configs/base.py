@@ -1,4 +1,4 @@
-"""Defaults shared by every config: the paper's hyper-parameters (METHOD §5, REFERENCE §1–6).
+"""Defaults shared by every config: the paper's hyper-parameters (its Experimental Setup) and verl's GRPO conventions.
 
 Each experiment file calls `base.get()` and overrides what differs. Field groups map one-to-one on
 dataclasses: method -> MethodSpec, loss -> LossConfig, optim -> OptimConfig, rollout ->
@@ -39,9 +39,16 @@ def get() -> ConfigDict:
                                 # on XLA:CPU), "stacked" (slices of the training tree) or "shared" (a frozen
                                 # base held per layer for training and rollouts alike: no copy);
                                 # rollout.placement
-                                decode_layout="per_layer"))
+                                decode_layout="per_layer",
+                                # trajectories decoded at once, whole GRPO groups (a multiple of
+                                # train.group_size): the KV cache holds this many rows, not the step's
+                                # share; 0 = the share in one batch. Same trajectories either way
+                                chunk_rows=0))
+    # the <search> tool: a Search-R1 retrieval server at `url`, else the index directory `index_dir`
+    # (launch.build_index), else an index of `corpus` by `encoder` built on first use. Prefixes ""
+    # take the index's meta.json (detected from the encoder: "query: " / "passage: " for E5)
     c.retriever = ConfigDict(dict(url="", index_dir="", corpus="data/corpus/wiki_sample.jsonl",
-                                  encoder="all-minilm-l6-v2", topk=3))
+                                  encoder="all-minilm-l6-v2", topk=3, query_prefix="", passage_prefix=""))
     c.tool = ConfigDict(dict(sql_timeout_s=5.0))
     # training reward (dart_jax/rewards/training.py): QA em | em_format (Search-R1's partial format
     # credit); SQL shaping paper (+1 / −1) | skyrl (+1 / 0 wrong / −1 format), empty gold results earn

@@ -13,6 +13,7 @@ SFT, the analyses and the baselines compose the same stages.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Any, Callable
 
@@ -44,6 +45,8 @@ from dart_jax.run.held_out import task_accuracy
 
 OLD_LOGP = ("recompute", "sampler")
 
+log = logging.getLogger(__name__)
+
 
 # -- rollout ------------------------------------------------------------------------------------------
 @dataclasses.dataclass
@@ -53,26 +56,43 @@ class Rollouts:
     metas: list[dict]   # what the reward reads, plus data_source
 
 
+def groups_per_chunk(chunk_rows: int, group_size: int) -> int:
+    """GRPO groups per rollout chunk (`rollout.chunk_rows` trajectories; 0 = no chunking). A chunk holds
+    whole groups so that each group's prompt is still prefilled once. Raises ValueError naming both
+    fields when chunk_rows does not split into groups."""
+    if chunk_rows < 0 or chunk_rows % group_size:
+        raise ValueError(f"rollout.chunk_rows={chunk_rows} must be 0 or a multiple of train.group_size "
+                         f"({group_size}): a chunk holds whole GRPO groups; set --config.rollout.chunk_rows to "
+                         f"0 or a multiple of {group_size}")
+    return chunk_rows // group_size
+
+
 def rollout(agent: Agent, trees: tuple[Any, Any], rows: list[dict], group_size: int, seed: int,
             row_offset: int = 0) -> Rollouts:
     """G samples of each row's prompt with the policy `trees` = (base, adapters) (2-Agent: the
     two-model composition). `row_offset`: these are trajectories [row_offset, …) of the step's batch
-    (a process's share in a multi-process run)."""
-    task_fn = qa_task if agent.protocol.name == "qa" else sql_task
-    prompts, uids, metas = task_fn(agent.tok, rows, agent.rc.prompt_tags)
+    (a process's share in a multi-process run). With `rollout.chunk_rows` the share is decoded in
+    chunks of at most that many trajectories (whole groups), one after the other, so the KV cache holds
+    a chunk's rows, not the share's; each chunk samples with its rows' offset in the batch, so the
+    draws, and the trajectories, are the one-batch rollout's."""
     g = group_size
-    prompts, uids = [p for p in prompts for _ in range(g)], [u for u in uids for _ in range(g)]
-    metas = [dict(m, data_source=r.get("data_source", "data")) for m, r in zip(metas, rows) for _ in range(g)]
-    tb = rollout_policy(agent, trees[0], trees[1], prompts, uids, metas, seed=seed, row_offset=row_offset)
-    return Rollouts(tb, [r for r in rows for _ in range(g)], metas)
+    per_chunk = groups_per_chunk(agent.rc.chunk_rows, g) or max(len(rows), 1)
+    task_fn = qa_task if agent.protocol.name == "qa" else sql_task
+    parts = []
+    for start in range(0, len(rows), per_chunk):
+        part = rows[start:start + per_chunk]
+        prompts, uids, metas = task_fn(agent.tok, part, agent.rc.prompt_tags)
+        prompts, uids = [p for p in prompts for _ in range(g)], [u for u in uids for _ in range(g)]
+        metas = [dict(m, data_source=r.get("data_source", "data")) for m, r in zip(metas, part) for _ in range(g)]
+        tb = rollout_policy(agent, trees[0], trees[1], prompts, uids, metas, seed=seed,
+                            row_offset=row_offset + start * g)
+        parts.append(Rollouts(tb, [r for r in part for _ in range(g)], metas))
+    return parts[0] if len(parts) == 1 else concat_rollouts(parts)
 
 
-def gather_rollouts(ro: Rollouts) -> Rollouts:
-    """Every process's share of a step's rollouts, concatenated in process order (on every process:
-    the whole batch, identical everywhere; parallel.distributed). Rows are right-padded to the
-    longest trajectory of the step, as one process's rollout pads them."""
-    from dart_jax.parallel.distributed import allgather_objects
-    parts = allgather_objects(ro)
+def concat_rollouts(parts: list[Rollouts]) -> Rollouts:
+    """Rollouts of consecutive blocks of a step's batch as one: rows right-padded to the longest
+    trajectory of all parts (as one rollout of the whole batch pads them), lists joined in order."""
     width = max(p.tb.ids.shape[1] for p in parts)
     pads = {"ids": 0, "positions": -1, "loss_mask": 0, "route_ids": -1, "sampler_logprobs": 0}
     arrays = {k: np.concatenate([np.pad(getattr(p.tb, k), ((0, 0), (0, width - p.tb.ids.shape[1])),
@@ -83,6 +103,13 @@ def gather_rollouts(ro: Rollouts) -> Rollouts:
                          finish_reason=cat(lambda p: p.tb.finish_reason), turns=cat(lambda p: p.tb.turns),
                          response_text=cat(lambda p: p.tb.response_text))
     return Rollouts(tb, cat(lambda p: p.rows), cat(lambda p: p.metas))
+
+
+def gather_rollouts(ro: Rollouts) -> Rollouts:
+    """Every process's share of a step's rollouts, concatenated in process order (on every process:
+    the whole batch, identical everywhere; parallel.distributed)."""
+    from dart_jax.parallel.distributed import allgather_objects
+    return concat_rollouts(allgather_objects(ro))
 
 
 # -- scoring ------------------------------------------------------------------------------------------
@@ -169,6 +196,9 @@ class Updater:
     def _jit_for(self, state: TrainState, base, mb: dict):
         shapes = tuple((k, v.shape) for k, v in mb.items())
         if shapes not in self._jits:
+            tokens = dict(shapes).get("tokens")
+            log.info("compiling the update for token arrays of %s (micro-batches × rows × tokens; once per "
+                     "padded shape)", "×".join(map(str, tokens)) if tokens else shapes)
             self._jits[shapes] = jit_step(self._step, state, base, dict(shapes), self.mesh)
         return self._jits[shapes]
 

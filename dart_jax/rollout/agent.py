@@ -37,7 +37,7 @@ from dart_jax.tokenization.sentinels import sentinel_ids
 from dart_jax.tokenization.tokenizer import encode_text
 
 INVALID_POLICIES = ("search_r1", "none")
-LAYOUT_ONLY = ("decode_layout",)  # rollout settings that place arrays and do not shape a trajectory
+LAYOUT_ONLY = ("decode_layout", "chunk_rows")  # rollout settings that place or split arrays, not trajectories
 
 
 def trajectory_settings(rollout: dict) -> dict:
@@ -58,6 +58,9 @@ class RolloutConfig:
     prompt_tags: str = "atomic"        # the prompt's instruction tags: sentinel ids or text (rollout.tasks)
     share_prompt_prefill: bool = True  # identical prompts (a GRPO group) are prefilled once
     decode_layout: str = "per_layer"   # per_layer: a sharded per-layer weight copy; stacked: none (rollout.placement)
+    # trajectories decoded at once (whole GRPO groups, rl.stages.rollout): the KV cache holds this many
+    # rows instead of the step's whole share; 0 = the share in one batch. Same draws either way.
+    chunk_rows: int = 0
 
     def __post_init__(self):
         if self.invalid_action not in INVALID_POLICIES:
@@ -69,6 +72,8 @@ class RolloutConfig:
         if self.max_obs_tokens < MIN_OBS_TOKENS:
             raise ValueError(f"rollout.max_obs_tokens={self.max_obs_tokens}: an observation needs at least "
                              f"{MIN_OBS_TOKENS} tokens (its closing tag and newlines alone take several)")
+        if self.chunk_rows < 0:
+            raise ValueError(f"rollout.chunk_rows={self.chunk_rows} must be ≥ 0 (0: the step's share in one batch)")
         for name in ("max_turns", "max_tokens_per_turn", "max_response_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name}={getattr(self, name)} must be ≥ 1")

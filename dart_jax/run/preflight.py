@@ -13,8 +13,10 @@ load, compile and 300 s of retries.
                 shapes with abstract arrays (nothing allocated, no weights read): the jitted GRPO train
                 step (fp32 masters + AdamW moments of the trainable tree, the frozen base, one
                 mini-batch of micro-batches at the config's lengths) and one decode segment of the
-                rollout at its batch and maximum cache length; against the device's memory. Over budget:
-                the numbers and the first of a few mesh / decode layout / remat candidates that fits.
+                rollout at its batch (`rollout.chunk_rows` rows when the share is decoded in chunks) and
+                maximum cache length; against the device's memory. Over budget: the numbers and the
+                first of a few mesh / decode layout / remat candidates that fits, or, when the rollout's
+                KV cache is what does not fit, the largest `rollout.chunk_rows` that does.
 
 The architecture comes from the model's config.json; when the weights are absent the paper models'
 architectures shipped in data/model_configs/<Org>/<Name>/config.json stand in (the output says so).
@@ -323,14 +325,20 @@ def check_mesh(config, processes: int) -> Check:
 # -- memory ---------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """What the memory estimate varies: the mesh, the decode layout and the remat policy."""
+    """What the memory estimate varies: the mesh, the decode layout, the remat policy and the rollout's
+    chunk (trajectories decoded at once; 0 = the process's whole share)."""
     mesh: tuple[int, int, int]
     layout: str
     remat: str
+    chunk_rows: int = 0
 
     def describe(self) -> str:
         return (f"--config.mesh.shape='({','.join(map(str, self.mesh))})' "
-                f"--config.rollout.decode_layout={self.layout} --config.model.remat_policy={self.remat}")
+                f"--config.rollout.decode_layout={self.layout} --config.model.remat_policy={self.remat}"
+                + (f" --config.rollout.chunk_rows={self.chunk_rows}" if self.chunk_rows else ""))
+
+    def chunked(self, rows: int) -> "Setting":
+        return dataclasses.replace(self, chunk_rows=rows)
 
 
 def _sds(tree, shardings):
@@ -447,7 +455,8 @@ class MemoryModel:
         self.config, self.cfg, self.processes = config, cfg, processes
         self.len = lengths(config, prompt_tokens)
         tc = config.train
-        self.rows = tc.prompts_per_step * tc.group_size // processes
+        self.rows = tc.prompts_per_step * tc.group_size // processes  # this process's share of a step
+        self.group_size = int(tc.group_size)
         self.trains_base = method_spec(config).trains_base
         self._train: dict = {}
         self._decode: dict = {}
@@ -458,6 +467,19 @@ class MemoryModel:
 
         from dart_jax.parallel.mesh import make_mesh
         return make_mesh(shape, jax.devices()[:math.prod(shape)])
+
+    def decode_rows(self, s: Setting) -> int:
+        """Rows the rollout decodes at once under `s`: a chunk of the share, or the whole share."""
+        return min(s.chunk_rows, self.rows) if s.chunk_rows else self.rows
+
+    def chunk_candidates(self) -> list[int]:
+        """chunk_rows to try, largest first: the share halved down to one GRPO group, each rounded
+        down to whole groups."""
+        out, c = [], self.rows
+        while c > self.group_size:
+            c = max(self.group_size, c // 2 // self.group_size * self.group_size)
+            out.append(c)
+        return out
 
     def layout(self, s: Setting) -> str:
         """The layout the run really decodes with: a trained base is copied per layer even under `shared`."""
@@ -481,17 +503,17 @@ class MemoryModel:
         holds the train state, (full fine-tuning) the frozen reference beside the trained copy it
         decodes with, and per model the decode program's weights, cache and layout copy."""
         t = self.update(s)
-        layout = self.layout(s)
+        layout, rows = self.layout(s), self.decode_rows(s)
         local = (s.mesh[0] // self.processes, s.mesh[1], s.mesh[2])
-        if (local, layout) not in self._decode:
-            self._decode[(local, layout)] = decode_memory(
-                self.cfg, self._mesh(local), layout, self.rows,
+        if (local, layout, rows) not in self._decode:
+            self._decode[(local, layout, rows)] = decode_memory(
+                self.cfg, self._mesh(local), layout, rows,
                 self.len["prompt"] + int(self.config.rollout.max_response_tokens), self.len["segment"])
-        d = self._decode[(local, layout)]
+        d = self._decode[(local, layout, rows)]
         ref = t["base"] if self.trains_base else 0
         decode = t["state"] + ref + t["models"] * (d["peak"] - d["temp"]) + d["temp"]
         return {**t, "setting": s, "kv": d["kv"] * t["models"], "decode": decode, "capacity": d["capacity"],
-                "rows": self.rows, "peak": max(t["train"], decode)}
+                "rows": rows, "share": self.rows, "peak": max(t["train"], decode)}
 
     def resident(self, mesh: tuple[int, int, int]) -> int:
         """Bytes per device of the train state and the frozen base alone on `mesh` (no compile): a
@@ -501,13 +523,13 @@ class MemoryModel:
             self._resident[mesh] = per_device(state) + per_device(base)
         return self._resident[mesh]
 
-    def kv_floor(self, local_devices: int) -> int:
-        """Bytes per device of the rollout's KV cache (every model's) with its rows spread over every
-        local device: no mesh, layout or remat goes below it."""
+    def kv_floor(self, local_devices: int, rows: int | None = None) -> int:
+        """Bytes per device of the rollout's KV cache (every model's) for `rows` decoded at once (the
+        whole share by default) spread over every local device: no mesh, layout or remat goes below it."""
         cfg = self.cfg
         per_slot = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * cfg.dtype.itemsize + 4  # k, v; position
         models = 2 if "2agent" == self.config.method.variant else 1
-        return models * self.rows * self.len["capacity"] * per_slot // local_devices
+        return models * (rows or self.rows) * self.len["capacity"] * per_slot // local_devices
 
 
 def candidates(current: Setting, trains_base: bool, processes: int) -> list[Setting]:
@@ -525,8 +547,8 @@ def candidates(current: Setting, trains_base: bool, processes: int) -> list[Sett
                     key=lambda m: (m != current.mesh, m[1] * m[2], m[2]))
     out = []
     for m in meshes:
-        out += [Setting(m, lay, r) for r in remats for lay in layouts]
-        out += [] if trains_base else [Setting(m, "shared", r) for r in remats]
+        out += [Setting(m, lay, r, current.chunk_rows) for r in remats for lay in layouts]
+        out += [] if trains_base else [Setting(m, "shared", r, current.chunk_rows) for r in remats]
     return list(dict.fromkeys(s for s in out if s != current))
 
 
@@ -538,14 +560,16 @@ def figures(e: dict) -> str:
     return (f"state {_gib(e['state'])}, base {_gib(e['base'])}, step temporaries {_gib(e['step_temp'])}"
             + (f", decode-layout copy {_gib(e['layout_copy'])}" if e["layout_copy"] else "")
             + f" -> update {_gib(e['train'])}; rollout {_gib(e['decode'])} (KV cache {_gib(e['kv'])}: {e['rows']} "
-            f"rows × {e['capacity']} slots) GiB/device")
+            f"rows × {e['capacity']} slots"
+            + (f", chunks of the share's {e['share']} rows" if e["rows"] < e["share"] else "") + ") GiB/device")
 
 
 def check_memory(config, processes: int, device_memory_gib: float | None, prompt_tokens: int | None = None,
                  max_estimates: int = 10, log: Callable[[str], None] | None = None) -> Check:
     """The larger of the update and the rollout per device against the budget (`device_memory_gib`,
     else the device's own limit); over it, the cheapest candidate setting that fits (`search`), or,
-    when the rollout's KV cache alone is over, the processes it needs and the setting the update needs."""
+    when the rollout's KV cache is what does not fit, the largest `rollout.chunk_rows` that fits on the
+    cheapest mesh / decode layout / remat (`chunk_search`)."""
     import jax
     dev = jax.devices()[0]
     if device_memory_gib:
@@ -560,7 +584,8 @@ def check_memory(config, processes: int, device_memory_gib: float | None, prompt
     if cfg is None:
         return skipped("memory", f"{arch}: the architecture is unknown")
     model = MemoryModel(config, cfg, processes, prompt_tokens)
-    current = Setting(mesh_shape(config, jax.device_count()), config.rollout.decode_layout, config.model.remat_policy)
+    current = Setting(mesh_shape(config, jax.device_count()), config.rollout.decode_layout, config.model.remat_policy,
+                      int(config.rollout.get("chunk_rows", 0)))
     t0 = time.perf_counter()
     e = model.estimate(current)
     data = {"budget_gib": budget / GIB, "architecture": arch, "lengths": model.len,
@@ -571,46 +596,29 @@ def check_memory(config, processes: int, device_memory_gib: float | None, prompt
     if e["peak"] <= budget:
         return ok("memory", f"{figures(e)}; {where}", seconds=time.perf_counter() - t0, **data)
     local = jax.device_count() // processes
-    rollout_fits = model.kv_floor(local) < budget
-    # when no setting can fit the rollout, say at least what makes the update fit
-    def measure(s: Setting) -> int:
-        return model.estimate(s)["peak"] if rollout_fits else model.update(s)["train"]
-
-    # the rollout alone over and the update under as set: nothing to search for the update
-    fits, tried = ((current, e["train"]), []) if not rollout_fits and e["train"] <= budget else \
-        search(model, current, budget, measure, max_estimates, log)
+    fits, tried = None, []
+    if model.kv_floor(local, model.decode_rows(current)) < budget:  # the rollout can fit at its current rows
+        fits, tried = search(model, current, budget, lambda s: model.estimate(s)["peak"], max_estimates, log)
+    if fits is None:  # the KV cache, or what is left beside it, does not fit: decode the share in chunks
+        fits, more = chunk_search(model, current, budget, local, max_estimates, log)
+        tried += more
     data.update(tried=tried, seconds=time.perf_counter() - t0)
     head = f"over budget: {figures(e)}; {where}"
-    if fits and rollout_fits:
+    if fits:
         data["fits"] = {"setting": dataclasses.asdict(fits[0]), "gib": fits[1] / GIB}
         return fail("memory", f"{head}; fits at {_gib(fits[1])} GiB/device with {fits[0].describe()}", **data)
-    if rollout_fits:
-        return fail("memory", f"{head}; none of {len(tried)} mesh / decode layout / remat settings estimated fits: "
-                              "use devices with more memory or more of them", **data)
-    update = f"no setting estimated brings the update under either ({len(tried)} tried)"
-    rest = e["decode"] - e["kv"]  # the rollout without its cache, under the best setting known
-    if fits:
-        data["update_fits"] = {"setting": dataclasses.asdict(fits[0]), "gib": fits[1] / GIB}
-        best = model.estimate(fits[0])
-        rest = best["decode"] - best["kv"]
-        update = (f"the update fits as set ({_gib(fits[1])} GiB/device)" if fits[0] == current else
-                  f"the update fits at {_gib(fits[1])} GiB/device with {fits[0].describe()}")
-    nodes = processes
-    while model.kv_floor(local) * processes // nodes + rest > budget and nodes < 64 * processes:
-        nodes *= 2
-    data["rollout_processes"] = nodes
-    more = (f"about {nodes} processes of {local} devices (plan with --devices={nodes * local} --processes={nodes})"
-            if model.kv_floor(local) * processes // nodes + rest <= budget else "more processes")
-    return fail("memory", f"{head}; the rollout's KV cache alone is at least {_gib(model.kv_floor(local))} GiB/device "
-                          f"({model.rows} rows per process × {model.len['capacity']} slots): {more} or fewer rows "
-                          f"(train.prompts_per_step × train.group_size) bring it under; {update}", **data)
+    return fail("memory", f"{head}; none of {len(tried)} mesh / decode layout / remat / rollout.chunk_rows settings "
+                          f"estimated fits, not even decoding one GRPO group ({model.group_size} rows) at a time: "
+                          "use devices with more memory or more of them", **data)
 
 
 def search(model: MemoryModel, current: Setting, budget: int, measure: Callable[[Setting], int], limit: int,
-           log: Callable[[str], None] | None) -> tuple[tuple[Setting, int] | None, list[dict]]:
-    """The cheapest candidate (`candidates`' order) whose `measure` fits `budget`, estimating at most
-    `limit` settings: a mesh whose train state and base alone are over is ruled out without a compile,
-    and one whose lightest setting (stacked layout, full remat) is over is skipped after that one."""
+           log: Callable[[str], None] | None, include_current: bool = False
+           ) -> tuple[tuple[Setting, int] | None, list[dict]]:
+    """The cheapest candidate (`candidates`' order, after `current` itself when `include_current`) whose
+    `measure` fits `budget`, estimating at most `limit` settings: a mesh whose train state and base alone
+    are over is ruled out without a compile, and one whose lightest setting (stacked layout, full remat)
+    is over is skipped after that one."""
     tried: list[dict] = []
 
     def need(s: Setting) -> int:
@@ -623,11 +631,11 @@ def search(model: MemoryModel, current: Setting, budget: int, measure: Callable[
         tried[-1]["gib"] = tried[-1]["bytes"] / GIB
         return tried[-1]["bytes"]
 
-    cands = candidates(current, model.trains_base, model.processes)
+    cands = ([current] if include_current else []) + candidates(current, model.trains_base, model.processes)
     for mesh in dict.fromkeys(s.mesh for s in cands):
         if model.resident(mesh) >= budget:
             continue
-        if need(Setting(mesh, "stacked", "full")) > budget:
+        if need(Setting(mesh, "stacked", "full", current.chunk_rows)) > budget:
             continue
         for s in (c for c in cands if c.mesh == mesh):
             if len(tried) >= limit:
@@ -636,6 +644,36 @@ def search(model: MemoryModel, current: Setting, budget: int, measure: Callable[
             if value <= budget:
                 return (s, value), tried
     return None, tried
+
+
+def chunk_search(model: MemoryModel, current: Setting, budget: int, local_devices: int, limit: int,
+                 log: Callable[[str], None] | None) -> tuple[tuple[Setting, int] | None, list[dict]]:
+    """When the rollout's KV cache is what does not fit: the cheapest mesh / decode layout / remat on
+    which the run fits decoding one GRPO group at a time (`search`), then on it the largest chunk_rows
+    (the share halved, whole groups: `MemoryModel.chunk_candidates`) that fits. A chunk whose KV cache
+    alone, plus what the one-group rollout holds beside its cache, is over is ruled out without a
+    compile. Smaller chunks decode the same trajectories in more, smaller batches: slower, so the
+    largest that fits is the one named."""
+    chunks = [c for c in model.chunk_candidates() if not current.chunk_rows or c < current.chunk_rows]
+    if not chunks:
+        return None, []
+    peak = lambda s: model.estimate(s)["peak"]  # noqa: E731
+    found, tried = search(model, current.chunked(chunks[-1]), budget, peak, limit, log, include_current=True)
+    if found is None:
+        return None, tried
+    small = model.estimate(found[0])
+    beside = small["decode"] - small["kv"]  # grows with the rows: a lower bound for larger chunks
+    for c in chunks[:-1]:
+        if model.kv_floor(local_devices, c) + beside > budget:
+            continue
+        s = found[0].chunked(c)
+        if log:
+            log(f"preflight: over budget; estimating {s.describe()}")
+        value = peak(s)
+        tried.append({"setting": dataclasses.asdict(s), "bytes": value, "gib": value / GIB})
+        if value <= budget:
+            return (s, value), tried
+    return found, tried
 
 
 # -- all ------------------------------------------------------------------------------------------------

@@ -182,7 +182,40 @@ def test_memory_over_budget_names_a_setting_that_fits(tiny_dirs):
     c.rollout.decode_layout = over.data["fits"]["setting"]["layout"]
     c.model.remat_policy = over.data["fits"]["setting"]["remat"]
     c.mesh.shape = over.data["fits"]["setting"]["mesh"]
+    assert over.data["fits"]["setting"]["chunk_rows"] == 0  # the rollout's KV cache was not what did not fit
     assert pf.check_memory(c, 1, budget_gib, prompt_tokens=32).status == "ok"
+
+
+def test_kv_cache_over_budget_names_the_largest_chunk_that_fits(tiny_dirs):
+    """64 trajectories per step (32 prompts × 2): no mesh, layout or remat on the config's 2 devices
+    holds their KV cache under the budget, so only a rollout decoded in chunks fits; the check names
+    the largest chunk_rows (whole groups) that does, and that setting passes."""
+    c = tiny_config(tiny_dirs["qwen2"][0])
+    c.train.prompts_per_step = 32
+    cfg = pf.architecture(c)[0]
+    model = pf.MemoryModel(c, cfg, 1, 256)
+    lengths = pf.lengths(c, 256)
+    # the whole share's cache by hand: k and v of every layer, fp32, plus a position per slot, over 2 devices
+    per_slot = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4 + 4
+    share_kv = 64 * lengths["capacity"] * per_slot / 2
+    lightest = model.estimate(pf.Setting((2, 1, 1), "stacked", "full", chunk_rows=2))["peak"]
+    assert lightest < share_kv
+    budget_gib = (lightest + share_kv) / 2 / pf.GIB
+    over = pf.check_memory(c, 1, budget_gib, prompt_tokens=256)
+    assert over.failed and "\n" not in over.message and "processes" not in over.message
+    fits = over.data["fits"]["setting"]
+    assert f"--config.rollout.chunk_rows={fits['chunk_rows']}" in over.message
+    assert fits["chunk_rows"] in (2, 4, 8, 16, 32)  # the share halved, whole groups of 2
+    assert over.data["fits"]["gib"] <= budget_gib
+    if fits["chunk_rows"] < 32:  # the largest that fits: twice as many rows does not
+        twice = pf.Setting(tuple(fits["mesh"]), fits["layout"], fits["remat"], fits["chunk_rows"] * 2)
+        assert model.estimate(twice)["peak"] > budget_gib * pf.GIB
+    c.rollout.update(decode_layout=fits["layout"], chunk_rows=fits["chunk_rows"])
+    c.model.remat_policy = fits["remat"]
+    c.mesh.shape = fits["mesh"]
+    passed = pf.check_memory(c, 1, budget_gib, prompt_tokens=256)
+    assert passed.status == "ok", passed.line()
+    assert f"{fits['chunk_rows']} rows × {lengths['capacity']} slots, chunks of the share's 64 rows" in passed.message
 
 
 def test_memory_is_skipped_on_cpu_without_a_budget():
