@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     config, trained = build_config(argv)
     if config.task == "qa" and not FIXED.value:  # a dead retriever.url: one line now, not after the model loads
         from dart_jax.errors import UserError
-        from dart_jax.run.preflight import check_retriever
+        from dart_jax.run.checks import check_retriever
         check = check_retriever(config)
         if check.failed:
             raise UserError(check.message)

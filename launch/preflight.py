@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         force_devices(DEVICES.value)
     else:
         START()
-    from dart_jax.run.preflight import preflight
+    from dart_jax.preflight import preflight
     t0 = time.perf_counter()
     report = preflight(CLI.config.value, processes=PROCESSES.value or None,
                        device_memory_gib=MEMORY.value or None, prompt_tokens=PROMPT.value or None,

@@ -35,7 +35,7 @@ def preflight_or_exit(config) -> None:
     """The preflight checks; a failure prints its lines and exits 2 before anything loads."""
     import logging
 
-    from dart_jax.run.preflight import preflight
+    from dart_jax.preflight import preflight
     report = preflight(config)
     for check in report.checks:
         if check.failed:

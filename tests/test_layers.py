@@ -24,6 +24,7 @@ TIERS = [
     ("sft", "eval"),         # warm start; evaluation
     ("parity",),             # PyTorch cross-checks
     ("bench",),              # benchmarks
+    ("preflight",),          # a run's fit to its machine before it starts: the trainer's rules, memory
     ("analysis",),           # CEA statistics and figures (numpy / scipy / matplotlib; no dart_jax import today)
 ]
 TIER = {pkg: i for i, pkgs in enumerate(TIERS) for pkg in pkgs}

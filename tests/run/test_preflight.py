@@ -1,4 +1,4 @@
-"""Preflight (dart_jax/run/preflight.py, launch.preflight, the hook in launch.train): each check fails
+"""Preflight (dart_jax/run/checks.py, dart_jax/preflight/, launch.preflight, the hook in launch.train): each check fails
 on the real thing missing and names the fix; the memory estimate is XLA's memory analysis of the step
 the trainer compiles, checked against a direct compile on real arrays as bench/sweep does it."""
 
@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from configs import base
-from dart_jax.run import preflight as pf
+import dart_jax.preflight as pfl
+from dart_jax.preflight import memory as mem
+from dart_jax.run import checks as pf
 
 SPIDER = dict(reader="spider", path="data/spider/dev_questions.jsonl", db_root="data/spider/database",
               data_source="spider_dev")
@@ -96,6 +98,26 @@ def test_database_roots(tmp_path):
     assert empty.failed and empty.data["missing"] == empty.data["checked"] == min(len(shipped), pf.DB_SAMPLE)
 
 
+def test_prepared_sql_rows_carry_their_databases(tmp_path):
+    """A file written by launch.prepare_data sql names each row's database, so configs/paper_sql.py's
+    empty db_root passes; a database removed after preparing is found missing."""
+    from dart_jax.data import prepare
+    from dart_jax.eval.datasets import exclusion_specs
+    from standins.datasets import sample_skyrl_sql
+    src, root = sample_skyrl_sql(str(tmp_path / "in.parquet"), str(tmp_path / "omnisql"))
+    out = str(tmp_path / "prepared")
+    prepare.prepare("sql", src, exclusion_specs("sql"), out, db_root=root)
+    c = qa_config()
+    c.task = "sql"
+    c.data.train = [dict(reader="skyrl_sql", path=os.path.join(out, "train.parquet"), db_root="",
+                         data_source="skyrl_sql")]
+    good = pf.check_databases(c)
+    assert good.status == "ok" and good.data["checked"] == 3, good.line()  # concert_singer, pets_1, synsql_shop
+    os.remove(os.path.join(root, "spider", "database", "pets_1", "pets_1.sqlite"))
+    gone = pf.check_databases(c)
+    assert gone.failed and gone.data["missing"] == 1 and "pets_1" in gone.message, gone.line()
+
+
 def test_missing_weights_name_the_download_command():
     c = qa_config()
     c.model.path = "dart-jax-tests/no-such-model"
@@ -110,11 +132,11 @@ def test_missing_weights_name_the_download_command():
 def test_mesh_larger_than_the_devices():
     c = qa_config()
     c.mesh.shape = (jax.device_count() * 2, 1, 1)
-    check = pf.check_mesh(c, 1)
+    check = pfl.check_mesh(c, 1)
     assert check.failed and "mesh.shape" in check.message and f"{jax.device_count()} available" in check.message
     c.mesh.shape = (2, 1, 1)
     c.train.prompts_per_step = 3  # 3 × 2 trajectories do not split into mini-batches of 4
-    check = pf.check_mesh(c, 1)
+    check = pfl.check_mesh(c, 1)
     assert check.failed and "train.mini_batch" in check.message
 
 
@@ -144,8 +166,8 @@ def test_memory_estimate_is_the_compiled_steps_analysis(tiny_dirs):
     mesh = make_mesh((2, 1, 1), jax.devices()[:2])
     cfg, arch = pf.architecture(c)
     assert arch == c.model.path
-    seq = pf.lengths(c, 32)["train_length"]
-    got = pf.train_memory(c, cfg, mesh, "per_layer", seq)
+    seq = mem.lengths(c, 32)["train_length"]
+    got = mem.train_memory(c, cfg, mesh, "per_layer", seq)
 
     method, lc, oc = method_spec(c), loss_config(c), optim_config(c)
     cfg2, base_params = load_model(c.model.path, mesh=mesh, **model_overrides(c))
@@ -167,14 +189,14 @@ def test_memory_estimate_is_the_compiled_steps_analysis(tiny_dirs):
 
 def test_memory_over_budget_names_a_setting_that_fits(tiny_dirs):
     c = tiny_config(tiny_dirs["qwen2"][0])
-    model = pf.MemoryModel(c, pf.architecture(c)[0], 1, 32)
-    current = pf.Setting((2, 1, 1), "per_layer", "none")
+    model = mem.MemoryModel(c, pf.architecture(c)[0], 1, 32)
+    current = mem.Setting((2, 1, 1), "per_layer", "none")
     here = model.estimate(current)
     assert here["layout_copy"] > 0  # per_layer keeps a copy of the layers through the update
-    stacked = model.estimate(pf.Setting((2, 1, 1), "stacked", "none"))
+    stacked = model.estimate(mem.Setting((2, 1, 1), "stacked", "none"))
     assert stacked["peak"] < here["peak"]
     budget_gib = (stacked["peak"] + here["peak"]) / 2 / pf.GIB
-    over = pf.check_memory(c, 1, budget_gib, prompt_tokens=32)
+    over = mem.check_memory(c, 1, budget_gib, prompt_tokens=32)
     assert over.failed and "\n" not in over.message
     assert "rollout.decode_layout=stacked" in over.message
     assert over.data["fits"]["gib"] <= budget_gib < over.data["estimate_gib"]["peak"]
@@ -183,7 +205,7 @@ def test_memory_over_budget_names_a_setting_that_fits(tiny_dirs):
     c.model.remat_policy = over.data["fits"]["setting"]["remat"]
     c.mesh.shape = over.data["fits"]["setting"]["mesh"]
     assert over.data["fits"]["setting"]["chunk_rows"] == 0  # the rollout's KV cache was not what did not fit
-    assert pf.check_memory(c, 1, budget_gib, prompt_tokens=32).status == "ok"
+    assert mem.check_memory(c, 1, budget_gib, prompt_tokens=32).status == "ok"
 
 
 def test_kv_cache_over_budget_names_the_largest_chunk_that_fits(tiny_dirs):
@@ -193,33 +215,33 @@ def test_kv_cache_over_budget_names_the_largest_chunk_that_fits(tiny_dirs):
     c = tiny_config(tiny_dirs["qwen2"][0])
     c.train.prompts_per_step = 32
     cfg = pf.architecture(c)[0]
-    model = pf.MemoryModel(c, cfg, 1, 256)
-    lengths = pf.lengths(c, 256)
+    model = mem.MemoryModel(c, cfg, 1, 256)
+    lengths = mem.lengths(c, 256)
     # the whole share's cache by hand: k and v of every layer, fp32, plus a position per slot, over 2 devices
     per_slot = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4 + 4
     share_kv = 64 * lengths["capacity"] * per_slot / 2
-    lightest = model.estimate(pf.Setting((2, 1, 1), "stacked", "full", chunk_rows=2))["peak"]
+    lightest = model.estimate(mem.Setting((2, 1, 1), "stacked", "full", chunk_rows=2))["peak"]
     assert lightest < share_kv
     budget_gib = (lightest + share_kv) / 2 / pf.GIB
-    over = pf.check_memory(c, 1, budget_gib, prompt_tokens=256)
+    over = mem.check_memory(c, 1, budget_gib, prompt_tokens=256)
     assert over.failed and "\n" not in over.message and "processes" not in over.message
     fits = over.data["fits"]["setting"]
     assert f"--config.rollout.chunk_rows={fits['chunk_rows']}" in over.message
     assert fits["chunk_rows"] in (2, 4, 8, 16, 32)  # the share halved, whole groups of 2
     assert over.data["fits"]["gib"] <= budget_gib
     if fits["chunk_rows"] < 32:  # the largest that fits: twice as many rows does not
-        twice = pf.Setting(tuple(fits["mesh"]), fits["layout"], fits["remat"], fits["chunk_rows"] * 2)
+        twice = mem.Setting(tuple(fits["mesh"]), fits["layout"], fits["remat"], fits["chunk_rows"] * 2)
         assert model.estimate(twice)["peak"] > budget_gib * pf.GIB
     c.rollout.update(decode_layout=fits["layout"], chunk_rows=fits["chunk_rows"])
     c.model.remat_policy = fits["remat"]
     c.mesh.shape = fits["mesh"]
-    passed = pf.check_memory(c, 1, budget_gib, prompt_tokens=256)
+    passed = mem.check_memory(c, 1, budget_gib, prompt_tokens=256)
     assert passed.status == "ok", passed.line()
     assert f"{fits['chunk_rows']} rows × {lengths['capacity']} slots, chunks of the share's 64 rows" in passed.message
 
 
 def test_memory_is_skipped_on_cpu_without_a_budget():
-    check = pf.check_memory(qa_config(), 1, None)
+    check = mem.check_memory(qa_config(), 1, None)
     assert check.status == "skipped" and "host RAM" in check.message
 
 
