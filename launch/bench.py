@@ -11,6 +11,7 @@
     python -m launch.bench handoff --turns=4          two-model rollout: append-only hand-offs vs re-encoding the history
     python -m launch.bench methods                    training state and update time: DART, LoRA-16, full, MixLoRA, 2-Agent (full / LoRA)
     python -m launch.bench retrieval --clients=64     load on the retrieval service (or --url=another server)
+    python -m launch.bench corpus --passages=1000000  passages by byte offset vs held as objects: memory per million
     python -m launch.bench --json=suite.json suite    an accelerator in one command: train MFU (DART, LoRA-16, full),
                                                       decode bandwidth, cuDNN vs XLA attention, resume vs re-prefill,
                                                       on a Qwen2.5-3B-shaped random model (--shape=3b|small|tiny;
@@ -38,14 +39,14 @@ from launch._cli import Command
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 BENCHES = ("forward", "adapters", "sampler", "resume", "cache_blocks", "train", "prefill", "group_update", "handoff",
-           "retrieval", "methods", "suite")
+           "retrieval", "methods", "suite", "corpus")
 DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(batch=4, length=256, repeats=5),
             "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4),
             "cache_blocks": dict(batch=32, length=768, repeats=4), "train": dict(batch=4, length=512,
                                                                                           repeats=5),
             "prefill": dict(batch=2, repeats=3), "group_update": dict(batch=8, length=320, prompt_len=704, repeats=3),
             "handoff": dict(batch=1, repeats=3), "retrieval": dict(repeats=1),
-            "methods": dict(batch=4, length=256, repeats=3), "suite": dict(repeats=None)}
+            "methods": dict(batch=4, length=256, repeats=3), "suite": dict(repeats=None), "corpus": dict(repeats=1)}
 CLI = Command("launch.bench", __doc__)
 F = CLI.flags
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
@@ -78,6 +79,7 @@ METHODS = flags.DEFINE_string("methods", None, "methods: comma-separated subset 
                               "2agent, 2agent_lora (default: all)", flag_values=F)
 SHAPE = flags.DEFINE_enum("shape", None, ["3b", "small", "tiny"], "suite: model shape (default: 3b on an "
                           "accelerator, small on CPU)", flag_values=F)
+PASSAGES = flags.DEFINE_integer("passages", 1_000_000, "corpus: synthetic passages", flag_values=F)
 JSON_OUT = flags.DEFINE_string("json", None, "also write the result to this file", flag_values=F)
 
 
@@ -202,6 +204,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{res['errors']} errors {res['errors_by_kind'] or ''}; latency p50 {res['p50_ms']:.0f} ms, "
               f"p95 {res['p95_ms']:.0f} ms, max {res['max_ms']:.0f} ms; {res['requests_per_s']:.0f} requests/s"
               + (f"; hostile clients: {res['hostile']}" if res["hostile"] else ""))
+    if args.which == "corpus":
+        from dart_jax.bench.corpus import bench_corpus
+        res = bench_corpus(PASSAGES.value)
+        print(f"{res['passages']:,} passages ({res['corpus_mib']:.0f} MiB), offset scan {res['scan_s']:.2f} s; per million "
+              f"passages: by byte offset {res['by_offset_rss_mib_per_million']:.1f} MiB resident (anonymous "
+              f"{res['by_offset_anon_mib_per_million']:.1f}; offset table {res['offsets_mib_per_million']:.1f} MiB), "
+              f"{res['lookup_us']:.0f} us a passage; held as objects {res['as_objects_rss_mib_per_million']:.0f} MiB "
+              f"({res['as_objects_load_s']:.1f} s to load)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(res, fh, indent=2)
