@@ -131,7 +131,7 @@ class Command:
         except flags.Error as e:
             self.fail(self._flag_error(e, argv), e)
         except (KeyError, AttributeError, IndexError) as e:  # ml_collections: an override path the config lacks
-            problem = _override_problem(_config_arg(argv), argv)
+            problem = _override_problem(config_arg(argv), argv)
             if problem is None:
                 raise
             self.fail(problem, e)
@@ -175,9 +175,9 @@ class Command:
         text = str(e)
         if "Error whilst parsing config file" in text:  # get_config raised: its last line says why
             last = [line for line in text.splitlines() if line.strip()][-1].strip()
-            return f"--config={_config_arg(argv)}: {last}; the config file's docstring lists its arguments"
+            return f"--config={config_arg(argv)}: {last}; the config file's docstring lists its arguments"
         m = re.match(r"flag --config\.([^=]+)=(.*?): (.*)", text, re.S)
-        config = _load_config(_config_arg(argv)) if m else None
+        config = _load_config(config_arg(argv)) if m else None
         if config is not None:
             path, value = m.group(1), m.group(2)
             try:
@@ -222,7 +222,7 @@ class Command:
         raise SystemExit(code)
 
 
-def _config_arg(argv: list[str]) -> str | None:
+def config_arg(argv: list[str]) -> str | None:
     """The value of --config in `argv` (the last one), or None."""
     value = None
     for i, a in enumerate(argv):

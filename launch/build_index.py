@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from dart_jax.tools.retrieval import adopt_index, build_index
     if not OUT.value:
         raise UserError("--out=DIR is required: the index directory to write")
-    prefixes = {"query_prefix": QUERY_PREFIX.value or None, "passage_prefix": PASSAGE_PREFIX.value or None}
+    prefixes = {"query_prefix": QUERY_PREFIX.value, "passage_prefix": PASSAGE_PREFIX.value}  # None: detect; "": none
     if ADOPT.value:
         encoding_only = [f"--{name}" for name in ("kind", "batch", "nlist", "pq-m", "save-embeddings")
                          if F[name].present]

@@ -36,7 +36,7 @@ import time
 
 from absl import flags
 
-from launch._cli import Command, define_distributed_flags
+from launch._cli import Command, config_arg, define_distributed_flags
 
 CLI = Command("launch.evaluate", __doc__, config=True)
 F = CLI.flags
@@ -87,17 +87,6 @@ QUIET = flags.DEFINE_bool("quiet", False, "no progress bar", flag_values=F)
 EVAL_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "evaluate.py")
 
 
-def _config_file(argv: list[str]) -> str | None:
-    """The --config value as given on the command line (None: not given)."""
-    value = None
-    for i, a in enumerate(argv):
-        if a.startswith(("--config=", "-config=")):
-            value = a.split("=", 1)[1]
-        elif a in ("--config", "-config") and i + 1 < len(argv):
-            value = argv[i + 1]
-    return value
-
-
 def _set(config, dotted: str, value) -> None:
     *path, leaf = dotted.split(".")
     node = config
@@ -114,7 +103,7 @@ def build_config(argv: list[str]):
     --config) < --config.x=y < --task / --model. With --config the file replaces the first two."""
     from configs import evaluate as eval_config
     from dart_jax.eval import as_trained
-    config_file = _config_file(argv)
+    config_file = config_arg(argv)
     overridden = {n[len("config."):]: F[n].value for n in F if n.startswith("config.") and F[n].present}
     run = as_trained.locate(CHECKPOINT.value) if CHECKPOINT.value else None
     as_run = None
@@ -153,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # --config.x=y needs a config to parse against: without --config, the evaluation defaults' fields
     # (build_config starts from the run's settings or the defaults and applies only what was given)
-    CLI.parse(argv if _config_file(argv) is not None else [f"--config={EVAL_CONFIG}"] + argv)
+    CLI.parse(argv if config_arg(argv) is not None else [f"--config={EVAL_CONFIG}"] + argv)
     START()
     config, trained = build_config(argv)
     if config.task == "qa" and not FIXED.value:  # a dead retriever.url: one line now, not after the model loads

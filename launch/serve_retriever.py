@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     from dart_jax.tools.retrieval import Retriever, ensure_index
     from dart_jax.tools.retrieval_server import RetrievalServer, ServerLimits
     limits = ServerLimits(max_batch=MAX_BATCH.value, batch_queries=BATCH_QUERIES.value, max_wait_ms=MAX_WAIT_MS.value)
-    retriever = Retriever(INDEX.value or ensure_index(), query_prefix=QUERY_PREFIX.value or None,
-                          passage_prefix=PASSAGE_PREFIX.value or None, faiss_gpu=FAISS_GPU.value)
+    retriever = Retriever(INDEX.value or ensure_index(), query_prefix=QUERY_PREFIX.value,
+                          passage_prefix=PASSAGE_PREFIX.value, faiss_gpu=FAISS_GPU.value)
     server = RetrievalServer(retriever, HOST.value, PORT.value, limits)
     print(f"encoder {retriever.encoder.name}: query prefix {retriever.encoder.query_prefix!r}, passage prefix "
           f"{retriever.encoder.passage_prefix!r}; {len(retriever.corpus)} passages", flush=True)

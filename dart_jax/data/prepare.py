@@ -28,7 +28,8 @@ import os
 from collections import Counter
 from typing import Any, Callable, Iterator
 
-from dart_jax.data.readers import DataError, SKYRL_DB_FOLDERS, load_rows, question_key, search_r1_row, skyrl_sql_row
+from dart_jax.data.paths import REPO
+from dart_jax.data.readers import SKYRL_DB_FOLDERS, DataError, load_rows, question_key, search_r1_row, skyrl_sql_row
 from dart_jax.data.text import normalize_answer
 from dart_jax.errors import UserError
 
@@ -391,7 +392,7 @@ def prepare(setting: str, input_path: str, held_out: list[dict], out_dir: str = 
         table, report = prepare_qa(input_path, held_out)
     else:
         table, report = prepare_sql(input_path, db_root, held_out)
-    out_dir = out_dir or s.out
+    out_dir = out_dir or os.path.join(REPO, s.out)  # where the paper config reads, wherever this runs from
     report["output"] = os.path.join(os.path.abspath(out_dir), TRAIN)
     return report, write(out_dir, table, report, overwrite)
 

@@ -87,5 +87,23 @@ def preflight(config, processes: int | None = None, device_memory_gib: float | N
             checks.append(check_memory(config, processes, device_memory_gib, prompt_tokens, log=log))
         except Exception as e:  # noqa: BLE001 — an estimate that cannot be made must not stop the run
             first = (str(e).splitlines() or [""])[0]
-            checks.append(skipped("memory", f"not estimated ({type(e).__name__}: {first})"))
-    return Report(checks)
+            checks.append(skipped("memory", f"not estimated ({type(e).__name__}: {first}; an internal error: "
+                                            "please report it)"))
+    return Report(checks + agreement(checks))
+
+
+def agreement(checks: list[Check]) -> list[Check]:
+    """Multi-process: every process learns which processes failed which checks, so that all of them stop
+    together (a process that stopped alone would leave the others waiting in their first collective).
+    -> [] with one process, else one `processes` check."""
+    import jax
+
+    from dart_jax.parallel.distributed import allgather_objects
+    if jax.process_count() == 1:
+        return []
+    failed = allgather_objects(sorted(c.name for c in checks if c.failed))
+    others = {p: names for p, names in enumerate(failed) if names and p != jax.process_index()}
+    if others:
+        return [fail("processes", "process(es) " + ", ".join(f"{p} ({', '.join(n)})" for p, n in sorted(others.items()))
+                     + " failed their checks; fix what their output names", failed=others)]
+    return [ok("processes", f"all {jax.process_count()} processes passed", processes=jax.process_count())]

@@ -18,13 +18,13 @@ import math
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dart_jax.adapters.method import MethodSpec, model_trees
-from dart_jax.models.sharding import batch_sharding
+from dart_jax.errors import UserError
 from dart_jax.models.config import ModelConfig
+from dart_jax.models.sharding import batch_sharding
 from dart_jax.rewards.training import QAReward, SQLReward
 from dart_jax.rl import batch as batch_lib
 from dart_jax.rl.optim import OptimConfig
@@ -61,7 +61,7 @@ def groups_per_chunk(chunk_rows: int, group_size: int) -> int:
     whole groups so that each group's prompt is still prefilled once. Raises ValueError naming both
     fields when chunk_rows does not split into groups."""
     if chunk_rows < 0 or chunk_rows % group_size:
-        raise ValueError(f"rollout.chunk_rows={chunk_rows} must be 0 or a multiple of train.group_size "
+        raise UserError(f"rollout.chunk_rows={chunk_rows} must be 0 or a multiple of train.group_size "
                          f"({group_size}): a chunk holds whole GRPO groups; set --config.rollout.chunk_rows to "
                          f"0 or a multiple of {group_size}")
     return chunk_rows // group_size

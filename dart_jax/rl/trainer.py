@@ -25,6 +25,9 @@ import numpy as np
 from dart_jax.adapters.method import model_trees
 from dart_jax.checkpoints.dart_io import export_dart
 from dart_jax.data.readers import question_key
+from dart_jax.errors import UserError
+from dart_jax.models.transformer import unstack_layers
+from dart_jax.parallel.distributed import barrier, host_tree, is_main, local_mesh, local_view, on_main
 from dart_jax.rewards.training import make_reward
 from dart_jax.rl import stages
 from dart_jax.rl.optim import make_optimizer
@@ -48,8 +51,6 @@ from dart_jax.run.metrics import (
     read_metrics,
     wilson_interval,
 )
-from dart_jax.models.transformer import unstack_layers
-from dart_jax.parallel.distributed import barrier, host_tree, is_main, local_mesh, local_view, on_main
 from dart_jax.run.policy import ROUTE_MODE, load_policy, run_mesh
 from dart_jax.run.records import append_rollouts, trim_rollouts
 from dart_jax.run.task import build_tool, load_eval_rows, load_task_rows
@@ -94,30 +95,30 @@ def check_settings(config, nproc: int = 1) -> None:
     rc = RolloutConfig(**section(config, "rollout"), route_mode=ROUTE_MODE[method.variant])
     stages.groups_per_chunk(rc.chunk_rows, tc.group_size)
     if method.variant == "2agent" and config.router.convention != "dart_jax":
-        raise ValueError("method.variant='2agent' needs router.convention='dart_jax': a token's log-prob comes "
+        raise UserError("method.variant='2agent' needs router.convention='dart_jax': a token's log-prob comes "
                          "from the model that wrote it, the model in control after the token before (the "
                          f"composition's rule); the {config.router.convention!r} convention's roles are shifted "
                          "by one token and would train the first token of each tool span through the other model")
     if plan.share_prefix and (method.variant in ("mixlora", "2agent") or method.dropout > 0):
-        raise ValueError("train.share_prefix runs a group's prompt once for all its rows: not with "
+        raise UserError("train.share_prefix runs a group's prompt once for all its rows: not with "
                          f"method.variant={method.variant!r} (MixLoRA's load balance and the 2-Agent "
                          "composition count every row's tokens) nor with method.dropout > 0 (one dropout "
                          f"mask for the shared prompt), got dropout={method.dropout}")
     if plan.share_prefix and (tc.micro_batch > tc.group_size or tc.group_size % tc.micro_batch):
-        raise ValueError(f"train.share_prefix shares a prompt within a micro-batch: train.micro_batch "
+        raise UserError(f"train.share_prefix shares a prompt within a micro-batch: train.micro_batch "
                          f"({tc.micro_batch}) must divide train.group_size ({tc.group_size}), so that each "
                          "micro-batch holds rows of one group")
     if plan.old_logp == "sampler" and sampling.temperature != loss_cfg.temperature:
-        raise ValueError(f"train.old_logp='sampler' needs sampling.temperature ({sampling.temperature}) "
+        raise UserError(f"train.old_logp='sampler' needs sampling.temperature ({sampling.temperature}) "
                          f"== loss.temperature ({loss_cfg.temperature}): the sampler records log-probs "
                          "at its own temperature")
     n_traj = tc.prompts_per_step * tc.group_size
     if n_traj % tc.mini_batch or tc.mini_batch % tc.micro_batch:
-        raise ValueError(f"train.prompts_per_step × train.group_size = {n_traj} must be a multiple of "
+        raise UserError(f"train.prompts_per_step × train.group_size = {n_traj} must be a multiple of "
                          f"train.mini_batch ({tc.mini_batch}), itself a multiple of train.micro_batch "
                          f"({tc.micro_batch})")
     if tc.prompts_per_step % nproc:
-        raise ValueError(f"train.prompts_per_step={tc.prompts_per_step} must divide among {nproc} processes "
+        raise UserError(f"train.prompts_per_step={tc.prompts_per_step} must divide among {nproc} processes "
                          "(each rolls out whole GRPO groups)")
 
 
@@ -160,7 +161,7 @@ class Trainer:
         train_keys = {question_key(r) for r in self.rows}
         leaked = [r["id"] for r in self.eval_rows if question_key(r) in train_keys]
         if leaked:
-            raise ValueError(f"config.eval.data shares {len(leaked)} questions with config.data.train "
+            raise UserError(f"config.eval.data shares {len(leaked)} questions with config.data.train "
                              f"(e.g. {leaked[:3]}): held-out evaluation must be held out")
         self.updater = stages.Updater(cfg, self.method, self.loss_cfg, self.optim_cfg, self.plan, self.mesh)
 

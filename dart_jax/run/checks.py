@@ -26,11 +26,11 @@ import urllib.parse
 from typing import Any
 
 from dart_jax.data.paths import DATA, REPO, repo_path
+from dart_jax.data.prepare import prepare_hint
 
 GIB = 2 ** 30
 MODEL_CONFIGS = os.path.join(DATA, "model_configs")
-PREPARE = {"qa": "python -m launch.prepare_data qa --input=PATH/train.parquet --out=data/nq_hotpotqa_train",
-           "sql": "python -m launch.prepare_data sql --input=PATH/train.parquet --db-root=PATH --out=data/skyrl_sql"}
+PREPARED_BY = {"search_r1_parquet": "qa", "skyrl_sql": "sql"}  # readers of the files launch.prepare_data writes
 SQL_READERS = ("spider", "bird", "skyrl_sql")
 DB_SAMPLE = 64          # databases checked per training set
 CONNECT_TIMEOUT_S = 3.0  # the retriever's port: refused or unreachable is known at once
@@ -130,15 +130,21 @@ def probe_url(url: str, topk: int) -> Check:
 
 
 def check_index_dir(index_dir: str) -> Check:
-    from dart_jax.tools.retrieval import CORPUS, INDEX, META
+    from dart_jax.tools.retrieval import CORPUS, INDEX, LAYOUT, META
     fix = ("build one with python -m launch.build_index (or adopt Search-R1's e5_Flat.index: "
            "python -m launch.build_index --adopt=PATH/e5_Flat.index --corpus=PATH/wiki-18.jsonl "
            "--encoder=intfloat/e5-base-v2 --out=DIR)")
     meta_path = os.path.join(index_dir, META)
     if not os.path.isfile(meta_path):
         return fail("retriever", f"retriever.index_dir={index_dir} has no {META}; {fix}")
-    with open(meta_path) as f:
-        meta = json.load(f)
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        return fail("retriever", f"{meta_path} cannot be read ({e}); {fix}")
+    if meta.get("layout") != LAYOUT:
+        return fail("retriever", f"retriever.index_dir={index_dir} was written by an older launch.build_index (no "
+                                 f"passage offset table); {fix}")
     names = [INDEX, CORPUS] + ([meta["offsets"]] if meta.get("offsets") else [])
     missing = [n for n in names if not os.path.exists(os.path.join(index_dir, n))]  # a dangling link too
     if missing:
@@ -161,12 +167,13 @@ def check_datasets(config) -> Check:
     if ec and ec.n and ec.data:
         entries += [(f"eval.data[{i}]", dict(s)) for i, s in enumerate(ec.data)]
     if not config.data.train:
-        return fail("datasets", "config.data.train is empty; list the training sets (configs/base.py) or "
-                                f"write them with {PREPARE.get(config.task, PREPARE['qa'])}")
+        return fail("datasets", "config.data.train is empty; list the training sets (configs/base.py, or a "
+                                "paper config's, which python -m launch.prepare_data writes)")
     for field, spec in entries:
         if spec.get("reader") == "tfds":
             continue
-        how = (f"write it with {PREPARE[config.task]}" if field.startswith("data.train") and config.task in PREPARE
+        setting = spec.get("prepare") or PREPARED_BY.get(spec.get("reader"))
+        how = (prepare_hint(setting, spec.get("path") or "") if field.startswith("data.train") and setting
                else "fix the path")
         if not spec.get("path"):
             return fail("datasets", f"{field}.path is empty; {how} (or set --config.{field}.path=FILE)", field=field)

