@@ -90,6 +90,11 @@ def _check_evaluate(reh: rh.Rehearsal, ran: rh.Ran) -> None:
     args = shlex.split(ran.command[rh.LAUNCH.search(ran.command).start():])
     res = json.load(open(os.path.join(reh.root, _flag(args, "out"), "results.json")))
     assert res["datasets"] and all(d["questions"] <= 2 for d in res["datasets"].values())
+    # evaluated as trained: the run's base model and retriever, with no --model / --config given
+    saved = json.load(open(os.path.join(reh.root, _flag(args, "checkpoint"), "run_config.json")))
+    assert res["setup"]["model"] == saved["model"]["path"], (res["setup"]["model"], saved["model"]["path"])
+    if saved["task"] == "qa":
+        assert res["setup"]["retriever"]["url"] == saved["retriever"]["url"] != ""
     for pair in [a.split("=", 1)[1] for a in args if a.startswith("--compare=")]:
         method, backbone = pair.split(",")
         assert f"paper: {METHOD_NAMES[method]} ({backbone})" in ran.stdout, ran.stdout[-3000:]
