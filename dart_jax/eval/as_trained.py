@@ -26,7 +26,7 @@ from typing import Callable
 from dart_jax.checkpoints.dart_io import MANIFEST
 from dart_jax.data.paths import repo_path
 from dart_jax.errors import UserError
-from dart_jax.run.run_dir import RUN_CONFIG, config_dict, saved_config
+from dart_jax.run.run_dir import RUN_CONFIG, config_dict, flat, saved_config
 
 log = logging.getLogger(__name__)
 
@@ -119,16 +119,6 @@ def adopt(config, run: TrainedRun) -> list[str]:
     return unknown
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def _show(v) -> str:
     return v if isinstance(v, str) and v else json.dumps(v)
 
@@ -138,8 +128,8 @@ def differences(as_run, config, origin: Callable[[str], str]) -> list[str]:
     evaluated) differs from `as_run` (the evaluation defaults with the run's settings adopted);
     `origin(field)` names the flag that set it. Tool settings of the other task are not listed."""
     task = config.task
-    run_flat = _flat({k: v for k, v in config_dict(as_run).items() if k in AS_TRAINED})
-    now_flat = _flat({k: v for k, v in config_dict(config).items() if k in AS_TRAINED})
+    run_flat = flat({k: v for k, v in config_dict(as_run).items() if k in AS_TRAINED})
+    now_flat = flat({k: v for k, v in config_dict(config).items() if k in AS_TRAINED})
     out = []
     for key in sorted(run_flat.keys() | now_flat.keys()):
         section = key.split(".")[0]

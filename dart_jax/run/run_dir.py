@@ -31,11 +31,12 @@ class RunDirError(RuntimeError):
     pass
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
+def flat(d: dict, prefix: str = "") -> dict:
+    """Nested dicts -> {"a.b.c": value}."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
+            out.update(flat(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -48,14 +49,14 @@ def config_dict(config) -> dict:
 
 def _defaults() -> dict:
     from configs import base
-    return _flat(config_dict(base.get()))
+    return flat(config_dict(base.get()))
 
 
 def config_differences(saved: dict, current: dict, ignore=RESUMABLE) -> list[str]:
     """'field: old → new' for every leaf that differs, except the fields a resume may change. A field
     the saved config lacks (added to the code after that run was written) is no difference when the
     current value is its default (configs/base.py): the run was trained with that behaviour."""
-    a, b = _flat(saved), _flat(current)
+    a, b = flat(saved), flat(current)
     defaults = None
     out = []
     for key in sorted(set(a) | set(b)):
