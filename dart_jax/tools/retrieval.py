@@ -212,11 +212,8 @@ def _log_prefixes(enc: Encoder) -> None:
 
 
 def _sha1(path: str) -> str:
-    h = hashlib.sha1()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha1").hexdigest()
 
 
 def shipped_embeddings(corpus_path: str, encoder: str) -> np.ndarray | None:
