@@ -9,7 +9,7 @@ with the same data, steps and seeds, then evaluated greedily on held-out questio
 Every run is the quickstart (configs/quickstart.py: SmolLM2-135M-Instruct + NQ warm start, 24 GRPO
 steps of 4 prompts × 4 samples, the MiniLM retriever over the shipped corpus, 2 CPU cores) with only
 the method changed; train.seed = the run's seed drives the data order, the initialisation of new
-adapters and the sampler. Methods (`METHODS`):
+adapters and the sampler. Methods (`dart_jax.experiments.methods_run.METHODS`):
 
     dart     two routed rank-8 LoRAs (the quickstart), lr 2e-4
     lora16   one rank-16 LoRA (alpha 32: the same scale), lr 2e-4
@@ -30,41 +30,10 @@ paragraphs are in the corpus). Cost on 2 cores (measured, alone on the host): 26
 from ml_collections import ConfigDict
 
 from configs import quickstart
+from dart_jax.experiments.methods_run import apply_method
 
-METHODS = {
-    "dart": dict(variant="dart", rank=8, alpha=16.0, lr=2e-4),
-    "lora16": dict(variant="lora", rank=16, alpha=32.0, lr=2e-4),
-    "full": dict(variant="full", lr=2e-5, invalid_action="search_r1"),
-    "mixlora": dict(variant="mixlora", rank=8, alpha=16.0, experts=2, top_k=2, router_aux_coef=0.001, lr=2e-4),
-    # two full models: the backward pass recomputes all but the weight matmuls (remat "dots_no_batch"; the
-    # other runs keep everything, "none"): same math, update peak RSS 11.9 GB on 16 × 896 tokens (2-Agent-
-    # LoRA under "none" peaked at 21.6 GB); a checkpoint every 4 steps (~3 min a step alone on 2 cores)
-    "2agent": dict(variant="2agent", lr=2e-5, remat_policy="dots_no_batch", checkpoint_every=4),
-    "2agent_lora": dict(variant="2agent", agent_params="lora", rank=8, alpha=16.0, lr=2e-4),
-}
 OUT = "runs/methods_quickstart"
 ARCHIVE = "docs/results/data/methods_smollm2/archive"  # relative to the repository
-
-
-def apply_method(c, method: str, seed: int):
-    """The quickstart config `c` turned into one run of the comparison (in place; returns it)."""
-    if method not in METHODS:
-        raise ValueError(f"method {method!r}; expected one of {sorted(METHODS)}")
-    m = dict(METHODS[method])
-    c.optim.lr = m.pop("lr")
-    if "invalid_action" in m:
-        c.rollout.invalid_action = m.pop("invalid_action")
-    # execution settings (what is kept for the backward pass, how often to checkpoint): no change to the math
-    if "remat_policy" in m:
-        c.model.remat_policy = m.pop("remat_policy")
-    if "checkpoint_every" in m:
-        c.output.checkpoint_every = m.pop("checkpoint_every")
-    for k, v in m.items():
-        c.method[k] = v
-    c.train.seed = int(seed)
-    c.output.dir = f"{c.methods.out}/train/{method}_s{seed}"
-    c.output.export_adapters = method == "dart"
-    return c
 
 
 def get_config(arg: str | None = None):

@@ -31,7 +31,7 @@ import types
 
 from absl import flags
 
-from dart_jax.bench.timing import fmt_ratio
+from dart_jax.bench import report
 from launch._cli import Command
 
 # PyTorch's OpenMP workers busy-wait after each parallel region; with the sides interleaved they would
@@ -96,126 +96,68 @@ def main(argv: list[str] | None = None) -> int:
                                  obs_len=OBS_LEN.value, prompt_len=PROMPT_LEN.value or d.get("prompt_len", 256),
                                  remat=REMAT.value,
                                  json=JSON_OUT.value)
-    if args.which == "forward":
-        from dart_jax.bench.forward import bench_forward
-        res = bench_forward(args.model, args.batch, args.length, args.repeats, args.dtype)
-        print(f"forward {res['model']} {res['batch']}x{res['length']} {res['dtype']} on {res['device']}: "
-              f"dart_jax {res['ours_tokens_per_s']:.0f} tok/s ({100 * res['ours_flops_frac_of_matmul']:.0f}% of "
-              f"matmul {res['matmul_flops'] / 1e9:.0f} GFLOP/s), transformers {res['transformers_tokens_per_s']:.0f} "
-              f"tok/s; transformers / dart_jax time {fmt_ratio(res['ratio'])}")
-    if args.which == "adapters":
-        from dart_jax.bench.adapters import bench_adapters
-        res = bench_adapters(args.model, args.batch, args.length, args.repeats, not args.no_torch)
-        ms = res["median_s"]
-        print(f"fwd+bwd {res['model']} {res['batch']}x{res['length']} on {res['device']} (median s): "
-              + ", ".join(f"{k} {v:.3f}" for k, v in ms.items()))
-        print(f"DART / LoRA {fmt_ratio(res['dart_over_lora'])}\nfull / LoRA {fmt_ratio(res['full_over_lora'])}"
-              + (f"\ntorch PEFT LoRA / ours LoRA {fmt_ratio(res['torch_peft_over_ours_lora'])}"
-                 if "torch_peft_over_ours_lora" in res else ""))
-    if args.which == "sampler":
-        from dart_jax.bench.sampler import bench_sampler
-        res = bench_sampler(args.model, tuple(int(x) for x in args.batches.split(",")), args.new_tokens,
-                            repeats=args.repeats, with_torch=not args.no_torch, dtype=args.dtype,
-                            temperature=args.temperature)
-        print(f"matmul peak {res['matmul_flops'] / 1e9:.1f} GFLOP/s; {res['new_tokens']} new tokens, {res['dtype']}, "
-              f"{'greedy' if not res['temperature'] else 'T = %g' % res['temperature']}")
-        for r in res["rows"]:
-            line = (f"batch {r['batch']:>3}: dart_jax {r['ours_tok_s']:8.1f} tok/s "
-                    f"({100 * r['ours_flops_frac_of_matmul']:.1f}% of matmul FLOP/s)")
-            if "hf_tok_s" in r:
-                line += f", transformers generate {r['hf_tok_s']:8.1f} tok/s, time ratio {fmt_ratio(r['ratio'])}"
-            print(line)
-    if args.which == "resume":
-        from dart_jax.bench.sampler import bench_resume
-        res = bench_resume(args.model, args.batch, args.prompt_len, args.turns, obs_len=args.obs_len,
-                           repeats=args.repeats)
-        print(f"{res['turns']} tool calls, batch {res['batch']}, prompt {res['prompt_len']}, "
-              f"{res['gen_per_turn']} generated + {res['obs_len']} observation tokens per turn: cache resume {res['resume_s']:.2f} s, "
-              f"re-prefill {res['reprefill_s']:.2f} s, re-prefill / resume {fmt_ratio(res['ratio'])}")
-    if args.which == "cache_blocks":
-        from dart_jax.bench.sampler import bench_cache_blocks
-        res = bench_cache_blocks(args.model, args.batch, args.length, CAPACITY.value or 2 * args.length,
-                                 args.new_tokens, args.repeats, dtype=args.dtype)
-        print(f"decode {res['new_tokens']} tokens, batch {res['batch']}, cache {res['filled']} of {res['capacity']} "
-              f"slots ({res['dtype']}): written blocks of {res['block']} {res['blocks_s']:.2f} s, whole capacity "
-              f"{res['whole_s']:.2f} s, whole / blocks {fmt_ratio(res['ratio'])}; same tokens: {res['same_tokens']}")
-    if args.which == "train":
-        from dart_jax.bench.train import bench_train
-        res = bench_train(args.model, args.batch, args.length, args.repeats, not args.no_torch, args.remat)
-        ms = res["median_s"]
-        print(f"GRPO update (DART 2x r8) {res['model']} {res['batch']}x{res['length']} on {res['device']}: "
-              f"dart_jax {ms['dart_jax']:.2f} s ({100 * res['ours_flops_frac_of_matmul']:.1f}% of matmul "
-              f"{res['matmul_flops'] / 1e9:.1f} GFLOP/s measured in the same rounds)")
-        labels = {"concat_2r": "the authors' concatenated-2r module (same update)",
-                  "peft_r16": "PEFT, one rank-16 adapter (floor: no routing)",
-                  "hooks": "hook reference, both adapters on every token (≈2× LoRA work)"}
-        for side, r in res["ratios"].items():
-            print(f"  torch {labels[side]}: {ms['torch_' + side]:.2f} s; torch / dart_jax {fmt_ratio(r)}")
-    if args.which == "prefill":
-        from dart_jax.bench.sampler import bench_group_prefill
-        res = bench_group_prefill(args.model, prompts=args.batch, group=GROUP.value, repeats=args.repeats)
-        print(f"{res['prompts']} SQL schema prompts ({res['prompt_tokens']} tokens) x {res['group']} samples, prefill + "
-              f"{res['gen']} decoded tokens: shared prefill {res['shared_s']:.2f} s, one per row {res['per_row_s']:.2f} s; "
-              f"per row / shared {fmt_ratio(res['ratio'])}")
-    if args.which == "group_update":
-        from dart_jax.bench.group_update import bench_group_update
-        res = bench_group_update(args.model, group=args.batch, prompt=args.prompt_len, cont=args.length,
-                                 repeats=args.repeats, with_torch=not args.no_torch,
-                                 remat_policy=args.remat if REMAT.present else "dots_no_batch")
-        ms, fr = res["median_s"], res["flops_frac_of_matmul"]
-        print(f"GRPO update of one group, {res['group']} rows x ({res['prompt']} prompt + {res['cont']} own tokens), "
-              f"{res['model']} on {res['device']}, remat {res['remat_policy']}: prompt once {ms['shared']:.2f} s "
-              f"({100 * fr['shared']:.0f}% of matmul), once per row {ms['per_row']:.2f} s ({100 * fr['per_row']:.0f}%); "
-              f"per row / once {fmt_ratio(res['per_row_over_shared'])}; last losses "
-              + ", ".join(f"{k} {v:.6f}" for k, v in res["last_loss"].items()))
-        if "torch_over_shared" in res:
-            print(f"  torch (concatenated 2r, full rows) {ms['torch_concat_2r']:.2f} s; torch / prompt once "
-                  f"{fmt_ratio(res['torch_over_shared'])}")
-    if args.which == "methods":
-        from dart_jax.bench.methods import bench_methods, table
-        from dart_jax.bench.methods import METHODS as ALL
-        chosen = tuple(m.strip() for m in (METHODS.value or ",".join(ALL)).split(",") if m.strip())
-        bad = set(chosen) - set(ALL)
-        if bad:
-            raise SystemExit(f"launch.bench methods: unknown --methods {sorted(bad)}; have {list(ALL)}")
-        res = bench_methods(args.model, args.batch, args.length, args.repeats, methods=chosen,
-                            dtype="bfloat16" if DTYPE.value == "bfloat16" or not DTYPE.present else DTYPE.value)
-        print(table(res))
-    if args.which == "handoff":
-        from dart_jax.bench.sampler import bench_handoff
-        res = bench_handoff(args.model, args.batch, args.prompt_len, args.turns, obs_len=args.obs_len,
-                            repeats=args.repeats)
-        print(f"two-model rollout, batch {res['batch']}, prompt {res['prompt_len']}, {res['turns']} tool calls "
-              f"({res['reason_len']} reasoning + {res['span_len']} tool tokens, {res['obs_len']}-token observations): "
-              f"append-only {res['append_s']:.2f} s, re-encode {res['reencode_s']:.2f} s, re-encode / append "
-              f"{fmt_ratio(res['ratio'])}")
-        print("time to the incoming model's first token per hand-off (ms): append-only "
-              + " ".join(f"{1e3 * t:.0f}" for t in res["ttft_append_s"]) + "; re-encode "
-              + " ".join(f"{1e3 * t:.0f}" for t in res["ttft_reencode_s"]))
-    if args.which == "suite":
-        from dart_jax.bench.suite import run_suite, table
-        res = run_suite(SHAPE.value, remat_policy=args.remat if REMAT.present else "dots",
-                        repeats=args.repeats, json_path=args.json)
-        print(table(res))
-    if args.which == "retrieval":
-        from dart_jax.bench.retrieval_load import bench_retrieval
-        res = bench_retrieval(URL.value, CLIENTS.value, REQUESTS.value, HOSTILE.value)
-        print(f"retrieval {res['url']}: {res['clients']} clients x {res['requests_per_client']} requests, "
-              f"{res['errors']} errors {res['errors_by_kind'] or ''}; latency p50 {res['p50_ms']:.0f} ms, "
-              f"p95 {res['p95_ms']:.0f} ms, max {res['max_ms']:.0f} ms; {res['requests_per_s']:.0f} requests/s"
-              + (f"; hostile clients: {res['hostile']}" if res["hostile"] else ""))
-    if args.which == "corpus":
-        from dart_jax.bench.corpus import bench_corpus
-        res = bench_corpus(PASSAGES.value)
-        print(f"{res['passages']:,} passages ({res['corpus_mib']:.0f} MiB), offset scan {res['scan_s']:.2f} s; per million "
-              f"passages: by byte offset {res['by_offset_rss_mib_per_million']:.1f} MiB resident (anonymous "
-              f"{res['by_offset_anon_mib_per_million']:.1f}; offset table {res['offsets_mib_per_million']:.1f} MiB), "
-              f"{res['lookup_us']:.0f} us a passage; held as objects {res['as_objects_rss_mib_per_million']:.0f} MiB "
-              f"({res['as_objects_load_s']:.1f} s to load)")
+    res = run(args)
+    print(report.text(which, res))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(res, fh, indent=2)
     return 0
+
+
+def run(args) -> dict:
+    """Run benchmark `args.which` -> its result."""
+    which = args.which
+    if which == "forward":
+        from dart_jax.bench.forward import bench_forward
+        return bench_forward(args.model, args.batch, args.length, args.repeats, args.dtype)
+    if which == "adapters":
+        from dart_jax.bench.adapters import bench_adapters
+        return bench_adapters(args.model, args.batch, args.length, args.repeats, not args.no_torch)
+    if which == "sampler":
+        from dart_jax.bench.sampler import bench_sampler
+        return bench_sampler(args.model, tuple(int(x) for x in args.batches.split(",")), args.new_tokens,
+                             repeats=args.repeats, with_torch=not args.no_torch, dtype=args.dtype,
+                             temperature=args.temperature)
+    if which == "resume":
+        from dart_jax.bench.sampler import bench_resume
+        return bench_resume(args.model, args.batch, args.prompt_len, args.turns, obs_len=args.obs_len,
+                            repeats=args.repeats)
+    if which == "cache_blocks":
+        from dart_jax.bench.sampler import bench_cache_blocks
+        return bench_cache_blocks(args.model, args.batch, args.length, CAPACITY.value or 2 * args.length,
+                                  args.new_tokens, args.repeats, dtype=args.dtype)
+    if which == "train":
+        from dart_jax.bench.train import bench_train
+        return bench_train(args.model, args.batch, args.length, args.repeats, not args.no_torch, args.remat)
+    if which == "prefill":
+        from dart_jax.bench.sampler import bench_group_prefill
+        return bench_group_prefill(args.model, prompts=args.batch, group=GROUP.value, repeats=args.repeats)
+    if which == "group_update":
+        from dart_jax.bench.group_update import bench_group_update
+        return bench_group_update(args.model, group=args.batch, prompt=args.prompt_len, cont=args.length,
+                                  repeats=args.repeats, with_torch=not args.no_torch,
+                                  remat_policy=args.remat if REMAT.present else "dots_no_batch")
+    if which == "methods":
+        from dart_jax.bench.methods import METHODS as ALL, bench_methods
+        chosen = tuple(m.strip() for m in (METHODS.value or ",".join(ALL)).split(",") if m.strip())
+        bad = set(chosen) - set(ALL)
+        if bad:
+            raise SystemExit(f"launch.bench methods: unknown --methods {sorted(bad)}; have {list(ALL)}")
+        return bench_methods(args.model, args.batch, args.length, args.repeats, methods=chosen,
+                             dtype="bfloat16" if DTYPE.value == "bfloat16" or not DTYPE.present else DTYPE.value)
+    if which == "handoff":
+        from dart_jax.bench.sampler import bench_handoff
+        return bench_handoff(args.model, args.batch, args.prompt_len, args.turns, obs_len=args.obs_len,
+                             repeats=args.repeats)
+    if which == "suite":
+        from dart_jax.bench.suite import run_suite
+        return run_suite(SHAPE.value, remat_policy=args.remat if REMAT.present else "dots", repeats=args.repeats,
+                         json_path=args.json)
+    if which == "retrieval":
+        from dart_jax.bench.retrieval_load import bench_retrieval
+        return bench_retrieval(URL.value, CLIENTS.value, REQUESTS.value, HOSTILE.value)
+    from dart_jax.bench.corpus import bench_corpus
+    return bench_corpus(PASSAGES.value)
 
 
 if __name__ == "__main__":

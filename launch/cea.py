@@ -1,6 +1,6 @@
 """Capability Effect Attribution (the paper's interference analysis) end to end: train M_Reas /
 M_Tool / M_Unified, sample the six variants (with H_Tool / H_Reas composed from two models), solve
-per-question β and report it with its uncertainty (dart_jax/analysis/cea*.py).
+per-question β and report it with its uncertainty (dart_jax/experiments/cea_run.py, dart_jax/analysis/cea*.py).
 
     python -m launch.cea --config=configs/cea_quickstart.py                 # every stage still missing
     python -m launch.cea --config=configs/cea_quickstart.py --stage=train   # one stage (train|sample|solve)
@@ -103,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     if OUT.value:
         config.cea.out = OUT.value
     START()
-    from dart_jax.analysis.cea_run import STAGES, Stages
+    from dart_jax.experiments.cea_run import STAGES, CEAStages
     from dart_jax.parallel.distributed import is_main
-    stages = Stages(config)
+    stages = CEAStages(config)
     if B23_ONLY.value:
         if STAGE.value != "solve":
             raise SystemExit("launch.cea --interference-only goes with --stage=solve")

@@ -74,7 +74,7 @@ def run(check: str):
     from dart_jax.parity.loss_check import crosscheck_loss
     from dart_jax.parity.references import apply_reference, loss_overrides
     from dart_jax.parity.step_check import crosscheck_step
-    from dart_jax.rl.step import LossConfig
+    from dart_jax.run.spec import LossConfig
     config = base.get()
     differences = apply_reference(config, REFERENCE.value)
     lc = dataclasses.replace(LossConfig(temperature=TEMPERATURE.value), **loss_overrides(REFERENCE.value))

@@ -1,6 +1,6 @@
 """Gradient alignment (the paper's interference analysis): angles between the reasoning-role and tool-role policy
 gradients of one trajectory, against same-role angles across trajectories of one query, by the
-paper's protocol and by the DART authors' (dart_jax/analysis/grad_*.py).
+paper's protocol and by the DART authors' (dart_jax/experiments/grad_*.py, dart_jax/analysis/grad_*.py).
 
     python -m launch.grad_angles --config=configs/grad_angles_quickstart.py            # every missing stage
     python -m launch.grad_angles --config=configs/grad_angles_quickstart.py --stage=grads --params=adapters
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         config.grad_angles.protocols = list(dict.fromkeys(PROTOCOL.value))
     if OUT.value:
         config.grad_angles.out = OUT.value
-    from dart_jax.analysis.grad_run import STAGES, Study
+    from dart_jax.experiments.grad_run import STAGES, Study
     study = Study(config, CHECKPOINT.value, STEP.value)
     s = study.run(STAGES if STAGE.value == "all" else (STAGE.value,))
     for stage, items in study.times().items():

@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     if config is None or "methods" not in config:
         raise SystemExit("launch.methods needs --config=configs/methods_quickstart.py (a config with a `methods` "
                          "section; --help)")
-    from dart_jax.analysis.methods_run import STAGES, Stages
-    stages = Stages(config)
+    from dart_jax.experiments.methods_run import STAGES, MethodsStages
+    stages = MethodsStages(config)
     s = stages.run(STAGES if STAGE.value == "all" else (STAGE.value,))
     for stage, items in stages.times().items():
         print(f"{stage}: " + ", ".join(f"{k} {v['seconds'] / 60:.1f} min" for k, v in items.items()))

@@ -1,21 +1,17 @@
 """Every shipped config builds valid trainer sections (the dataclasses validate each field), and
 command-line style overrides reach them."""
 
+import dataclasses
+
 import pytest
 
 from configs import base, cea, cea_quickstart, grad_angles_quickstart, paper_qa, paper_sql, quickstart, quickstart_sql
-from dart_jax.rl.sections import loss_config, method_spec, optim_config, reward_config
-from dart_jax.rollout.agent import RolloutConfig
-from dart_jax.rollout.sampling import SamplingConfig
+from dart_jax.errors import UserError
+from dart_jax.run.spec import DERIVED, SECTIONS, TOP_LEVEL, RunSpec, run_spec
 
 
 def _validate(c):
-    method_spec(c)
-    loss_config(c)
-    optim_config(c)
-    reward_config(c)
-    RolloutConfig(**c.rollout)
-    SamplingConfig(**c.sampling)
+    run_spec(c)
     n = c.train.prompts_per_step * c.train.group_size
     assert n % c.train.mini_batch == 0 and c.train.mini_batch % c.train.micro_batch == 0
     assert c.data.train, "no training data"
@@ -66,6 +62,43 @@ def test_base_defaults_are_reference_defaults():
     c = base.get()
     assert c.loss.agg_mode == "token-mean" and c.loss.micro_mode == "global" and c.loss.entropy_coef == 0.0
     assert (c.optim.weight_decay, c.optim.clip_norm, c.optim.b2) == (0.01, 1.0, 0.999)
+    # the paper's turn budget and DART's invalid-action rule, verl's 10-step warmup
+    assert (c.rollout.max_tokens_per_turn, c.rollout.max_response_tokens, c.rollout.max_obs_tokens) == (500, 4096, 1024)
+    assert c.rollout.invalid_action == "none" and c.optim.warmup_steps == 10
+
+
+def test_base_agrees_with_the_dataclasses_field_by_field():
+    """configs/base.py holds exactly the dataclasses' fields (run/spec.py SECTIONS; the derived ones,
+    which the run sets, excepted) at exactly their defaults, of the same types, and nothing else."""
+    c = base.get()
+    assert set(c) == set(SECTIONS) | set(TOP_LEVEL)
+    top = {f.name: f.default for f in dataclasses.fields(RunSpec)}
+    for name in TOP_LEVEL:
+        assert c[name] == top[name] and type(c[name]) is type(top[name]), name
+    for name, cls in SECTIONS.items():
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in DERIVED.get(name, ())}
+        assert set(c[name]) == set(fields), (name, set(c[name]) ^ set(fields))
+        for key, f in fields.items():
+            value = c[name][key]
+            want = list(f.default) if f.metadata.get("config") is list else f.default
+            assert value == want and type(value) is type(want), (f"{name}.{key}", value, want)
+    spec = run_spec(c)  # and they parse back into the dataclasses' own defaults
+    for name, cls in SECTIONS.items():
+        if name not in ("rollout", "loss", "router", "algo", "data"):
+            assert getattr(spec, name) == cls(), name
+    assert spec.rollout == dataclasses.replace(SECTIONS["rollout"](), route_mode=spec.method.route_mode)
+    assert spec.loss == dataclasses.replace(SECTIONS["loss"](), norm_length=spec.rollout.max_response_tokens)
+
+
+def test_unknown_settings_fail_naming_the_field():
+    c = base.get()
+    c.train.stepz = 3
+    with pytest.raises(UserError, match=r"unknown setting train\.stepz: config\.train has .*steps"):
+        run_spec(c)
+    c = base.get()
+    c.rollout.route_mode = "role"
+    with pytest.raises(UserError, match=r"rollout\.route_mode.*derived"):
+        run_spec(c)
 
 
 @pytest.mark.parametrize("name", ["sft_quickstart", "sft_sql", "sft_sql_quickstart"])
@@ -74,9 +107,7 @@ def test_sft_configs_build(name):
 
     from dart_jax.sft.trainer import BUILDERS
     c = importlib.import_module(f"configs.{name}").get_config()
-    method_spec(c)
-    optim_config(c)
-    RolloutConfig(**c.rollout)
+    assert run_spec(c).sft is not None
     assert c.method.variant == "lora" and c.sft.exclude, "a warm start must name the evaluation sets it avoids"
     assert c.sft.batch_size % c.sft.micro_batch == 0
     assert all(dict(s)["builder"] in BUILDERS for s in c.sft.data)
@@ -132,7 +163,7 @@ def test_paper_sql_needs_its_training_file_and_excludes_every_evaluation_set(tmp
 
 
 def test_grad_angles_quickstart_section():
-    from dart_jax.analysis.grad_run import _section
+    from dart_jax.experiments.grad_run import _section
     c = grad_angles_quickstart.get_config()
     g = _section(c)
     assert g.group_size == 16 and set(g.params) == {"full", "adapters"} and set(g.protocols) == {"paper", "authors"}

@@ -14,10 +14,10 @@ PYTEST_ARGS = ["-q", "-p", "no:cacheprovider"]
 
 def test_schedule_puts_longest_first_and_alone_groups_last():
     # as groups() lists them: directories sorted, then the top-level files as one group
-    chosen = ["tests/adapters", "tests/analysis", "tests/data", "tests/rl", "tests/rollout", "tests/tools",
+    chosen = ["tests/adapters", "tests/data", "tests/experiments", "tests/rl", "tests/rollout", "tests/tools",
               "tests/test_cli.py tests/test_layers.py"]
     order = run_suite.schedule(chosen)
-    assert order[:4] == ["tests/rl", "tests/rollout", "tests/analysis", "tests/adapters"]  # LONGEST_FIRST's order
+    assert order[:4] == ["tests/rl", "tests/rollout", "tests/experiments", "tests/adapters"]  # LONGEST_FIRST's order
     assert order[-1] == "tests/tools"
     # the unranked groups keep directory order between them
     assert order[4:-1] == ["tests/data", "tests/test_cli.py tests/test_layers.py"]

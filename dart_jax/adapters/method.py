@@ -5,7 +5,7 @@
 | full    | none                | −1 everywhere                  | the base tree              |
 | lora    | {"shared"}          | 0 on every real position       | the shared adapter only    |
 | dart    | {"reasoning","tool"}| router role (0 reas., 1 tool)  | both adapters only         |
-| mixlora | {"shared" (q,k,v,o LoRA), "experts" (FFN LoRA experts + router)} | 0 on every real position; the FFN mixes its experts by a learned top-k router (models.mixlora) | adapters, experts, routers |
+| mixlora | {"shared" (q,k,v,o LoRA), "experts" (FFN LoRA experts + gate)} | 0 on every real position; the FFN mixes its experts by a learned top-k gate (models.mixlora) | adapters, experts, gates |
 | 2agent  | none: two full models {"reasoning", "tool"} (`TwoModels`) | router role picks the *model* whose log-prob a token gets | both models' every weight |
 | 2agent, agent_params="lora" | {"reasoning","tool"}: one LoRA per model over the frozen base | as 2agent; each model's forward applies its LoRA to every token | both LoRAs only |
 
@@ -16,6 +16,13 @@ to dart (see `dart_jax.adapters.isolation`). MixLoRA (`experts`, `top_k` of rank
 among `targets` and LoRA experts on the FFN; the paper's comparison at DART's budget is E = 2
 experts of rank 8, top-2; E = 8, top-2, rank 16 is MoE-PEFT's template. Two-model routing
 (2-Agent, H_Tool, H_Reas) routes roles to two (base, adapters) pairs (rollout.compose).
+
+Routing is decided here only: ψ (roles.router) gives each position a role; a method's `route_mode`
+("role" | "shared" | "none", what the sampler's forward uses) turns roles into route ids
+(`mode_routes`); `routes_for` gives the route ids its trajectories and train batches carry (2-Agent's:
+the roles, from which `two_model_logprobs` picks each token's model; `two_model_route_mode` is each of
+its models' own). MixLoRA's experts replace the FFN of the transformer block through the FFN-adapter
+hook (models.lora.ffn_adapter); `gate_aux` says its forward reports their gate statistics.
 
 2-Agent with `agent_params="lora"` (the cheaper option: two LoRA sets over two frozen copies)
 keeps one frozen base in memory: two frozen copies of the same weights are the same function, so the
@@ -36,9 +43,12 @@ import jax.numpy as jnp
 
 from dart_jax.models import lora as lora_lib, mixlora as mixlora_lib
 from dart_jax.models.config import ModelConfig
-from dart_jax.roles.router import PAD_ROLE, REASONING, TOOL
+from dart_jax.roles.router import PAD_ROLE, REASONING, TOOL, loss_roles
 
 VARIANTS = ("full", "lora", "dart", "mixlora", "2agent")
+ROUTE_MODES = ("role", "shared", "none")
+# variant -> route mode of its single-model forward (`mode_routes`)
+_ROUTE_MODE = {"dart": "role", "lora": "shared", "mixlora": "shared", "full": "none", "2agent": "none"}
 ATTENTION = ("q", "k", "v", "o")
 ROLE_MASKS = ("both", "reasoning", "tool", "answer")
 ISOLATIONS = ("forward", "strict")
@@ -94,6 +104,26 @@ class MethodSpec:
                 "mixlora": ("experts", "shared"), "2agent": ()}[self.variant]
 
     @property
+    def route_mode(self) -> str:
+        """How a single-model forward routes tokens to adapters (`mode_routes`): "role" (dart: ψ's role
+        picks the adapter), "shared" (lora, mixlora: adapter 0 on every token), "none" (full, 2agent:
+        no routed adapter; 2-Agent routes roles to *models*: `two_model_route_mode`)."""
+        return _ROUTE_MODE[self.variant]
+
+    @property
+    def trajectory_route_mode(self) -> str:
+        """The route mode of the route ids its trajectories record and its train batches carry
+        (`routes_for`): its `route_mode`, except 2-Agent's, whose two-model composition records ψ's
+        roles (rollout.compose), from which `two_model_logprobs` picks each token's model."""
+        return "role" if self.variant == "2agent" else self.route_mode
+
+    @property
+    def gate_aux(self) -> bool:
+        """Whether its forward reports MixLoRA's expert-gate statistics (the load-balancing loss,
+        metric "router_aux")."""
+        return self.variant == "mixlora"
+
+    @property
     def two_lora(self) -> bool:
         """2-Agent as two LoRA sets over the frozen base."""
         return self.variant == "2agent" and self.agent_params == "lora"
@@ -123,14 +153,24 @@ def init_adapters(spec: MethodSpec, cfg: ModelConfig, key: jax.Array) -> dict[st
             for i, name in enumerate(spec.adapter_names)}
 
 
-def routes_for(spec: MethodSpec, roles: jnp.ndarray) -> jnp.ndarray:
-    """Router roles i32[B, T] (−1 padding) -> adapter route ids for the forward pass."""
-    if spec.variant == "full":
-        return jnp.full(roles.shape, -1, jnp.int32)
-    if spec.variant in ("lora", "mixlora"):
+def mode_routes(mode: str, roles: jnp.ndarray) -> jnp.ndarray:
+    """ψ's roles i32[...] (−1 padding) -> the route ids i32[...] a forward under route mode `mode`
+    uses (models.lora: −1 = no adapter): "role" the roles themselves (sorted adapter names give
+    reasoning = 0, tool = 1: the same ids as the roles), "shared" adapter 0 on every real position,
+    "none" −1 everywhere."""
+    if mode == "role":
+        return roles.astype(jnp.int32)
+    if mode == "shared":
         return jnp.where(roles == PAD_ROLE, -1, 0).astype(jnp.int32)
-    # sorted adapter names give reasoning = 0, tool = 1: the same ids as the roles
-    return roles.astype(jnp.int32)
+    if mode == "none":
+        return jnp.full(roles.shape, -1, jnp.int32)
+    raise ValueError(f"route_mode={mode!r}; expected one of {ROUTE_MODES}")
+
+
+def routes_for(spec: MethodSpec, roles: jnp.ndarray) -> jnp.ndarray:
+    """ψ's roles i32[B, T] (−1 padding) -> the route ids of the method's trajectories and train
+    batches (`MethodSpec.trajectory_route_mode`)."""
+    return mode_routes(spec.trajectory_route_mode, roles)
 
 
 def role_token_mask(spec: MethodSpec, token_roles: jnp.ndarray, answer_span: jnp.ndarray | None = None) -> jnp.ndarray:
@@ -166,6 +206,25 @@ class TwoModels:
     def models(self) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
         """((base, adapters) of the reasoning model, (base, adapters) of the tool model)."""
         return (self.reasoning, self.reasoning_adapters), (self.tool, self.tool_adapters)
+
+
+def two_model_route_mode(adapters) -> str:
+    """Route mode of one 2-Agent model's own forward: its LoRA (agent_params="lora") on every token,
+    or none."""
+    return "none" if adapters is None else "shared"
+
+
+def two_model_logprobs(models: TwoModels, roles: jnp.ndarray, score) -> tuple[jnp.ndarray, ...]:
+    """2-Agent's per-token values: each model runs `score(base, adapters, route_ids)` -> a tuple of
+    f32[B, T] arrays (log-prob, entropy) over the whole trajectory, its LoRA, if any, on every real
+    token (`two_model_route_mode`); token t takes the values of the model that wrote it, the one in
+    control after token t − 1 (its loss role, from ψ's `roles` i32[B, T]). Each model's gradient
+    therefore comes from its own role's tokens only."""
+    writer = loss_roles(roles)
+    outs = [score(b, a, None if a is None else mode_routes(two_model_route_mode(a), roles))
+            for b, a in models.models()]
+    pick = writer == TOOL
+    return tuple(jnp.where(pick, tool, reas) for reas, tool in zip(*outs))
 
 
 def trainable(spec: MethodSpec, base: Any, adapters: Any) -> Any:

@@ -16,6 +16,7 @@ from typing import Mapping
 import numpy as np
 
 from dart_jax.analysis import cea
+from dart_jax.analysis.tables import markdown_table
 
 ACCURACY_FILE = "per_question_accuracy.jsonl"
 
@@ -40,15 +41,18 @@ def _fmt_ci(ci) -> str:
     return f"[{ci[0]:+.2f}, {ci[1]:+.2f}]"
 
 
-def _table(s: dict) -> list[str]:
-    lines = ["| coefficient | mean (95% CI) | median (95% CI) | share < 0 (95% CI) | − / + / 0 | sign test p |",
-             "|---|---|---|---|---|---|"]
-    for c in cea.COEFS:
-        r = s[c]
-        lines.append(f"| {c} | {r['mean']:+.2f} {_fmt_ci(r['mean_ci'])} | {r['median']:+.2f} {_fmt_ci(r['median_ci'])} "
-                     f"| {r['share_negative']:.2f} [{r['share_negative_ci'][0]:.2f}, {r['share_negative_ci'][1]:.2f}] "
-                     f"| {r['negative']} / {r['positive']} / {r['zero']} | {r['sign_test_p']:.3g} |")
-    return lines
+STAT_COLUMNS = ("median (95% CI)", "share < 0 (95% CI)", "− / + / 0", "sign test p")
+
+
+def _stat_cells(r: dict) -> list[str]:
+    """One coefficient's summary (cea.summarize) as the cells after its name."""
+    return [f"{r['mean']:+.2f} {_fmt_ci(r['mean_ci'])}", f"{r['median']:+.2f} {_fmt_ci(r['median_ci'])}",
+            f"{r['share_negative']:.2f} [{r['share_negative_ci'][0]:.2f}, {r['share_negative_ci'][1]:.2f}]",
+            f"{r['negative']} / {r['positive']} / {r['zero']}", f"{r['sign_test_p']:.3g}"]
+
+
+def _table(s: dict) -> str:
+    return markdown_table(["coefficient", "mean (95% CI)", *STAT_COLUMNS], [[c, *_stat_cells(s[c])] for c in cea.COEFS])
 
 
 def solve_and_report(counts: cea.Counts, out_dir: str, estimator: str = "clip", n_boot: int = 10_000,
@@ -101,15 +105,15 @@ def report_markdown(s: dict, title: str = "CEA") -> str:
              f"{s['questions']} questions, {s['kept']} kept, {s['dropped']} dropped (no variant ever answered them); "
              f"samples per accuracy: {s['samples_per_answer']}. Mean accuracy per variant: "
              + ", ".join(f"{cea.LABELS[v]} {a:.3f}" for v, a in s["variants"].items()) + ".", "",
-             f"## β per question ({est} estimator)", "", *_table(s[est]), "",
+             f"## β per question ({est} estimator)", "", _table(s[est]), "",
              f"Intervals: {s[est]['_setup']['interval']}, {s[est]['_setup']['n_boot']} resamples, seed "
              f"{s[est]['_setup']['seed']}. Sign test: two-sided binomial on the non-zero signs.", ""]
     b23 = lambda e: s[e]["b23"]  # noqa: E731
     lines += ["## How the conclusion moves", "",
-              "| estimator | β23 mean (95% CI) | share β23 < 0 (95% CI over questions) |", "|---|---|---|"]
-    for e in (est, other):
-        lines.append(f"| {e} | {b23(e)['mean']:+.2f} {_fmt_ci(b23(e)['mean_ci'])} | {b23(e)['share_negative']:.2f} "
-                     f"[{b23(e)['share_negative_ci'][0]:.2f}, {b23(e)['share_negative_ci'][1]:.2f}] |")
+              markdown_table(["estimator", "β23 mean (95% CI)", "share β23 < 0 (95% CI over questions)"],
+                             [[e, f"{b23(e)['mean']:+.2f} {_fmt_ci(b23(e)['mean_ci'])}",
+                               f"{b23(e)['share_negative']:.2f} [{b23(e)['share_negative_ci'][0]:.2f}, "
+                               f"{b23(e)['share_negative_ci'][1]:.2f}]"] for e in (est, other)])]
     t = s.get("true_accuracy_b23")
     if t:
         lines += ["", f"At the true accuracies (each accuracy drawn from its Jeffreys posterior given its answers, "
@@ -189,13 +193,8 @@ def interference_and_report(inputs: Mapping[str, str], out_dir: str, n_boot: int
              f"dropped (none of the four single-model variants answered them). β23 only: H_Tool / H_Reas were not "
              "sampled (β23 = (z_U − z_T) − (z_R − z_B) does not read them). Mean accuracy: "
              + ", ".join(f"{cea.LABELS[v]} {a:.3f}" for v, a in summary["variants"].items()) + ".", "",
-             "| estimator | β23 mean (95% CI) | median (95% CI) | share < 0 (95% CI) | − / + / 0 | sign test p |",
-             "|---|---|---|---|---|---|"]
-    for e in cea.ESTIMATORS:
-        r = summary[e]["b23"]
-        lines.append(f"| {e} | {r['mean']:+.2f} {_fmt_ci(r['mean_ci'])} | {r['median']:+.2f} {_fmt_ci(r['median_ci'])} "
-                     f"| {r['share_negative']:.2f} [{r['share_negative_ci'][0]:.2f}, {r['share_negative_ci'][1]:.2f}] "
-                     f"| {r['negative']} / {r['positive']} / {r['zero']} | {r['sign_test_p']:.3g} |")
+             markdown_table(["estimator", "β23 mean (95% CI)", *STAT_COLUMNS],
+                            [[e, *_stat_cells(summary[e]["b23"])] for e in cea.ESTIMATORS])]
     t = summary.get("true_accuracy_b23")
     if t:
         lines += ["", f"At the true accuracies (Jeffreys posterior draws × question bootstrap, {t['n_boot']} draws): "

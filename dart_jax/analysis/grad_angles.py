@@ -214,7 +214,13 @@ def layer_tests(cross: np.ndarray, same: np.ndarray, layers: np.ndarray, min_n: 
     return out
 
 
-# -- the gradient-alignment stages' helpers (grad_run) -----------------------------------------------
+# -- the gradient-alignment stages' helpers (experiments.grad_run) -----------------------------------
+# the study's axes: what is differentiated, how gradients are paired, what weights a trajectory's gradient
+PARAMS = ("full", "adapters")
+GRAD_PROTOCOLS = ("paper", "authors")
+WEIGHTINGS = ("advantage", "loglik")
+
+
 def mixed(acc: np.ndarray) -> bool:
     """A group with at least one right and one wrong answer."""
     acc = np.asarray(acc)

@@ -1,4 +1,4 @@
-"""Gradient alignment's report: the per-query statistics written by `grad_run` become
+"""Gradient alignment's report: the per-query statistics written by `experiments.grad_run` become
 angles.csv, summary.json, report.md and the figures. Numbers here; drawing in grad_plots.
 
 angles.csv: protocol, params, weighting, query, a, b, kind, tensor, layer, angle — one row per pair
@@ -23,7 +23,8 @@ import os
 import numpy as np
 
 from dart_jax.analysis import grad_angles as ga
-from dart_jax.analysis.grad_run import PROTOCOLS, flip, paper_pairs
+from dart_jax.analysis.grad_angles import GRAD_PROTOCOLS, flip, paper_pairs
+from dart_jax.analysis.tables import markdown_table
 
 KINDS = ("cross", "same_reasoning", "same_tool")
 NEAR_90 = (80.0, 100.0)
@@ -320,7 +321,7 @@ def write_report(study_dir: str, out: str, c, times: dict | None = None, n_boot:
                     w.writerow([row[0], params, *row[1:]])
     if reported:
         summary["setting"]["params"] = list(dict.fromkeys(p for p, _ in reported))
-        summary["setting"]["protocols"] = [q for q in PROTOCOLS if any(q == r for _, r in reported)]
+        summary["setting"]["protocols"] = [q for q in GRAD_PROTOCOLS if any(q == r for _, r in reported)]
     files = {"angles": csv_path}
     if paper_figs:
         files["histogram"] = grad_plots.cross_vs_same(paper_figs, os.path.join(out, "paper_cross_vs_same.png"))
@@ -356,10 +357,8 @@ def render(summary: dict) -> str:
                   "are the same vector — the trajectories agree token for token up to the role's last token — "
                   "left out; their share is given). Test: each query's median cross angle vs its median "
                   "distinct same-role angle (Wilcoxon one-sided, cross > same; bootstrap 95% CI of the median "
-                  "difference over queries).", "",
-                  "| params / weighting | queries | cross | cross in 80–100° | same reasoning: all / distinct "
-                  "(identical share) | same tool: all / distinct (identical share) | cross − same reas. (CI, p) | "
-                  "cross − same tool (CI, p) |", "|---|---|---|---|---|---|---|---|"]
+                  "difference over queries).", ""]
+        rows = []
         for key, s in summary["paper"].items():
             tests = []
             for kind in ("same_reasoning_distinct", "same_tool_distinct"):
@@ -372,9 +371,12 @@ def render(summary: dict) -> str:
             for kind in ("same_reasoning", "same_tool"):
                 share = s["identical_share"].get(kind, float("nan"))
                 same.append(f"{_fmt(s[kind])} / {_fmt(s[kind + '_distinct'])} ({share:.0%})")
-            lines.append(f"| {key}{how} | {s['queries']} | {_fmt(s['cross'])} | "
-                         f"{'—' if near is None else f'{near:.0%}'} | {same[0]} | {same[1]} | {tests[0]} | {tests[1]} |")
-        lines.append("")
+            rows.append([f"{key}{how}", s["queries"], _fmt(s["cross"]), "—" if near is None else f"{near:.0%}",
+                         same[0], same[1], tests[0], tests[1]])
+        lines += [markdown_table(["params / weighting", "queries", "cross", "cross in 80–100°",
+                                  "same reasoning: all / distinct (identical share)",
+                                  "same tool: all / distinct (identical share)", "cross − same reas. (CI, p)",
+                                  "cross − same tool (CI, p)"], rows), ""]
     def share(d):
         return f"{d['median']:.3f} [{d['q1']:.3f}, {d['q3']:.3f}] ({d['min']:.3f}, n {d['n']})" if d.get("n") else "—"
     for params, sh in (summary.get("routed_shares") or {}).items():
@@ -388,18 +390,18 @@ def render(summary: dict) -> str:
         lines += ["## Authors' protocol (5-response batches, per parameter tensor)", "",
                   "Cross = tool-span gradient vs answer-span gradient of subset A; same = tool-span gradients of "
                   "subsets A and B. Flattened angles per sample, and the layers where the per-layer Wilcoxon "
-                  "(cross > same, n ≥ 10 pairs) gives p < 0.05.", "",
-                  "| params / weighting | samples kept | cross (flattened) | same (flattened) | cross − same (CI, p) "
-                  "| layers p < 0.05 |", "|---|---|---|---|---|---|"]
+                  "(cross > same, n ≥ 10 pairs) gives p < 0.05.", ""]
+        rows = []
         for key, s in summary["authors"].items():
             t = s["cross_vs_same"]
             sig = [ly for ly, v in s.get("per_layer", {}).get("tests", {}).items() if v["p"] == v["p"] and v["p"] < 0.05]
             n_l = len(s.get("per_layer", {}).get("tests", {}))
             test = (f"{t['median_difference']:+.1f}° [{t['ci95'][0]:+.1f}, {t['ci95'][1]:+.1f}], p {t['wilcoxon_p']:.2g}"
                     if t.get("queries") else "—")
-            lines.append(f"| {key} | {s['kept']}/{s['samples']} | {_fmt(s['flattened']['cross'])} | "
-                         f"{_fmt(s['flattened']['same'])} | {test} | {len(sig)}/{n_l} |")
-        lines.append("")
+            rows.append([key, f"{s['kept']}/{s['samples']}", _fmt(s["flattened"]["cross"]),
+                         _fmt(s["flattened"]["same"]), test, f"{len(sig)}/{n_l}"])
+        lines += [markdown_table(["params / weighting", "samples kept", "cross (flattened)", "same (flattened)",
+                                  "cross − same (CI, p)", "layers p < 0.05"], rows), ""]
         for key, s in summary["authors"].items():
             if "routed" in s:
                 lines += [f"Routed adapters ({key}), one adapter's units only: " + "; ".join(

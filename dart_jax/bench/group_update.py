@@ -22,8 +22,9 @@ from dart_jax.bench.train import _torch_update, matmul_params
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.names import resolve
 from dart_jax.rl.batch import PREFIX_KEYS, split_shared_prefix
-from dart_jax.rl.optim import OptimConfig, make_optimizer
-from dart_jax.rl.step import BATCH_KEYS, LossConfig, init_state, make_train_step
+from dart_jax.rl.optim import make_optimizer
+from dart_jax.rl.step import BATCH_KEYS, init_state, make_train_step
+from dart_jax.run.spec import LossConfig, OptimConfig
 
 
 def group_batch(vocab: int, group: int, prompt: int, cont: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -53,7 +54,7 @@ def bench_group_update(model: str = "smollm2-135m-instruct", group: int = 8, pro
     method = MethodSpec("dart", rank=8, alpha=16.0)
     adapters = init_adapters(method, cfg, jax.random.PRNGKey(0))
     host_adapters = jax.device_get(adapters)
-    lc, oc = LossConfig(), OptimConfig(lr=1e-5)
+    lc, oc = LossConfig(), OptimConfig(lr=1e-5, warmup_steps=0)
     data = group_batch(cfg.vocab_size, group, prompt, cont)
     plain = {k: data[k][None] for k in BATCH_KEYS}               # one micro-batch: the group
     shared = split_shared_prefix(plain, pad_multiple)

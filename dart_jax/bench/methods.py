@@ -27,9 +27,10 @@ from dart_jax.bench.train import synthetic_batch
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.names import resolve
 from dart_jax.parallel.mesh import make_mesh
-from dart_jax.rl.optim import OptimConfig, make_optimizer
+from dart_jax.rl.optim import make_optimizer
 from dart_jax.rl.placement import place_state, state_bytes_per_device
-from dart_jax.rl.step import LossConfig, make_train_step
+from dart_jax.rl.step import make_train_step
+from dart_jax.run.spec import LossConfig, OptimConfig
 
 METHODS = {
     "dart": dict(variant="dart", rank=8, alpha=16.0),
@@ -90,16 +91,3 @@ def bench_methods(model: str = "smollm2-135m-instruct", batch: int = 4, length: 
             rows[name]["step_over_dart"] = ratio(res, name, "dart") if "dart" in methods else None
         out["matmul_gflops"] = flops / res["matmul"]["median_s"] / 1e9
     return out
-
-
-def table(res: dict) -> str:
-    lines = [f"{res['model']} in {res['dtype']} ({res['params'] / 1e6:.1f} M parameters, P = "
-             f"{res['P_bytes'] / 2 ** 20:.0f} MiB) on {res['device']}, batch {res['batch']} × {res['length']}:",
-             "| method | trainable | base + train state | in P | step (s) | step / DART |", "|---|---|---|---|---|---|"]
-    for name, r in res["rows"].items():
-        rel = r.get("step_over_dart")
-        lines.append(f"| {name} | {r['trainable_params'] / 1e6:.2f} M ({100 * r['trainable_share']:.2f}%) | "
-                     f"{r['total_bytes'] / 2 ** 20:.0f} MiB | {r['total_in_P']:.2f} P | "
-                     f"{r.get('step_s', float('nan')):.2f} | "
-                     f"{'%.2f× (%.2f–%.2f)' % (rel['median'], rel['min'], rel['max']) if rel else '—'} |")
-    return "\n".join(lines)

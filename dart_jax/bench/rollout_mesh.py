@@ -26,7 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dart_jax.analysis.tables import markdown_table
 from dart_jax.bench.sampler import _spec
+from dart_jax.bench.shapes import model_config
 from dart_jax.bench.sweep import sub_mesh
 from dart_jax.models import transformer
 from dart_jax.models.sharding import base_shardings
@@ -212,26 +214,24 @@ def sweep_for(config, model: str, shapes, batch: int, prompt: int, new: int, dty
     random-init model of an accelerator-suite shape (`3b`, `small`, `tiny`) in `dtype`."""
     if model == "config":
         from dart_jax.checkpoints.registry import load_model, open_source
-        from dart_jax.run.policy import model_overrides
-        over = model_overrides(config)
+        from dart_jax.run.spec import run_spec
+        over = run_spec(config).model.overrides()
         _, cfg = open_source(config.model.path, **over)
         return sweep_rollout(cfg, shapes, batch, prompt, new,
                              base_for=lambda mesh: load_model(config.model.path, mesh=mesh, **over)[1], log=log,
                              abstract=abstract)
-    from dart_jax.bench.suite import model_config
     return sweep_rollout(model_config(model, dtype), shapes, batch, prompt, new, log=log, abstract=abstract)
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| mesh | decode layout | KV sharding | tokens/s | weights MiB/dev | KV MiB/dev | temp MiB/dev | "
-            "peak MiB/dev | peak / (weights + KV) |")
-    out = [head, "|---|---|---|---|---|---|---|---|---|"]
+    out = []
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['mesh']} | {r.get('layout', '')} | {r['error']} | | | | | | |")
+            out.append([r["mesh"], r.get("layout", ""), r["error"], *[""] * 6])
             continue
         tps = f"{r['tokens_per_s']:.1f}" if "tokens_per_s" in r else "(not run)"
-        out.append(f"| {r['mesh']} | {r['layout']} | `{r['kv_sharding']}` | {tps} | "
-                   + " | ".join(f"{r[k] * 1024:.1f}" for k in ("weights_gib", "kv_gib", "temp_gib", "peak_gib"))
-                   + f" | {r['ratio']:.3f} |")
-    return "\n".join(out)
+        out.append([r["mesh"], r["layout"], f"`{r['kv_sharding']}`", tps,
+                    *(f"{r[k] * 1024:.1f}" for k in ("weights_gib", "kv_gib", "temp_gib", "peak_gib")),
+                    f"{r['ratio']:.3f}"])
+    return markdown_table(["mesh", "decode layout", "KV sharding", "tokens/s", "weights MiB/dev", "KV MiB/dev",
+                           "temp MiB/dev", "peak MiB/dev", "peak / (weights + KV)"], out)

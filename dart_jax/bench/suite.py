@@ -48,28 +48,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.adapters.method import MethodSpec, init_adapters, routes_for, trainable
+from dart_jax.bench.rollout_mesh import sweep_rollout
 from dart_jax.bench.sampler import _spec, decode_flops_per_token, resume_sides
+from dart_jax.bench.shapes import model_config
 from dart_jax.bench.timing import interleaved
 from dart_jax.bench.train import synthetic_batch
 from dart_jax.models.cache import init_cache
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import clear_decode_layout, init_params, per_layer_params
-from dart_jax.rl.optim import OptimConfig, make_optimizer
-from dart_jax.rl.step import BATCH_KEYS, LossConfig, init_state, make_train_step
+from dart_jax.rl.optim import make_optimizer
+from dart_jax.rl.step import BATCH_KEYS, init_state, make_train_step
 from dart_jax.rollout.sampler import bucket, decode_segment, prefill
+from dart_jax.run.spec import LossConfig, OptimConfig
 
-# Qwen2.5-3B (config.json of Qwen/Qwen2.5-3B): the paper's main backbone
-QWEN25_3B = dict(model_type="qwen2", vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_layers=36,
-                 num_heads=16, num_kv_heads=2, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
-                 tie_word_embeddings=True, qkv_bias=True, max_position_embeddings=32768)
-SHAPES = {
-    "3b": dict(QWEN25_3B),
-    # the same family and head layout (GQA 8:1, head_dim 128 → 64), scaled for 2 CPU cores
-    "small": dict(QWEN25_3B, vocab_size=32000, hidden_size=512, intermediate_size=2752, num_layers=4, num_heads=8,
-                  num_kv_heads=1, head_dim=64),
-    "tiny": dict(QWEN25_3B, vocab_size=512, hidden_size=64, intermediate_size=176, num_layers=2, num_heads=4,
-                 num_kv_heads=2, head_dim=16),
-}
 # work per section: train (batch, length), decode (batch, prompt, new tokens), resume (batch, prompt, turns,
 # tokens per turn, observation), matmul n, copy bytes, timed repeats
 SIZES = {
@@ -102,12 +93,6 @@ FIELDS = {
                               "device_peak_gib"),
 }
 LAYOUTS = ("stacked", "per_layer", "shared")
-
-
-def model_config(shape: str, dtype: str = "bfloat16", **overrides) -> ModelConfig:
-    if shape not in SHAPES:
-        raise ValueError(f"suite shape {shape!r}; expected one of {sorted(SHAPES)}")
-    return ModelConfig(**SHAPES[shape], param_dtype=dtype, compute_dtype=dtype, **overrides)
 
 
 def update_model_flops(cfg: ModelConfig, batch: int, length: int, trains_base: bool) -> float:
@@ -274,7 +259,6 @@ def bench_resume_random(cfg, layers, batch: int, prompt_len: int, turns: int, ge
 
 def bench_rollout_memory(cfg, batch: int, prompt: int, new: int) -> dict:
     """Each decode layout on a fresh random base on one device (`bench.rollout_mesh`)."""
-    from dart_jax.bench.rollout_mesh import sweep_rollout
     rows = sweep_rollout(cfg, [(1, 1, 1)], batch, prompt, min(new, 32), layouts=LAYOUTS, log=lambda _: None)
     keep = FIELDS["rollout_memory.layout"]
     return {"batch": batch, "prompt": prompt, "new_tokens": min(new, 32),
@@ -357,61 +341,3 @@ def missing_fields(res: dict) -> list[str]:
         else:
             miss += [f"train.methods.{name}.{k}" for k in FIELDS["train.method"] if k not in got]
     return miss
-
-
-def table(res: dict) -> str:
-    """The suite as text; a failed section prints its error."""
-    def part(name, fn):
-        sec = res.get(name, {})
-        if "error" in sec:
-            return [f"{name}: failed: {sec['error']}"]
-        return fn(sec)
-
-    def peaks(p):
-        nominal = f", nominal {p['nominal_bf16_flops'] / 1e12:.0f} TFLOP/s" if p["nominal_bf16_flops"] else ""
-        return [f"measured matmul {p['matmul_flops'] / 1e12:.2f} TFLOP/s (bf16 {p['matmul_n']}²{nominal}), copy "
-                f"{p['bandwidth_bytes_s'] / 1e9:.1f} GB/s"]
-
-    def train(t):
-        lines = [f"train, {t['batch']} × {t['length']} tokens, remat {t['remat_policy']}:",
-                 "| method | step (s) | tokens/s | TFLOP/s | MFU (measured peak) | MFU (nominal) | compile (s) |",
-                 "|---|---|---|---|---|---|---|"]
-        for name, r in t["methods"].items():
-            if "error" in r:
-                lines.append(f"| {name} | failed: {r['error']} | | | | | |")
-                continue
-            mfu_n = f"{100 * r['mfu_nominal']:.1f}%" if r["mfu_nominal"] is not None else "—"
-            lines.append(f"| {name} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['flops_per_s'] / 1e12:.3f} | "
-                         f"{100 * r['mfu_measured']:.1f}% | {mfu_n} | {r['compile_s']:.1f} |")
-        return lines
-
-    def decode(d):
-        return [f"decode {d['batch']} × {d['new_tokens']} tokens after {d['prompt']}: {d['tokens_per_s']:.0f} tok/s, "
-                f"{d['bandwidth_bytes_s'] / 1e9:.1f} GB/s = {100 * d['bandwidth_share']:.0f}% of the measured copy "
-                f"bandwidth; attention over written blocks of {d['cache_block']} vs the whole {d['capacity']}-slot "
-                f"cache: whole / blocks = {d['whole_over_blocks']:.2f}×"]
-
-    def attention(a):
-        other = (f"{a['cudnn_s']:.3f} s (xla / cudnn = {a['cudnn_over_xla']:.2f}×)" if a["cudnn_s"] else
-                 f"unavailable ({a['cudnn_error']})")
-        return [f"attention (DART update): xla {a['xla_s']:.3f} s, cudnn {other}"]
-
-    def resume(r):
-        return [f"resume vs re-prefill ({r['turns']} calls, {r['obs_len']}-token observations, batch {r['batch']}): "
-                f"{r['resume_s']:.3f} s vs {r['reprefill_s']:.3f} s = {r['speedup']:.2f}×"]
-
-    def rollout_memory(r):
-        lines = [f"rollout memory, decode {r['batch']} × {r['new_tokens']} after {r['prompt']} (one device):"]
-        for name, x in r["layouts"].items():
-            lines.append(f"  {name}: failed: {x['error']}" if "error" in x else
-                         f"  {name}: peak {x['peak_gib']:.2f} GiB = {x['ratio']:.2f} × (weights {x['weights_gib']:.2f} + "
-                         f"KV {x['kv_gib']:.2f}), {x['tokens_per_s']:.0f} tok/s")
-        return lines
-
-    lines = [f"{res['model']}, {res.get('params', 0) / 1e6:.0f} M params, on {res['device_kind']} ({res['backend']}, "
-             f"jax {res['jax']})"]
-    for name, fn in (("peaks", peaks), ("train", train), ("decode", decode), ("attention", attention),
-                     ("resume", resume), ("rollout_memory", rollout_memory)):
-        lines += part(name, fn)
-    lines.append(f"wall {res['wall_s']:.0f} s")
-    return "\n".join(lines)

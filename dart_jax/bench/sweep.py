@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.adapters.method import init_adapters
+from dart_jax.analysis.tables import markdown_table
 from dart_jax.bench.train import synthetic_batch
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.parallel.mesh import make_mesh
@@ -29,9 +30,8 @@ from dart_jax.rl.placement import (
     place_state,
     state_bytes_per_device,
 )
-from dart_jax.rl.sections import loss_config, method_spec, optim_config
 from dart_jax.rl.step import BATCH_KEYS, make_train_step
-from dart_jax.run.policy import model_overrides
+from dart_jax.run.spec import run_spec
 
 
 def sub_mesh(shape: tuple[int, int, int]):
@@ -43,9 +43,10 @@ def sub_mesh(shape: tuple[int, int, int]):
 
 
 def sweep_mesh(config, shapes: list[tuple[int, int, int]], length: int = 512, steps: int = 3) -> list[dict]:
-    overrides = model_overrides(config)
-    method, lc, oc = method_spec(config), loss_config(config), optim_config(config)
-    micro, mini = config.train.micro_batch, config.train.mini_batch
+    spec = run_spec(config)
+    overrides = spec.model.overrides()
+    method, lc, oc = spec.method, spec.loss, spec.optim
+    micro, mini = spec.train.micro_batch, spec.train.mini_batch
     rows = []
     for shape in shapes:
         mesh, error = sub_mesh(shape)
@@ -90,17 +91,16 @@ def sweep_mesh(config, shapes: list[tuple[int, int, int]], length: int = 512, st
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| mesh (data×fsdp×tensor) | compile s | step s | tokens/s | memory GiB/device | "
-            "state GiB/device (fp32 masters + moments) | loss |")
-    out = [head, "|---|---|---|---|---|---|---|"]
+    out = []
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['mesh']} | {r['error']} | | | | | |")
+            out.append([r["mesh"], r["error"], *[""] * 5])
             continue
-        out.append(f"| {r['mesh']} | {r['compile_s']:.1f} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | "
-                   f"{r['memory_gib_per_device']:.3f} ({r['memory_source']}) | {r['state_gib_per_device']:.3f} | "
-                   f"{r['loss']:.6f} |")
-    return "\n".join(out)
+        out.append([r["mesh"], f"{r['compile_s']:.1f}", f"{r['step_s']:.3f}", f"{r['tokens_per_s']:.0f}",
+                    f"{r['memory_gib_per_device']:.3f} ({r['memory_source']})", f"{r['state_gib_per_device']:.3f}",
+                    f"{r['loss']:.6f}"])
+    return markdown_table(["mesh (data×fsdp×tensor)", "compile s", "step s", "tokens/s", "memory GiB/device",
+                           "state GiB/device (fp32 masters + moments)", "loss"], out)
 
 
 def write_csv(rows: list[dict], path: str) -> None:

@@ -30,8 +30,9 @@ from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.bench.timing import interleaved, matmul_probe, peak_per_round, ratio
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.names import resolve
-from dart_jax.rl.optim import OptimConfig, make_optimizer
-from dart_jax.rl.step import BATCH_KEYS, LossConfig, init_state, make_train_step
+from dart_jax.rl.optim import make_optimizer
+from dart_jax.rl.step import BATCH_KEYS, init_state, make_train_step
+from dart_jax.run.spec import LossConfig, OptimConfig
 
 TORCH_SIDES = ("concat_2r", "peft_r16", "hooks")
 
@@ -121,7 +122,7 @@ def bench_train(model: str = "smollm2-135m-instruct", batch: int = 4, length: in
     method = MethodSpec("dart", rank=8, alpha=16.0)
     adapters = init_adapters(method, cfg, jax.random.PRNGKey(0))
     host_adapters = jax.device_get(adapters)  # the jitted step donates (deletes) its input state
-    lc, oc = LossConfig(), OptimConfig(lr=1e-5)
+    lc, oc = LossConfig(), OptimConfig(lr=1e-5, warmup_steps=0)
     data = synthetic_batch(cfg, batch, length)
     mb = {k: jnp.asarray(data[k])[None] for k in BATCH_KEYS}
     step = jax.jit(make_train_step(cfg, method, lc, oc), donate_argnums=(0,))

@@ -21,7 +21,6 @@ repeats an earlier kept row, and (sql) when its database file is missing or is n
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -30,49 +29,13 @@ from typing import Any, Callable, Iterator
 
 from dart_jax.data.paths import REPO
 from dart_jax.data.readers import SKYRL_DB_FOLDERS, DataError, load_rows, question_key, search_r1_row, skyrl_sql_row
+from dart_jax.data.settings import SETTINGS, Setting, setting_of
 from dart_jax.data.text import normalize_answer
 from dart_jax.errors import UserError
 
 TRAIN = "train.parquet"
 REPORT = "prepare_report.json"
 EXAMPLES = 3  # rows quoted per drop reason in the report
-
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    """A paper setting's public training file: what it is, how to get it, where its config reads it."""
-    name: str
-    what: str
-    download: str        # the command that fetches it into DIR
-    out: str             # the folder the paper config reads OUT/train.parquet from
-    example: str         # the prepare command, with DIR (and DB) as in `download` (and `databases`)
-    databases: str = ""  # sql: the commands that fetch and unpack OmniSQL's databases into DB
-
-
-SETTINGS = {
-    "qa": Setting("qa", "Search-R1's NQ + HotpotQA training set",
-                  "hf download PeterJinGo/nq_hotpotqa_train --repo-type dataset --local-dir DIR",
-                  "data/nq_hotpotqa_train",
-                  "python -m launch.prepare_data qa --input=DIR/train.parquet --out={out}"),
-    "sql": Setting("sql", "SkyRL-SQL-653",
-                   "hf download NovaSky-AI/SkyRL-SQL-653-data-newfmt --repo-type dataset --local-dir DIR",
-                   "data/skyrl_sql",
-                   "python -m launch.prepare_data sql --input=DIR/train.parquet --db-root=DB/data --out={out}",
-                   "hf download seeklhy/OmniSQL-datasets --repo-type dataset --local-dir DB; unzip DB/data.zip -d DB"),
-}
-
-
-def _setting(name: str) -> Setting:
-    if name not in SETTINGS:
-        raise UserError(f"setting {name!r}; expected one of {sorted(SETTINGS)}")
-    return SETTINGS[name]
-
-
-def prepare_hint(setting: str, path: str) -> str:
-    """What to run to create `path` (a paper config's training file): one clause for an error line."""
-    s = _setting(setting)
-    get = "; ".join(c for c in (s.download, s.databases) if c)
-    return f"prepare it with: {s.example.format(out=os.path.dirname(path) or '.')} (get the files first: {get})"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -382,7 +345,7 @@ def prepare(setting: str, input_path: str, held_out: list[dict], out_dir: str = 
     `held_out`: reader specs of the evaluation sets whose questions never train
     (`dart_jax.eval.datasets.exclusion_specs(setting)`); `out_dir` defaults to where the setting's
     paper config reads."""
-    s = _setting(setting)
+    s = setting_of(setting)
     if s.name == "qa":
         if db_root:
             raise UserError("--db-root is for the sql setting; qa has no databases")

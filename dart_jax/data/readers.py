@@ -22,6 +22,7 @@ import re
 from typing import Any, Iterable, Sequence
 
 from dart_jax.data.corpus import read_jsonl
+from dart_jax.data.settings import prepare_hint
 from dart_jax.data.text import normalize_answer
 from dart_jax.errors import UserError
 
@@ -401,7 +402,6 @@ def load_rows(spec: dict, base_dir: str | None = None, require_db: bool = True) 
     if base_dir and not os.path.isabs(path) and not os.path.exists(path):
         path = os.path.join(base_dir, path)
     if spec.get("prepare") and not os.path.isfile(path):
-        from dart_jax.data.prepare import prepare_hint
         raise FileNotFoundError(f"dataset file {spec['path']} not found; {prepare_hint(spec['prepare'], spec['path'])}")
     kw = {"data_source": spec["data_source"]} if spec.get("data_source") else {}
     if reader in ("spider", "bird", "skyrl_sql"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -23,11 +24,11 @@ from dart_jax.eval.runner import (
 )
 from dart_jax.models.transformer import unstack_layers
 from dart_jax.parallel.distributed import allgather_objects, from_main, is_main, local_mesh, local_view, on_main
-from dart_jax.rl.sections import section
-from dart_jax.rollout.agent import RolloutConfig, trajectory_settings
+from dart_jax.rollout.agent import trajectory_settings
 from dart_jax.rollout.compose import Policy as CPolicy
 from dart_jax.rollout.protocol import PROTOCOLS
 from dart_jax.run.policy import run_mesh
+from dart_jax.run.spec import run_spec
 from dart_jax.run.task import build_tool
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,8 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
     `as_trained` = {"run": directory, "records": [files read], "overrides": ["field: run's X → Y (from
     FLAG)", ...]}: the config was taken from that run (eval.as_trained); the report's header says so
     and lists the overrides."""
-    task = config.task
+    spec = run_spec(config)
+    task = spec.task
     if task not in PROTOCOLS:
         raise ValueError(f"task {task!r}; expected one of {sorted(PROTOCOLS)}")
     sets = resolve(datasets or default_sets(task, options.db_root), task)
@@ -80,7 +82,7 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
     protocol = PROTOCOLS[task]
     mesh = run_mesh(config)
     lmesh = local_mesh(mesh)  # multi-process: each process samples whole batches on its own devices
-    policy = _decode_ready(config, load_eval_policy(config, mesh, checkpoint, peft, remove, step, options.seed), lmesh)
+    policy = _decode_ready(spec, load_eval_policy(spec, mesh, checkpoint, peft, remove, step, options.seed), lmesh)
     composition = None
     if compose:
         role, other_dir, other_step = (*compose, None) if len(compose) == 2 else compose
@@ -88,12 +90,12 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
             raise ValueError(f"compose role {role!r}; expected 'reasoning' or 'tool'")
         if isinstance(policy.base, TwoModels):
             raise ValueError("compose: the main policy is already a 2-Agent pair of models; compose single models")
-        other = _decode_ready(config, load_eval_policy(config, mesh, other_dir, None, None, other_step, options.seed),
+        other = _decode_ready(spec, load_eval_policy(spec, mesh, other_dir, None, None, other_step, options.seed),
                               lmesh)
         if other.tokenizer.get_vocab() != policy.tokenizer.get_vocab():
             raise ValueError(f"compose: {other_dir}'s tokenizer differs from the main policy's; a composition "
                              "shares one token stream")
-        conv = lambda p: p.router_convention or config.router.convention  # noqa: E731
+        conv = lambda p: p.router_convention or spec.router_convention  # noqa: E731
         if conv(other) != conv(policy):
             raise ValueError(f"compose: {other_dir} routes its adapters by the {conv(other)!r} router convention and "
                              f"the main policy by {conv(policy)!r}; one trajectory is routed one way")
@@ -103,22 +105,22 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
     if fixed_retrieval:
         tool = FixedRetrieval(repo_path(fixed_retrieval), protocol)
     else:
-        tool = build_tool(config, protocol)
-    rollout = RolloutConfig(**section(config, "rollout"), route_mode=policy.route_mode)
-    convention = policy.router_convention or config.router.convention
+        tool = build_tool(spec, protocol)
+    rollout = dataclasses.replace(spec.rollout, route_mode=policy.route_mode)
+    convention = policy.router_convention or spec.router_convention
     evaluator = Evaluator(policy.cfg, policy.tokenizer, protocol, tool, rollout, convention, options, mesh=lmesh)
     variant = policy.source.get("variant")
-    p_method = paper.method_key(task, variant, int(config.method.rank)) if variant in ("dart", "lora", "full") else None
+    p_method = paper.method_key(task, variant, int(spec.method.rank)) if variant in ("dart", "lora", "full") else None
     setup = {"task": task, "policy": policy_name(policy.source), **{k: v for k, v in policy.source.items()},
              "n_samples": options.n_samples, "temperature": options.temperature, "top_p": options.top_p,
              "top_k": options.top_k, "limit": options.limit, "seed": options.seed, "batch": options.batch,
-             "fixed_retrieval": fixed_retrieval or "", "rollout": trajectory_settings(section(config, "rollout")),
+             "fixed_retrieval": fixed_retrieval or "", "rollout": trajectory_settings(_settings(spec.rollout)),
              "router_convention": convention,
-             "retriever": section(config, "retriever") if task == "qa" and not fixed_retrieval else {},
-             "paper_model": paper.model_key(config.model.path), "paper_method": p_method,
+             "retriever": _settings(spec.retriever) if task == "qa" and not fixed_retrieval else {},
+             "paper_model": paper.model_key(spec.model.path), "paper_method": p_method,
              "devices": f"{jax.device_count()} × {jax.devices()[0].platform}", "seconds": 0.0,
              "processes": jax.process_count(),
-             "model_config": section(config, "model"), "mesh": list(config.mesh.shape),
+             "model_config": _settings(spec.model), "mesh": list(spec.mesh.shape),
              "architecture": architecture(policy.cfg),
              **({"as_trained": as_trained} if as_trained else {}),
              "db_root": options.db_root or "", "sql_timeout_s": options.sql_timeout_s,
@@ -165,12 +167,16 @@ def _prepare(out_dir: str, setup: dict, batch: int, resume_run: bool) -> dict:
     return earlier
 
 
-def _decode_ready(config, policy, lmesh):
+def _settings(section) -> dict:
+    """A spec section as the report records it (the rollout's route mode is the policy's, not a setting)."""
+    return {k: v for k, v in dataclasses.asdict(section).items() if k != "route_mode"}
+
+
+def _decode_ready(spec, policy, lmesh):
     """With rollout.decode_layout "shared" the evaluated base is held per layer (one tree for every
     rollout batch, no copy: rollout.placement). Multi-process: the trees as seen by this process's
     sub-mesh (parallel.distributed.local_view)."""
-    if "rollout" in config and config.rollout.get("decode_layout") == "shared" and not isinstance(policy.base,
-                                                                                               TwoModels):
+    if spec.rollout.decode_layout == "shared" and not isinstance(policy.base, TwoModels):
         policy.base = unstack_layers(policy.base)
     policy.base, policy.adapters = local_view((policy.base, policy.adapters), lmesh)
     return policy

@@ -9,6 +9,7 @@ import json
 import math
 import os
 
+from dart_jax.analysis.tables import markdown_table
 from dart_jax.eval import paper
 from dart_jax.eval.datasets import HELDOUT_SETS, QA_SETS, SQL_SETS, TRAIN_SETS
 
@@ -36,10 +37,8 @@ def main_table(results: dict) -> str:
     cols = _columns(task, results)
     scores = {**{k: v["score"] for k, v in results["datasets"].items()}, **results["groups"]}
     metric = "EM" if task == "qa" else "EX"
-    head = f"| {metric} | " + " | ".join(h for _, h in cols) + " |"
-    sep = "|---|" + "---|" * len(cols)
-    row = f"| {results['setup']['policy']} | " + " | ".join(_f(scores.get(k)) for k, _ in cols) + " |"
-    return "\n".join([head, sep, row])
+    return markdown_table([metric, *(h for _, h in cols)],
+                          [[results["setup"]["policy"], *(_f(scores.get(k)) for k, _ in cols)]])
 
 
 def detail_table(results: dict) -> str:
@@ -52,7 +51,7 @@ def detail_table(results: dict) -> str:
     if n > 1:
         head += [f"pass@{n}", "never correct"]
     head += ["skipped (no DB)", "skipped (gold fails)", "s"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for name, r in results["datasets"].items():
         cells = [r["label"], str(r["questions"]), _f(r["score"]), _f(r["answer_rate"], 2), _f(r["invalid_rate"], 2),
                  _f(r["tool_calls"], 2), _f(r["response_tokens"], 0)]
@@ -61,8 +60,8 @@ def detail_table(results: dict) -> str:
         if n > 1:
             cells += [_f(r.get("pass_at_n")), _f(r.get("never_correct"))]
         cells += [str(r["skipped_no_db"]), str(r["skipped_gold_error"]), _f(r["seconds"], 0)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return markdown_table(head, rows)
 
 
 def paper_table(results: dict) -> str:
@@ -86,15 +85,14 @@ def paper_table(results: dict) -> str:
         method = setup.get("paper_method") or "none (no trained adapters)"
         note = (f"Setup differs from every paper row ({why}; method {method}): paper rows shown for orientation "
                 "only, no deltas.")
-    lines = [note, "", "| row | " + " | ".join(h for _, h in cols) + " |", "|---|" + "---|" * len(cols),
-             "| this run | " + " | ".join(_f(ours.get(k)) for k, _ in cols) + " |"]
+    rows = [["this run", *(_f(ours.get(k)) for k, _ in cols)]]
     for key in keys:
         row = table[key]
-        lines.append(f"| paper: {paper.label(key)} | " + " | ".join(_f(row.get(k)) for k, _ in cols) + " |")
+        rows.append([f"paper: {paper.label(key)}", *(_f(row.get(k)) for k, _ in cols)])
         if key == match:
-            delta = [(_f(ours[k] - row[k], 3) if k in ours and k in row else "—") for k, _ in cols]
-            lines.append("| Δ (ours − paper) | " + " | ".join(delta) + " |")
-    return "\n".join(lines)
+            rows.append(["Δ (ours − paper)", *((_f(ours[k] - row[k], 3) if k in ours and k in row else "—")
+                                                for k, _ in cols)])
+    return "\n".join([note, "", markdown_table(["row", *(h for _, h in cols)], rows)])
 
 
 PROTOCOL_NAMES = {"qa": "Search-R1", "sql": "SkyRL-SQL"}

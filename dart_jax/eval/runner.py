@@ -91,7 +91,8 @@ class Evaluator:
         if s.task == "sql":  # a gold query that fails cannot score anything: skip and count it
             good = []
             for r in rows:
-                gold = r["query"] if distinct_kept(self.options.keep_distinct, s.semantics) else remove_distinct(r["query"])
+                kept = distinct_kept(self.options.keep_distinct, s.semantics)
+                gold = r["query"] if kept else remove_distinct(r["query"])
                 if execute(r["db_path"], gold, self.options.sql_timeout_s, 100_000).ok:
                     good.append(r)
                 else:

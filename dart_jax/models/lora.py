@@ -5,7 +5,8 @@ base (`a: [L, *in_dims, r]`, `b: [L, r, *out_dims]`), plus its scale s = alpha/r
 metadata (no gradient, no optimizer state). `adapters` is a dict name -> LoraAdapter; route id i
 selects the i-th name in sorted order (so {"reasoning", "tool"} gives reasoning = 0, tool = 1),
 and −1 selects none. The delta is summed over adapters through `jnp.where`, so on the direct path
-a token's gradient reaches only the adapter its route selects.
+a token's gradient reaches only the adapter its route selects. An adapter with an `ffn` method
+(MixLoRA's experts, models.mixlora) takes no route id: it replaces the layer's FFN (`ffn_adapter`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,18 @@ def layer_slice(adapters: Mapping[str, LoraAdapter] | None) -> dict | None:
     if not adapters:
         return None
     return {name: adapters[name] for name in sorted(adapters)}
+
+
+def ffn_adapter(layer_adapters: Mapping | None):
+    """The adapter among a layer's that replaces its FFN (at most one), else None: an adapter with an
+    `ffn(x, p, route_ids) -> (output, statistics)` method (models.mixlora.MixLoraExperts) — the hook
+    through which a method supplies the transformer block's FFN."""
+    if not layer_adapters:
+        return None
+    found = [a for a in layer_adapters.values() if callable(getattr(a, "ffn", None))]
+    if len(found) > 1:
+        raise ValueError("more than one FFN adapter (MixLoRA expert set) among the adapters")
+    return found[0] if found else None
 
 
 def routed_delta(x: jnp.ndarray, layer_adapters: Mapping[str, LoraAdapter] | None, target: str,

@@ -1,9 +1,10 @@
 """MixLoRA (the MixLoRA paper's method, as MoE-PEFT's `mixlora` implements it): LoRA experts in the
-FFN mixed by a learned top-k router, one plain LoRA on each attention projection.
+FFN mixed by a learned top-k gate (MoE-PEFT's "router"; here "gate", to keep it apart from the role
+router ψ of roles.router), one plain LoRA on each attention projection.
 
 Per layer, for the FFN input x [B, T, D] (after the MLP norm):
 
-    z = x W_r                     (fp32; W_r [D, E], bias-free, init N(0, 0.02²))
+    z = x W_r                     (fp32; W_r [D, E], bias-free, init N(0, 0.02²); params["router"])
     p = softmax(z);  top-k of p;  the k weights renormalised to sum to 1 → w [B, T, E] (0 elsewhere)
     g_e = x W_gate + s·(x A^gate_e) B^gate_e,   u_e = x W_up + s·(x A^up_e) B^up_e
     h_e = silu(g_e) ⊙ u_e,   y_e = h_e W_down + s·(h_e A^down_e) B^down_e
@@ -16,14 +17,17 @@ paper's E = 2, top-2 every expert is selected anyway; E = 8, top-2 spends 4× th
 of a gather-based dispatch — fine at this project's scale, the place to change for large E). An
 expert's weight is 0 on a token it was not selected for, so its LoRA gets no gradient from it.
 
-Load balancing (Mixtral's form, MoE-PEFT's `_mixtral_load_balancing_loss_func`) over the router
+Load balancing (Mixtral's form, MoE-PEFT's `_mixtral_load_balancing_loss_func`) over the gate
 outputs of all layers and all real tokens:
 
     aux = coef · E · Σ_{k,e} f[k, e] · P[e],
     f[k, e] = share of (layer, token) pairs whose k-th choice is expert e,  P[e] = mean p_e
 
-Only P carries a gradient (the top-k choice does not). Each layer reports sums (`RouterStats`), so
+Only P carries a gradient (the top-k choice does not). Each layer reports sums (`gate_stats`), so
 the loss needs no [L, B, T, E] tensor.
+
+The experts plug into the transformer block as its FFN (`MixLoraExperts.ffn`, the FFN-adapter hook
+of models.lora.ffn_adapter); the block returns what that FFN reports, the per-layer gate statistics.
 """
 
 from __future__ import annotations
@@ -37,13 +41,14 @@ import jax.numpy as jnp
 from dart_jax.models.config import ModelConfig
 
 FFN = ("gate", "up", "down")
-ROUTER_INIT_STD = 0.02  # MoE-PEFT's router_init_range
+GATE_INIT_STD = 0.02  # MoE-PEFT's router_init_range
 
 
 @flax.struct.dataclass
 class MixLoraExperts:
-    """params: "router" [L, D, E] (fp32) and, per FFN target, {"a": [L, E, *in, r], "b": [L, E, r, *out]};
-    scale s = alpha / r (every expert), top_k static."""
+    """params: "router" [L, D, E] (fp32: the expert gate W_r; the key is the stored layout's) and, per
+    FFN target, {"a": [L, E, *in, r], "b": [L, E, r, *out]}; scale s = alpha / r (every expert),
+    top_k static."""
 
     params: dict
     scale: float = flax.struct.field(pytree_node=False, default=1.0)
@@ -57,11 +62,16 @@ class MixLoraExperts:
     def rank(self) -> int:
         return int(self.params["gate"]["a"].shape[-1])
 
+    def ffn(self, x: jnp.ndarray, p: dict, route_ids: jnp.ndarray) -> tuple[jnp.ndarray, dict]:
+        """The FFN-adapter hook (models.lora.ffn_adapter): this layer's MixLoRA FFN in place of the
+        dense one, with its gate statistics over the real tokens (route id ≥ 0): `moe_ffn`."""
+        return moe_ffn(x, p, self, route_ids >= 0)
+
 
 def init_experts(cfg: ModelConfig, key: jax.Array, num_experts: int, top_k: int, rank: int, alpha: float,
                  init: str = "normal", init_std: float = 0.02, dtype=jnp.float32, rslora: bool = False
                  ) -> MixLoraExperts:
-    """Router ~ N(0, 0.02²) in fp32; each expert's A as LoRA's `init` (N(0, init_std²) or PEFT's
+    """Gate ~ N(0, 0.02²) in fp32; each expert's A as LoRA's `init` (N(0, init_std²) or PEFT's
     kaiming-uniform), B = 0 — so the layer starts as the frozen FFN."""
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"MixLoRA top_k = {top_k} with {num_experts} experts; expected 1 ≤ top_k ≤ experts")
@@ -69,7 +79,7 @@ def init_experts(cfg: ModelConfig, key: jax.Array, num_experts: int, top_k: int,
         raise ValueError(f"MixLoRA expert rank must be positive, got {rank}")
     L, D, F = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size
     dims = {"gate": (D, F), "up": (D, F), "down": (F, D)}
-    params = {"router": ROUTER_INIT_STD * jax.random.normal(jax.random.fold_in(key, 99), (L, D, num_experts),
+    params = {"router": GATE_INIT_STD * jax.random.normal(jax.random.fold_in(key, 99), (L, D, num_experts),
                                                              jnp.float32)}
     for i, t in enumerate(FFN):
         d_in, d_out = dims[t]
@@ -97,11 +107,11 @@ def logical_shapes(experts: MixLoraExperts) -> dict[str, tuple[tuple[int, ...], 
     return out
 
 
-def routing(x: jnp.ndarray, router: jnp.ndarray, top_k: int) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-    """x [..., D], router [D, E] -> (probs f32[..., E], selected i32[..., k], weights f32[..., E]): the
-    softmax of the fp32 router logits, the top-k experts (ties: the lower index first) and their
+def gating(x: jnp.ndarray, gate: jnp.ndarray, top_k: int) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """x [..., D], gate [D, E] -> (probs f32[..., E], selected i32[..., k], weights f32[..., E]): the
+    softmax of the fp32 gate logits, the top-k experts (ties: the lower index first) and their
     probabilities renormalised to sum to 1, scattered to [..., E] (0 for unselected experts)."""
-    logits = jnp.einsum("...d,de->...e", x.astype(jnp.float32), router.astype(jnp.float32))
+    logits = jnp.einsum("...d,de->...e", x.astype(jnp.float32), gate.astype(jnp.float32))
     probs = jax.nn.softmax(logits, axis=-1)
     top, selected = jax.lax.top_k(probs, top_k)
     top = top / jnp.sum(top, axis=-1, keepdims=True)
@@ -113,9 +123,9 @@ def moe_ffn(x: jnp.ndarray, p: dict, experts: MixLoraExperts, real: jnp.ndarray 
             ) -> tuple[jnp.ndarray, dict]:
     """The MixLoRA FFN of one layer. x [B, T, D] (compute dtype); p the layer's base weights; experts
     this layer's slice (params without the layer axis); real bool[B, T] (tokens the load-balancing
-    statistics count; None: all). -> (FFN output [B, T, D], RouterStats sums of this layer)."""
+    statistics count; None: all). -> (FFN output [B, T, D], `gate_stats` sums of this layer)."""
     ep, s, dt = experts.params, experts.scale, x.dtype
-    probs, selected, weights = routing(x, ep["router"], experts.top_k)
+    probs, selected, weights = gating(x, ep["router"], experts.top_k)
 
     def delta(inp, t, spec_a, spec_b):
         h = jnp.einsum(spec_a, inp, ep[t]["a"].astype(dt))
@@ -129,10 +139,10 @@ def moe_ffn(x: jnp.ndarray, p: dict, experts: MixLoraExperts, real: jnp.ndarray 
     y = jnp.einsum("btef,fd->bted", h, p["down"].astype(dt)) + delta(h, "down", "btef,efr->bter",
                                                                      "bter,erd->bted")
     out = jnp.einsum("bted,bte->btd", y.astype(jnp.float32), weights).astype(dt)
-    return out, router_stats(probs, selected, real)
+    return out, gate_stats(probs, selected, real)
 
 
-def router_stats(probs: jnp.ndarray, selected: jnp.ndarray, real: jnp.ndarray | None) -> dict:
+def gate_stats(probs: jnp.ndarray, selected: jnp.ndarray, real: jnp.ndarray | None) -> dict:
     """Sums over the real tokens of one layer: "choice" f32[k, E] (how often the k-th choice is e),
     "prob" f32[E] (Σ p_e, differentiable), "tokens" f32 scalar."""
     m = jnp.ones(probs.shape[:-1], jnp.float32) if real is None else real.astype(jnp.float32)
@@ -142,19 +152,10 @@ def router_stats(probs: jnp.ndarray, selected: jnp.ndarray, real: jnp.ndarray | 
 
 
 def load_balancing_loss(stats: dict, coef: float) -> jnp.ndarray:
-    """coef · E · Σ_{k,e} f[k, e] · P[e] from per-layer `router_stats` stacked over layers ([L, ...]):
+    """coef · E · Σ_{k,e} f[k, e] · P[e] from per-layer `gate_stats` stacked over layers ([L, ...]):
     the Mixtral loss over every (layer, real token) pair, as MoE-PEFT computes it."""
     n = jnp.maximum(jnp.sum(stats["tokens"]), 1.0)
     f = jnp.sum(stats["choice"], axis=0) / n                  # [k, E]
     prob = jnp.sum(stats["prob"], axis=0) / n                 # [E]
     return coef * prob.shape[-1] * jnp.sum(f * prob[None, :])
 
-
-def find(layer_adapters) -> MixLoraExperts | None:
-    """The MixLoRA experts among a layer's adapters (at most one), else None."""
-    if not layer_adapters:
-        return None
-    found = [a for a in layer_adapters.values() if isinstance(a, MixLoraExperts)]
-    if len(found) > 1:
-        raise ValueError("more than one MixLoRA expert set among the adapters")
-    return found[0] if found else None

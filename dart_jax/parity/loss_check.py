@@ -35,7 +35,8 @@ from dart_jax.parity.check_report import (
 from dart_jax.rl.advantages import group_index, grpo_advantages
 from dart_jax.rl.batch import token_arrays
 from dart_jax.rl.losses import AGG_MODES, aggregate, clipped_policy_loss, kl_penalty
-from dart_jax.rl.step import BATCH_KEYS, LossConfig, make_accumulate, sequence_logprobs
+from dart_jax.rl.step import BATCH_KEYS, make_accumulate, sequence_logprobs
+from dart_jax.run.spec import LossConfig
 from dart_jax.tokenization.sentinels import router_for_tags
 from dart_jax.tokenization.tokenizer import encode_chat
 

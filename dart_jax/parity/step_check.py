@@ -34,15 +34,9 @@ from dart_jax.parity.loss_check import (
     prepare,
 )
 from dart_jax.rl.advantages import group_index, grpo_advantages
-from dart_jax.rl.optim import OptimConfig, make_optimizer
-from dart_jax.rl.step import (
-    BATCH_KEYS,
-    LossConfig,
-    init_state,
-    make_accumulate,
-    make_train_step,
-    sequence_logprobs,
-)
+from dart_jax.rl.optim import make_optimizer
+from dart_jax.rl.step import BATCH_KEYS, init_state, make_accumulate, make_train_step, sequence_logprobs
+from dart_jax.run.spec import LossConfig, OptimConfig
 
 
 def crosscheck_step(model: str, dtype: str = "float32", lc: LossConfig | None = None,

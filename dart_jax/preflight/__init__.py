@@ -9,7 +9,7 @@ load, compile and 300 s of retries.
     datasets    every `data.train` / `eval.data` file exists
     weights     `model.path` resolves (a path, an embedded name, a hub id in the local HF cache);
                 `warm_start` / `init_from` exist
-    mesh        the trainer's own rules (rl.trainer.check_settings) and `mesh.shape` against the devices
+    mesh        the run's settings and their rules (run.spec.run_spec) and `mesh.shape` against the devices
                 (this module)
     memory      (preflight/memory.py) per device, from XLA's memory analysis of the programs the run compiles, at the true
                 shapes with abstract arrays (nothing allocated, no weights read): the jitted GRPO train
@@ -46,18 +46,18 @@ from dart_jax.run.checks import (
     ok,
     skipped,
 )
+from dart_jax.run.spec import run_spec
 
 
 # -- mesh -----------------------------------------------------------------------------------------------
 def check_mesh(config, processes: int) -> Check:
-    """The trainer's rules for the settings and the processes (rl.trainer.check_settings) and the mesh
-    against the devices (run.policy.run_mesh)."""
+    """The settings and their rules for the processes (run.spec.run_spec) and the mesh against the
+    devices (run.policy.run_mesh)."""
     import jax
 
-    from dart_jax.rl.trainer import check_settings
     from dart_jax.run.policy import run_mesh
     try:
-        check_settings(config, processes)
+        run_spec(config, processes)
         mesh = run_mesh(config)
     except ValueError as e:
         fix = "set --config.mesh.shape='(DATA,FSDP,TENSOR)' with a product ≤ the devices" if "mesh" in str(e) \
@@ -74,17 +74,23 @@ def check_mesh(config, processes: int) -> Check:
 # -- all ------------------------------------------------------------------------------------------------
 def preflight(config, processes: int | None = None, device_memory_gib: float | None = None,
               prompt_tokens: int | None = None, log: Callable[[str], None] | None = None) -> Report:
-    """Every check, in the order a run meets what it checks; the memory estimate only when the mesh and
-    the settings pass (it compiles at their shapes)."""
+    """Every check, in the order a run meets what it checks; the checks that read the settings only
+    when they parse (else `mesh` names what is wrong), the memory estimate only when the mesh and the
+    settings pass (it compiles at their shapes)."""
     import jax
     processes = processes or jax.process_count()
-    checks = [check_retriever(config), check_databases(config), check_datasets(config), check_weights(config),
-              check_mesh(config, processes)]
+    try:
+        spec = run_spec(config, processes)
+    except ValueError:
+        spec = None
+    checks = ([check_retriever(spec), check_databases(spec), check_datasets(spec), check_weights(spec)]
+              if spec is not None else [])
+    checks.append(check_mesh(config, processes))
     if checks[-1].failed:
         checks.append(skipped("memory", "the mesh or the settings fail (see mesh)"))
     else:
         try:
-            checks.append(check_memory(config, processes, device_memory_gib, prompt_tokens, log=log))
+            checks.append(check_memory(spec, processes, device_memory_gib, prompt_tokens, log=log))
         except Exception as e:  # noqa: BLE001 — an estimate that cannot be made must not stop the run
             first = (str(e).splitlines() or [""])[0]
             checks.append(skipped("memory", f"not estimated ({type(e).__name__}: {first}; an internal error: "

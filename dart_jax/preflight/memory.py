@@ -16,15 +16,16 @@ import time
 from typing import Any, Callable
 
 from dart_jax.run.checks import GIB, Check, architecture, fail, ok, skipped
+from dart_jax.run.spec import RunSpec
 
 # prompt tokens a trajectory starts with when the config does not say (`prompt_tokens`): Search-R1's
 # instruction + a question fits 512; SkyRL-SQL's prompt carries the database schema (up to ~2k tokens)
 PROMPT_TOKENS = {"qa": 512, "sql": 2048}
 
 
-def mesh_shape(config, devices: int) -> tuple[int, int, int]:
+def mesh_shape(spec: RunSpec, devices: int) -> tuple[int, int, int]:
     """`mesh.shape`, or every device on the data axis (run.policy.run_mesh's default)."""
-    return tuple(int(s) for s in config.mesh.shape) if config.mesh.shape else (devices, 1, 1)
+    return tuple(int(s) for s in spec.mesh.shape) if spec.mesh.shape else (devices, 1, 1)
 
 
 # -- memory ---------------------------------------------------------------------------------------------
@@ -71,7 +72,7 @@ def per_layer_tree(base):
     return dict(base, layers=layers)
 
 
-def lengths(config, prompt_tokens: int | None) -> dict:
+def lengths(spec: RunSpec, prompt_tokens: int | None) -> dict:
     """The shapes the run reaches at most: a trajectory of `prompt` + rollout.max_response_tokens
     tokens (padded to train.pad_multiple) in the update; in the rollout, every row of this process's
     share of the step at a cache capacity holding that trajectory plus one decode segment. (The
@@ -79,8 +80,8 @@ def lengths(config, prompt_tokens: int | None) -> dict:
     segments in different turns can grow past one row's maximum: this is the configured maximum, not
     a bound.)"""
     from dart_jax.rollout.sampler import bucket, cache_bucket
-    rc, tc = config.rollout, config.train
-    prompt = int(prompt_tokens or PROMPT_TOKENS.get(config.task, 512))
+    rc, tc = spec.rollout, spec.train
+    prompt = int(prompt_tokens or PROMPT_TOKENS[spec.task])
     pad = int(tc.pad_multiple) or 1
     seq = -(-(prompt + int(rc.max_response_tokens)) // pad) * pad
     segment = bucket(int(rc.max_tokens_per_turn))
@@ -88,7 +89,7 @@ def lengths(config, prompt_tokens: int | None) -> dict:
             "capacity": cache_bucket(prompt + int(rc.max_response_tokens) + segment + 1)}
 
 
-def train_trees(config, cfg, mesh) -> tuple[Any, Any]:
+def train_trees(spec: RunSpec, cfg, mesh) -> tuple[Any, Any]:
     """(train state, frozen base) as abstract arrays placed as the trainer places them
     (rl.placement.place_state): nothing allocated, no weights read."""
     import jax
@@ -98,9 +99,8 @@ def train_trees(config, cfg, mesh) -> tuple[Any, Any]:
     from dart_jax.models.sharding import adapter_shardings, base_shardings
     from dart_jax.rl.optim import make_optimizer
     from dart_jax.rl.placement import state_shardings
-    from dart_jax.rl.sections import method_spec, optim_config
     from dart_jax.rl.step import init_state
-    method, opt = method_spec(config), make_optimizer(optim_config(config))
+    method, opt = spec.method, make_optimizer(spec.optim)
     key = jax.random.PRNGKey(0)
     base = _sds(jax.eval_shape(lambda k: transformer.init_params(cfg, k), key), base_shardings(cfg, mesh))
     adapters = jax.eval_shape(lambda k: init_adapters(method, cfg, k), key)
@@ -111,7 +111,7 @@ def train_trees(config, cfg, mesh) -> tuple[Any, Any]:
     return _sds(abstract, state_shardings(opt, abstract, jax.tree.map(lambda x: x.sharding, params), mesh)), base
 
 
-def train_memory(config, cfg, mesh, layout: str, seq: int) -> dict:
+def train_memory(spec: RunSpec, cfg, mesh, layout: str, seq: int) -> dict:
     """Per-device bytes of the GRPO update: XLA's memory analysis of the jitted, sharded train step
     (as bench.sweep compiles it) on abstract arrays, and the train state / frozen base on their own."""
     import jax
@@ -119,15 +119,14 @@ def train_memory(config, cfg, mesh, layout: str, seq: int) -> dict:
     import numpy as np
 
     from dart_jax.rl.placement import jit_step, microbatch_sharding
-    from dart_jax.rl.sections import loss_config, method_spec, optim_config
     from dart_jax.rl.step import batch_keys, make_train_step
-    method, lc, oc = method_spec(config), loss_config(config), optim_config(config)
-    state, base = train_trees(config, cfg, mesh)
+    method, lc, oc = spec.method, spec.loss, spec.optim
+    state, base = train_trees(spec, cfg, mesh)
     # what the decode layout `per_layer` copies: the layers, and the [D, V] head when embeddings are tied
     copy = per_device(base["layers"]) + (per_device(base["embed"]) if cfg.tie_word_embeddings else 0)
     if layout == "shared" and not method.trains_base:
         base = per_layer_tree(base)  # the trainer holds the frozen base per layer for both stages
-    tc = config.train
+    tc = spec.train
     m, b = tc.mini_batch // tc.micro_batch, tc.micro_batch
     floats = ("loss_mask", "old_logp", "ref_logp", "advantages")
     shapes = {k: (m, b) if k == "advantages" else (m, b, seq) for k in batch_keys(lc)}
@@ -152,17 +151,16 @@ def decode_memory(cfg, mesh, layout: str, rows: int, prompt: int, segment: int) 
 
 
 class MemoryModel:
-    """Estimates for one config on the devices at hand, memoised per program (a candidate search
+    """Estimates for one run spec on the devices at hand, memoised per program (a candidate search
     recompiles only what a candidate changes)."""
 
-    def __init__(self, config, cfg, processes: int, prompt_tokens: int | None = None):
-        from dart_jax.rl.sections import method_spec
-        self.config, self.cfg, self.processes = config, cfg, processes
-        self.len = lengths(config, prompt_tokens)
-        tc = config.train
+    def __init__(self, spec: RunSpec, cfg, processes: int, prompt_tokens: int | None = None):
+        self.spec, self.cfg, self.processes = spec, cfg, processes
+        self.len = lengths(spec, prompt_tokens)
+        tc = spec.train
         self.rows = tc.prompts_per_step * tc.group_size // processes  # this process's share of a step
         self.group_size = int(tc.group_size)
-        self.trains_base = method_spec(config).trains_base
+        self.trains_base = spec.method.trains_base
         self._train: dict = {}
         self._decode: dict = {}
         self._resident: dict = {}
@@ -196,7 +194,7 @@ class MemoryModel:
         layout = self.layout(s)
         key = (s.mesh, s.remat, layout == "shared")
         if key not in self._train:
-            self._train[key] = train_memory(self.config, self.cfg.replace(remat_policy=s.remat), self._mesh(s.mesh),
+            self._train[key] = train_memory(self.spec, self.cfg.replace(remat_policy=s.remat), self._mesh(s.mesh),
                                             layout, self.len["train_length"])
         t = dict(self._train[key])
         t["layout_copy"] = t["layer_copy"] if layout == "per_layer" else 0
@@ -213,7 +211,7 @@ class MemoryModel:
         if (local, layout, rows) not in self._decode:
             self._decode[(local, layout, rows)] = decode_memory(
                 self.cfg, self._mesh(local), layout, rows,
-                self.len["prompt"] + int(self.config.rollout.max_response_tokens), self.len["segment"])
+                self.len["prompt"] + int(self.spec.rollout.max_response_tokens), self.len["segment"])
         d = self._decode[(local, layout, rows)]
         ref = t["base"] if self.trains_base else 0
         decode = t["state"] + ref + t["models"] * (d["peak"] - d["temp"]) + d["temp"]
@@ -224,7 +222,7 @@ class MemoryModel:
         """Bytes per device of the train state and the frozen base alone on `mesh` (no compile): a
         setting whose resident part is over the budget needs no compile to be ruled out."""
         if mesh not in self._resident:
-            state, base = train_trees(self.config, self.cfg, self._mesh(mesh))
+            state, base = train_trees(self.spec, self.cfg, self._mesh(mesh))
             self._resident[mesh] = per_device(state) + per_device(base)
         return self._resident[mesh]
 
@@ -233,7 +231,7 @@ class MemoryModel:
         whole share by default) spread over every local device: no mesh, layout or remat goes below it."""
         cfg = self.cfg
         per_slot = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * cfg.dtype.itemsize + 4  # k, v; position
-        models = 2 if "2agent" == self.config.method.variant else 1
+        models = 2 if "2agent" == self.spec.method.variant else 1
         return models * (rows or self.rows) * self.len["capacity"] * per_slot // local_devices
 
 
@@ -269,7 +267,7 @@ def figures(e: dict) -> str:
             + (f", chunks of the share's {e['share']} rows" if e["rows"] < e["share"] else "") + ") GiB/device")
 
 
-def check_memory(config, processes: int, device_memory_gib: float | None, prompt_tokens: int | None = None,
+def check_memory(spec: RunSpec, processes: int, device_memory_gib: float | None, prompt_tokens: int | None = None,
                  max_estimates: int = 10, log: Callable[[str], None] | None = None) -> Check:
     """The larger of the update and the rollout per device against the budget (`device_memory_gib`,
     else the device's own limit); over it, the cheapest candidate setting that fits (`search`), or,
@@ -285,12 +283,12 @@ def check_memory(config, processes: int, device_memory_gib: float | None, prompt
             return skipped("memory", f"{dev.platform} backend: host RAM is not device memory "
                                      "(--device-memory-gib=G plans for G GiB devices)")
         budget, source = int(limit), f"{dev.device_kind} bytes_limit"
-    cfg, arch = architecture(config)
+    cfg, arch = architecture(spec)
     if cfg is None:
         return skipped("memory", f"{arch}: the architecture is unknown")
-    model = MemoryModel(config, cfg, processes, prompt_tokens)
-    current = Setting(mesh_shape(config, jax.device_count()), config.rollout.decode_layout, config.model.remat_policy,
-                      int(config.rollout.get("chunk_rows", 0)))
+    model = MemoryModel(spec, cfg, processes, prompt_tokens)
+    current = Setting(mesh_shape(spec, jax.device_count()), spec.rollout.decode_layout, spec.model.remat_policy,
+                      spec.rollout.chunk_rows)
     t0 = time.perf_counter()
     e = model.estimate(current)
     data = {"budget_gib": budget / GIB, "architecture": arch, "lengths": model.len,

@@ -1,9 +1,11 @@
 """From a rollout (TrajectoryBatch + rewards) to the arrays the train step consumes.
 
-Everything stays token ids: routes and loss roles come from the router applied to the ids (the
-same pure function the sampler ran incrementally), the loss mask is the rollout's (1 on sampled
-tokens only) times CEA's role mask, and rows are padded to a multiple of `pad_multiple` so the
-jitted step sees few distinct shapes.
+Everything stays token ids: loss roles come from the router ψ applied to the ids (the same pure
+function the sampler ran incrementally), the loss mask is the rollout's (1 on sampled tokens only)
+times CEA's role mask, and rows are padded to a multiple of `pad_multiple` so the jitted step sees
+few distinct shapes. Route ids: a rollout's batch (`build_batch`) carries the ones the sampler
+recorded (what its forward used), checked equal to the method's routes of ψ(ids); a demonstration's
+(`token_arrays`, SFT) are the method's routes of ψ(ids).
 """
 
 from __future__ import annotations
@@ -91,11 +93,13 @@ def token_arrays(ids: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray, 
 def build_batch(tb: TrajectoryBatch, scores: np.ndarray, method: MethodSpec, router: RouterSpec,
                 pad_multiple: int = 64, norm_adv_by_std: bool = True, valid: np.ndarray | None = None,
                 answer_tags: AnswerTags | None = None) -> dict[str, np.ndarray]:
-    """-> {tokens, positions, route_ids, loss_roles, loss_mask, sampler_logp [N, L]; advantages,
-    scores, group (the row's GRPO group, dense ids) [N]} as numpy arrays. Rows with `valid` False (their prompt's reference failed) keep their
-    place, so the batch layout does not change, but carry no loss: mask and advantage 0."""
+    """-> {tokens, positions, route_ids (the recorded ones: `recorded_routes`), loss_roles, loss_mask,
+    sampler_logp [N, L]; advantages, scores, group (the row's GRPO group, dense ids) [N]} as numpy
+    arrays. Rows with `valid` False (their prompt's reference failed) keep their place, so the batch
+    layout does not change, but carry no loss: mask and advantage 0."""
     out = token_arrays(tb.ids, tb.positions, tb.loss_mask, method, router, pad_multiple, answer_tags)
     pad = ((0, 0), (0, out["tokens"].shape[1] - tb.ids.shape[1]))
+    out["route_ids"] = recorded_routes(np.pad(tb.route_ids, pad, constant_values=-1), out["route_ids"])
     ids, groups = group_index(tb.uids)
     adv = grpo_advantages(jnp.asarray(scores, jnp.float32), jnp.asarray(ids), groups, norm_adv_by_std)
     if valid is not None and not np.all(valid):
@@ -105,6 +109,19 @@ def build_batch(tb: TrajectoryBatch, scores: np.ndarray, method: MethodSpec, rou
                advantages=np.asarray(adv, np.float32), scores=np.asarray(scores, np.float32),
                group=ids)
     return out
+
+
+def recorded_routes(recorded: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """The route ids a rollout recorded (i32[N, L], −1 on padding), after checking that they are the
+    method's routes of ψ over the ids (`expected`, `token_arrays`): the forward the trainer runs must
+    route each position as the sampler did. Raises ValueError naming the first row that differs."""
+    bad = np.nonzero(np.any(recorded != expected, axis=1))[0]
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(f"{bad.size} trajectories' recorded route ids differ from the method's routes of the router "
+                         f"over their ids (row {b}: recorded {recorded[b].tolist()}, router {expected[b].tolist()}): "
+                         "the rollout was routed differently from how the trainer's forward routes it")
+    return recorded.astype(np.int32)
 
 
 def minibatches(batch: dict[str, np.ndarray], order: np.ndarray, mini_batch: int, micro_batch: int,

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-KL_TYPES = ("k1", "abs", "k2", "k3")
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-MICRO_MODES = ("global", "verl_microbatch_mean")
+from dart_jax.run.spec import AGG_MODES, KL_TYPES, MICRO_MODES
 
 
 def kl_penalty(logp: jnp.ndarray, ref_logp: jnp.ndarray, kind: str = "k3", clamp: bool = True) -> jnp.ndarray:

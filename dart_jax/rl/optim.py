@@ -19,37 +19,11 @@ Non-finite gradient norms never reach the optimiser: the train step skips them (
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import optax
 
-SCHEDULES = ("constant", "cosine")
-CLOCKS = ("rl_step", "update")
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimConfig:
-    lr: float = 1e-5
-    warmup_steps: int = 0
-    total_steps: int = 100
-    schedule: str = "constant"
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.01
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    clip_norm: float | None = 1.0
-    schedule_clock: str = "rl_step"
-
-    def __post_init__(self):
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"optim.schedule={self.schedule!r}; expected one of {SCHEDULES}")
-        if self.schedule_clock not in CLOCKS:
-            raise ValueError(f"optim.schedule_clock={self.schedule_clock!r}; expected one of {CLOCKS}")
-        if self.lr < 0 or self.warmup_steps < 0:
-            raise ValueError(f"optim.lr ({self.lr}) and optim.warmup_steps ({self.warmup_steps}) must be ≥ 0")
+from dart_jax.run.spec import OptimConfig
 
 
 def learning_rate(cfg: OptimConfig) -> optax.Schedule:

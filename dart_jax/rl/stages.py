@@ -22,15 +22,12 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dart_jax.adapters.method import MethodSpec, model_trees
-from dart_jax.errors import UserError
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.sharding import batch_sharding
 from dart_jax.rewards.training import QAReward, SQLReward
 from dart_jax.rl import batch as batch_lib
-from dart_jax.rl.optim import OptimConfig
 from dart_jax.rl.placement import jit_step, microbatch_sharding
 from dart_jax.rl.step import (
-    LossConfig,
     TrainState,
     batch_keys,
     make_scorer,
@@ -42,8 +39,7 @@ from dart_jax.rollout.compose import rollout_policy
 from dart_jax.rollout.tasks import qa_task, sql_task
 from dart_jax.rollout.trajectory import TrajectoryBatch
 from dart_jax.run.held_out import task_accuracy
-
-OLD_LOGP = ("recompute", "sampler")
+from dart_jax.run.spec import LossConfig, OptimConfig, UpdatePlan, groups_per_chunk
 
 log = logging.getLogger(__name__)
 
@@ -54,17 +50,6 @@ class Rollouts:
     tb: TrajectoryBatch
     rows: list[dict]    # the task row of each trajectory (G consecutive copies per prompt)
     metas: list[dict]   # what the reward reads, plus data_source
-
-
-def groups_per_chunk(chunk_rows: int, group_size: int) -> int:
-    """GRPO groups per rollout chunk (`rollout.chunk_rows` trajectories; 0 = no chunking). A chunk holds
-    whole groups so that each group's prompt is still prefilled once. Raises ValueError naming both
-    fields when chunk_rows does not split into groups."""
-    if chunk_rows < 0 or chunk_rows % group_size:
-        raise UserError(f"rollout.chunk_rows={chunk_rows} must be 0 or a multiple of train.group_size "
-                         f"({group_size}): a chunk holds whole GRPO groups; set --config.rollout.chunk_rows to "
-                         f"0 or a multiple of {group_size}")
-    return chunk_rows // group_size
 
 
 def rollout(agent: Agent, trees: tuple[Any, Any], rows: list[dict], group_size: int, seed: int,
@@ -132,25 +117,6 @@ def score(ro: Rollouts, reward: QAReward | SQLReward, method: MethodSpec, router
 
 
 # -- update -------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class UpdatePlan:
-    """How one RL step's batch is split and walked (config.train)."""
-    mini_batch: int
-    micro_batch: int
-    ppo_epochs: int = 1
-    shuffle_minibatches: bool = True
-    seed: int = 0
-    old_logp: str = "recompute"   # recompute (verl) | sampler (the sampler's recorded log-probs)
-    # run each micro-batch's common prefix once (rl/batch.split_shared_prefix): with micro_batch =
-    # group_size the micro-batches are whole GRPO groups (group_order) and the prefix their prompt
-    share_prefix: bool = False
-    pad_multiple: int = 64
-
-    def __post_init__(self):
-        if self.old_logp not in OLD_LOGP:
-            raise ValueError(f"train.old_logp={self.old_logp!r}; expected one of {OLD_LOGP}")
-
-
 class Updater:
     """The update stage on a mesh: old / reference log-probs, then ppo_epochs × mini-batches of the
     jitted, sharded train step (one compiled program per padded shape, bounded by pad_multiple).

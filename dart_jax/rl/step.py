@@ -23,7 +23,6 @@ only the tokens that keep gradient.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import flax.struct
@@ -32,52 +31,24 @@ import jax.numpy as jnp
 import optax
 
 from dart_jax.adapters.isolation import isolated_loss
-from dart_jax.adapters.method import MethodSpec, TwoModels, model_trees
+from dart_jax.adapters.method import MethodSpec, TwoModels, model_trees, two_model_logprobs
 from dart_jax.models import lora as lora_lib, mixlora as mixlora_lib
 from dart_jax.models.config import ModelConfig
-from dart_jax.models.transformer import hidden_states_and_router, output_head, shared_prefix_hidden_states
+from dart_jax.models.transformer import hidden_states_and_ffn_stats, output_head, shared_prefix_hidden_states
 from dart_jax.rl import losses
 from dart_jax.rl.batch import PREFIX_KEYS
 from dart_jax.rl.logprobs import token_logprobs
 from dart_jax.rl.optim import (
-    OptimConfig,
     apply_update,
     clock,
     learning_rate,
     make_optimizer,
 )
-from dart_jax.roles.router import PAD_ROLE, TOOL, loss_roles
+from dart_jax.run.spec import LossConfig, OptimConfig
 from dart_jax.tokenization.sentinels import with_token_rows
 
 BATCH_KEYS = ("tokens", "positions", "route_ids", "loss_roles", "loss_mask", "old_logp", "ref_logp", "advantages")
 SFT_KEYS = ("tokens", "positions", "route_ids", "loss_roles", "loss_mask")
-OBJECTIVES = ("grpo", "sft")
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-    temperature: float = 1.0
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = 3.0
-    kl_coef: float = 0.001
-    kl_type: str = "k3"
-    kl_clamp: bool = True
-    entropy_coef: float = 0.0
-    agg_mode: str = "token-mean"
-    micro_mode: str = "global"
-    logprob_chunk: int = 128
-    objective: str = "grpo"  # grpo (clipped policy loss) | sft (−log p on the loss-mask tokens)
-    norm_length: int = 0     # seq-mean-token-sum-norm's L: the configured maximum response length
-
-    def __post_init__(self):
-        for field, allowed in (("kl_type", losses.KL_TYPES), ("agg_mode", losses.AGG_MODES),
-                               ("micro_mode", losses.MICRO_MODES), ("objective", OBJECTIVES)):
-            if getattr(self, field) not in allowed:
-                raise ValueError(f"loss.{field}={getattr(self, field)!r}; expected one of {allowed}")
-        if self.agg_mode == "seq-mean-token-sum-norm" and self.norm_length <= 0:
-            raise ValueError("loss.agg_mode='seq-mean-token-sum-norm' divides by the maximum response length: "
-                             f"loss.norm_length must be > 0, got {self.norm_length}")
 
 
 @flax.struct.dataclass
@@ -112,17 +83,16 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
 def sequence_logprobs(base, adapters, tokens, positions, route_ids, *, cfg: ModelConfig, temperature: float,
                       chunk: int) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Teacher-forced (logp, entropy) f32[B, T], token-aligned, at the rollout temperature."""
-    logp, ent, _ = sequence_logprobs_and_router(base, adapters, tokens, positions, route_ids, cfg=cfg,
-                                                temperature=temperature, chunk=chunk)
+    logp, ent, _ = sequence_logprobs_and_gate_stats(base, adapters, tokens, positions, route_ids, cfg=cfg,
+                                                    temperature=temperature, chunk=chunk)
     return logp, ent
 
 
-def sequence_logprobs_and_router(base, adapters, tokens, positions, route_ids, *, cfg: ModelConfig,
-                                 temperature: float, chunk: int, prefix=None):
-    """(logp, entropy, MixLoRA router statistics or None): see `sequence_logprobs`. With `base` a
-    TwoModels (2-Agent), each model runs its forward over the whole trajectory and token t takes the
-    log-prob of the model in control after token t − 1 (its loss role, from the roles in
-    `route_ids`), so each model's gradient comes from its own role's tokens only.
+def sequence_logprobs_and_gate_stats(base, adapters, tokens, positions, route_ids, *, cfg: ModelConfig,
+                                     temperature: float, chunk: int, prefix=None):
+    """(logp, entropy, MixLoRA gate statistics or None): see `sequence_logprobs`. With `base` a
+    TwoModels (2-Agent), `route_ids` are ψ's roles and token t takes the log-prob of the model that
+    wrote it (adapters.method.two_model_logprobs).
     `prefix`: (tokens, positions, route_ids) [1, P] that every row continues (the rows then hold
     only their continuations: rl.batch.split_shared_prefix); column 0's log-prob is 0 as always."""
     if prefix is not None:
@@ -132,16 +102,12 @@ def sequence_logprobs_and_router(base, adapters, tokens, positions, route_ids, *
         logp, ent = token_logprobs(h, output_head(base, cfg), tokens, temperature, chunk)
         return logp, ent, None
     if isinstance(base, TwoModels):
-        writer = loss_roles(route_ids)
-        # a model with a LoRA (agent_params="lora") applies it to every real token of its forward
-        shared = jnp.where(route_ids == PAD_ROLE, -1, 0).astype(jnp.int32)
-        reas, tool = (sequence_logprobs(b, a, tokens, positions, None if a is None else shared, cfg=cfg,
-                                        temperature=temperature, chunk=chunk) for b, a in base.models())
-        pick = writer == TOOL
-        return jnp.where(pick, tool[0], reas[0]), jnp.where(pick, tool[1], reas[1]), None
-    h, _, router = hidden_states_and_router(base, adapters, tokens, positions, route_ids, None, cfg=cfg)
+        logp, ent = two_model_logprobs(base, route_ids, lambda b, a, r: sequence_logprobs(
+            b, a, tokens, positions, r, cfg=cfg, temperature=temperature, chunk=chunk))
+        return logp, ent, None
+    h, _, stats = hidden_states_and_ffn_stats(base, adapters, tokens, positions, route_ids, None, cfg=cfg)
     logp, ent = token_logprobs(h, output_head(base, cfg), tokens, temperature, chunk)
-    return logp, ent, router
+    return logp, ent, stats
 
 
 def batch_keys(lc: LossConfig) -> tuple[str, ...]:
@@ -170,14 +136,14 @@ def per_token_terms(base, adapters, mb: dict, *, cfg: ModelConfig, lc: LossConfi
     observations, a dropped prompt's rows) must not poison the sum — 0·NaN is NaN — nor its
     gradient, which would reach the masked position through exp / clip even with a zero cotangent."""
     prefix = tuple(mb[k] for k in PREFIX_KEYS) if PREFIX_KEYS[0] in mb else None  # [1, P] each
-    logp, ent, router = sequence_logprobs_and_router(base, adapters, mb["tokens"], mb["positions"],
-                                                     mb["route_ids"], cfg=cfg, temperature=lc.temperature,
-                                                     chunk=lc.logprob_chunk, prefix=prefix)
+    logp, ent, gate = sequence_logprobs_and_gate_stats(base, adapters, mb["tokens"], mb["positions"],
+                                                       mb["route_ids"], cfg=cfg, temperature=lc.temperature,
+                                                       chunk=lc.logprob_chunk, prefix=prefix)
     keep = mb["loss_mask"] > 0
     masked = lambda v: jnp.where(keep, v, 0.0)  # noqa: E731
     aux = {}
-    if router is not None:
-        aux = {"router_aux": jnp.broadcast_to(mixlora_lib.load_balancing_loss(router, router_aux_coef), keep.shape)}
+    if gate is not None:
+        aux = {"router_aux": jnp.broadcast_to(mixlora_lib.load_balancing_loss(gate, router_aux_coef), keep.shape)}
     if lc.objective == "sft":
         # supervised warm start: ℓ_t = −log p(token_t); observation tokens carry loss_mask 0 exactly as in RL
         nll = masked(-logp)
@@ -253,7 +219,7 @@ def make_accumulate(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, row_id
             sums = jax.tree.map(jnp.add, sums, metrics)
             return (grads, sums), None
 
-        metric0 = {k: jnp.zeros((), jnp.float32) for k in metric_keys(lc, method.variant == "mixlora")}
+        metric0 = {k: jnp.zeros((), jnp.float32) for k in metric_keys(lc, method.gate_aux)}
         if n_micro == 1:  # no loop: lets XLA schedule the single micro-batch freely
             (grads, sums), _ = body((zeros, metric0), (jax.tree.map(lambda v: v[0], batch), scales[0], 0))
         else:

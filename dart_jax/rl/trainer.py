@@ -27,32 +27,20 @@ from dart_jax.checkpoints.dart_io import export_dart
 from dart_jax.data.readers import question_key
 from dart_jax.errors import UserError
 from dart_jax.models.transformer import unstack_layers
-from dart_jax.parallel.distributed import barrier, host_tree, is_main, local_mesh, local_view, on_main
+from dart_jax.parallel.distributed import host_tree, is_main, local_mesh, local_view, on_main
 from dart_jax.rewards.training import make_reward
 from dart_jax.rl import stages
 from dart_jax.rl.optim import make_optimizer
 from dart_jax.rl.placement import place_state, state_bytes_per_device
-from dart_jax.rl.sections import (
-    loss_config,
-    method_spec,
-    optim_config,
-    reward_config,
-    section,
-)
-from dart_jax.rollout.agent import Agent, RolloutConfig
+from dart_jax.rollout.agent import Agent
 from dart_jax.rollout.protocol import PROTOCOLS, tag_variants
-from dart_jax.rollout.sampling import SamplingConfig
-from dart_jax.run import host_memory, provenance, run_dir
-from dart_jax.run.checkpoint import Checkpointer, checkpoint_steps
+from dart_jax.run import host_memory
 from dart_jax.run.held_out import rollout_eval
-from dart_jax.run.metrics import (
-    MetricsWriter,
-    plot_curves,
-    read_metrics,
-    wilson_interval,
-)
-from dart_jax.run.policy import ROUTE_MODE, load_policy, run_mesh
-from dart_jax.run.records import append_rollouts, trim_rollouts
+from dart_jax.run.loop import RunLoop, checkpoint_tree
+from dart_jax.run.metrics import read_metrics, wilson_interval
+from dart_jax.run.policy import load_policy, run_mesh
+from dart_jax.run.records import append_rollouts
+from dart_jax.run.spec import run_spec
 from dart_jax.run.task import build_tool, load_eval_rows, load_task_rows
 
 log = logging.getLogger(__name__)
@@ -77,67 +65,18 @@ class DataStream:
         return out
 
 
-def update_plan(config) -> stages.UpdatePlan:
-    """How `config.train` splits and walks a step's batch (stages.UpdatePlan)."""
-    tc = config.train
-    return stages.UpdatePlan(tc.mini_batch, tc.micro_batch, tc.ppo_epochs, tc.shuffle_minibatches, tc.seed,
-                             tc.get("old_logp", "recompute"), tc.get("share_prefix", False), tc.pad_multiple)
-
-
-def check_settings(config, nproc: int = 1) -> None:
-    """The rules a run's settings must meet, checked before anything loads (the trainer and
-    `launch.preflight` share them): every section parses, and the batch splits as the update and the
-    `nproc` processes need it. Raises ValueError naming the fields."""
-    tc = config.train
-    method, loss_cfg, sampling, plan = (method_spec(config), loss_config(config),
-                                        SamplingConfig(**section(config, "sampling")), update_plan(config))
-    optim_config(config)
-    rc = RolloutConfig(**section(config, "rollout"), route_mode=ROUTE_MODE[method.variant])
-    stages.groups_per_chunk(rc.chunk_rows, tc.group_size)
-    if method.variant == "2agent" and config.router.convention != "dart_jax":
-        raise UserError("method.variant='2agent' needs router.convention='dart_jax': a token's log-prob comes "
-                         "from the model that wrote it, the model in control after the token before (the "
-                         f"composition's rule); the {config.router.convention!r} convention's roles are shifted "
-                         "by one token and would train the first token of each tool span through the other model")
-    if plan.share_prefix and (method.variant in ("mixlora", "2agent") or method.dropout > 0):
-        raise UserError("train.share_prefix runs a group's prompt once for all its rows: not with "
-                         f"method.variant={method.variant!r} (MixLoRA's load balance and the 2-Agent "
-                         "composition count every row's tokens) nor with method.dropout > 0 (one dropout "
-                         f"mask for the shared prompt), got dropout={method.dropout}")
-    if plan.share_prefix and (tc.micro_batch > tc.group_size or tc.group_size % tc.micro_batch):
-        raise UserError(f"train.share_prefix shares a prompt within a micro-batch: train.micro_batch "
-                         f"({tc.micro_batch}) must divide train.group_size ({tc.group_size}), so that each "
-                         "micro-batch holds rows of one group")
-    if plan.old_logp == "sampler" and sampling.temperature != loss_cfg.temperature:
-        raise UserError(f"train.old_logp='sampler' needs sampling.temperature ({sampling.temperature}) "
-                         f"== loss.temperature ({loss_cfg.temperature}): the sampler records log-probs "
-                         "at its own temperature")
-    n_traj = tc.prompts_per_step * tc.group_size
-    if n_traj % tc.mini_batch or tc.mini_batch % tc.micro_batch:
-        raise UserError(f"train.prompts_per_step × train.group_size = {n_traj} must be a multiple of "
-                         f"train.mini_batch ({tc.mini_batch}), itself a multiple of train.micro_batch "
-                         f"({tc.micro_batch})")
-    if tc.prompts_per_step % nproc:
-        raise UserError(f"train.prompts_per_step={tc.prompts_per_step} must divide among {nproc} processes "
-                         "(each rolls out whole GRPO groups)")
-
-
 class Trainer:
     def __init__(self, config, on_step: Callable[[int, dict], None] | None = None):
         self.config = config
         self.on_step = on_step
-        tc = config.train
-        check_settings(config, jax.process_count())
-        self.method = method_spec(config)
-        self.loss_cfg = loss_config(config)
-        self.optim_cfg = optim_config(config)
-        self.rollout_cfg = RolloutConfig(**section(config, "rollout"), route_mode=ROUTE_MODE[self.method.variant])
-        self.sampling = SamplingConfig(**section(config, "sampling"))
-        self.plan = update_plan(config)
-        self.rows = load_task_rows(config)  # before the model: a missing data file fails fast
+        self.spec = spec = run_spec(config, jax.process_count())  # every setting parsed and checked, once
+        tc = spec.train
+        self.method, self.loss_cfg, self.optim_cfg = spec.method, spec.loss, spec.optim
+        self.rollout_cfg, self.sampling, self.plan = spec.rollout, spec.sampling, spec.plan
+        self.rows = load_task_rows(spec)  # before the model: a missing data file fails fast
         self.mesh = run_mesh(config)
         key = jax.random.PRNGKey(tc.seed)
-        cfg, base, tok, adapters = load_policy(config, self.method, self.mesh, key)
+        cfg, base, tok, adapters = load_policy(spec, self.mesh, key)
         self.cfg, self.tok = cfg, tok
         self.optimizer = make_optimizer(self.optim_cfg)
         self.state, self.base = place_state(self.method, cfg, base, adapters, self.optimizer, self.mesh)
@@ -146,18 +85,18 @@ class Trainer:
             self.base = unstack_layers(self.base)  # training and rollouts read one per-layer tree
         self.key = jax.random.fold_in(key, 2)
 
-        self.protocol = PROTOCOLS[config.task]
-        self.reward = make_reward(config.task, reward_config(config))
+        self.protocol = PROTOCOLS[spec.task]
+        self.reward = make_reward(spec.task, spec.reward)
         # multi-process: each process rolls out its share of a step's prompts on its own devices
         self.nproc, self.pid = jax.process_count(), jax.process_index()
         self.local_mesh = local_mesh(self.mesh)
-        self.agent = Agent(cfg, tok, self.protocol, build_tool(config, self.protocol), self.sampling,
-                           self.rollout_cfg, config.router.convention, mesh=self.local_mesh)
+        self.agent = Agent(cfg, tok, self.protocol, build_tool(spec, self.protocol), self.sampling,
+                           self.rollout_cfg, spec.router_convention, mesh=self.local_mesh)
         self.router = self.agent.spec.router
         self.answer_tags = (tuple(tag_variants(tok, self.protocol.answer_open)),
                             tuple(tag_variants(tok, self.protocol.answer_close)))
         self.stream = DataStream(len(self.rows), tc.seed, tc.shuffle)
-        self.eval_rows = load_eval_rows(config)
+        self.eval_rows = load_eval_rows(spec)
         train_keys = {question_key(r) for r in self.rows}
         leaked = [r["id"] for r in self.eval_rows if question_key(r) in train_keys]
         if leaked:
@@ -172,7 +111,7 @@ class Trainer:
 
     # -- one step: the stages, in order ----------------------------------------------------------------
     def train_step(self, step: int) -> dict:
-        tc = self.config.train
+        tc = self.spec.train
         t0 = time.perf_counter()
         rows = [self.rows[i] for i in self.stream.take(tc.prompts_per_step)]
         seed = int(jax.random.randint(jax.random.fold_in(self.key, step), (), 0, 2 ** 31 - 1))
@@ -183,10 +122,10 @@ class Trainer:
             ro = stages.gather_rollouts(ro)
         release_s = self._release()
         t1 = time.perf_counter()
-        sc = stages.score(ro, self.reward, self.method, self.router, tc.pad_multiple, self.config.algo.norm_adv_by_std,
+        sc = stages.score(ro, self.reward, self.method, self.router, tc.pad_multiple, self.spec.norm_adv_by_std,
                           self.answer_tags)
-        if self.config.output.get("save_rollouts", False) and is_main():
-            append_rollouts(self.config.output.dir, step + 1, ro.tb, ro.rows, sc.scores, sc.accuracy, sc.valid,
+        if self.spec.output.save_rollouts and is_main():
+            append_rollouts(self.spec.output.dir, step + 1, ro.tb, ro.rows, sc.scores, sc.accuracy, sc.valid,
                             self.protocol.name, self.tok)
         sc.batch["old_logp"], sc.batch["ref_logp"] = self.updater.logprobs(self.state, self.base, sc.batch)
         t2 = time.perf_counter()
@@ -204,7 +143,7 @@ class Trainer:
         """Between stages: hand the C allocator's free pages back (run.host_memory), so that resident
         memory follows what the next stage holds instead of every stage's high-water mark. Returns the
         seconds the call took (0 when `train.release_host_memory` is off)."""
-        if not self.config.train.get("release_host_memory", True):
+        if not self.spec.train.release_host_memory:
             return 0.0
         t = time.perf_counter()
         host_memory.release()
@@ -214,103 +153,63 @@ class Trainer:
         """Greedy (eval.temperature) rollouts of the held-out questions with the current policy."""
         base, ads = self.rollout_trees()
         res = rollout_eval(self.cfg, self.tok, self.protocol, self.agent.tool, self.rollout_cfg,
-                           self.config.router.convention, base, ads, self.eval_rows,
-                           float(self.config.eval.temperature), max(self.config.train.micro_batch, 8),
+                           self.spec.router_convention, base, ads, self.eval_rows,
+                           float(self.spec.eval.temperature), max(self.spec.train.micro_batch, 8),
                            reward=self.reward, mesh=self.local_mesh)
         out = {f"eval/{k}": v for k, v in res.items() if k != "example"}
-        out["eval/temperature"] = float(self.config.eval.temperature)
+        out["eval/temperature"] = float(self.spec.eval.temperature)
         return out
 
     # -- the loop: files, checkpoints, hooks -----------------------------------------------------------
     def _train_tree(self):
-        """What a checkpoint holds; the RNG key replicated on the run's mesh (orbax writes only global
-        arrays in a multi-process run)."""
-        rep = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-        return {"train": self.state, "rng": jax.device_put(self.key, rep)}
+        """What a checkpoint holds (run.loop.checkpoint_tree): the RNG key replicated on the run's mesh."""
+        return checkpoint_tree(self.state, self.key, self.mesh)
 
     def run(self, resume: bool = False, overwrite: bool = False) -> dict:
         """Train to `train.steps`. A fresh run refuses an output.dir that holds a run unless `overwrite`;
-        `resume` continues from the newest usable checkpoint or fails saying why (`run_dir`)."""
-        from tqdm.auto import tqdm
-
-        oc, tc = self.config.output, self.config.train
-        os.makedirs(oc.dir, exist_ok=True)
-        ckdir = os.path.join(oc.dir, "checkpoints")
-        if not resume:  # files: process 0 writes them (its failure reaches every process), all read them
-            on_main(run_dir.start_fresh, oc.dir, self.config, checkpoint_steps(ckdir), overwrite)
-        ckpt = Checkpointer(ckdir, keep=oc.keep)
-        start = 0
+        `resume` continues from the newest usable checkpoint or fails saying why (`run.loop`)."""
+        oc, tc = self.spec.output, self.spec.train
+        loop = RunLoop(self.config, tc.steps, "GRPO", resume, overwrite, self.mesh)
+        self.state, self.key, meta = loop.restore(self.state, self.key)
         if resume:
-            got = ckpt.restore_latest(self._train_tree(), move_unusable=True)
-            if got is None:
-                ckpt.close()
-                raise run_dir.resume_failure(oc.dir, self.config, ckpt.failures)
-            start, tree, meta = got
-            self.state = jax.device_put(tree["train"], jax.tree.map(lambda x: x.sharding, self.state))
-            self.key = tree["rng"]
             self.stream.position = int(meta["data_position"])
-            log.info("resumed from checkpoint %d (data position %d)", start, self.stream.position)
-            for diff in run_dir.resumed_differences(oc.dir, self.config):
-                log.warning("resumed with a changed setting: %s", diff)
-            if is_main():
-                trim_rollouts(oc.dir, start)
-        if is_main():
-            provenance.record(oc.dir, start, resume)
-        writer = (MetricsWriter(oc.dir, resume_step=start if resume else None, tensorboard=oc.tensorboard)
-                  if is_main() else NullWriter(os.path.join(oc.dir, "metrics.jsonl")))
+            log.info("resumed from checkpoint %d (data position %d)", loop.start, self.stream.position)
+        loop.begin()
         history = []
-        if self.eval_rows and start == 0:  # phase lines before the bar: a log line would break it
+        if self.eval_rows and loop.start == 0:  # phase lines before the bar: a log line would break it
             log.info("step 0: the starting policy on %d held-out questions (eval.temperature %g; the sampler "
-                     "compiles on first use)", len(self.eval_rows), float(self.config.eval.temperature))
-        if start < tc.steps:
+                     "compiles on first use)", len(self.eval_rows), float(self.spec.eval.temperature))
+        if loop.start < tc.steps:
             log.info("steps %d-%d: each rolls out %d prompts × %d samples, scores them, then updates; the first "
-                     "step compiles the rollout and the update programs", start + 1, tc.steps, tc.prompts_per_step,
-                     tc.group_size)
-        bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, desc="GRPO", unit="step",
-                   disable=not oc.progress or not is_main())
-        every = int(self.config.eval.every)  # plus the first (step 0) and the last step
-        if self.eval_rows and start == 0:
-            writer.write(0, self.evaluate())  # the starting policy, before any update
-        for step in bar:
+                     "step compiles the rollout and the update programs", loop.start + 1, tc.steps,
+                     tc.prompts_per_step, tc.group_size)
+        every = self.spec.eval.every  # plus the first (step 0) and the last step
+        if self.eval_rows and loop.start == 0:
+            loop.write(0, self.evaluate())  # the starting policy, before any update
+        for step in loop.steps():
             metrics = self.train_step(step)
             if self.eval_rows and ((every and (step + 1) % every == 0) or step + 1 == tc.steps):
                 metrics.update(self.evaluate())
-            writer.write(step + 1, metrics)
+            loop.write(step + 1, metrics, reward=f"{metrics['reward/mean']:.3f}",
+                       answer=f"{metrics['protocol/answer_rate']:.2f}", kl=f"{metrics.get('actor/kl', 0.0):.2e}",
+                       s=f"{metrics['time/step_s']:.0f}")
             history.append(metrics)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", answer=f"{metrics['protocol/answer_rate']:.2f}",
-                            kl=f"{metrics.get('actor/kl', 0.0):.2e}", s=f"{metrics['time/step_s']:.0f}")
             if self.on_step is not None:
                 self.on_step(step + 1, metrics)
-            if (step + 1) % oc.checkpoint_every == 0 or step + 1 == tc.steps:
-                ckpt.save(step + 1, self._train_tree(), {"data_position": self.stream.position, "step": step + 1})
-        writer.close()
-        ckpt.close()
-        barrier("trained")
-        plot = plot_curves(writer.path, os.path.join(oc.dir, "reward_curve.png")) if is_main() else None
-        out = {"metrics": writer.path, "plot": plot, "checkpoints": ckpt.directory, "steps": tc.steps,
-               "history": history}
+            loop.checkpoint(step + 1, self.state, self.key, {"data_position": self.stream.position})
+        out = {**loop.close("reward_curve.png"), "steps": tc.steps, "history": history}
         if oc.export_adapters and self.method.variant == "dart":
-            # collective: arrays split across processes come to every host; process 0 writes the files
-            tables = host_tree({k: self.base[k] for k in ("embed", "lm_head") if k in self.base})
-            out["adapters"] = on_main(export_dart, os.path.join(oc.dir, "adapters"),
-                                      host_tree(self.state.compute_params()), self.cfg, tables,
-                                      self.tok, self.protocol.tool_open, self.protocol.tool_close,
-                                      self.router.convention, base_model=self.config.model.path,
-                                      extra={"kind": "dart", "warm_start": self.config.get("warm_start", "")})
+            out["adapters"] = self.export(os.path.join(oc.dir, "adapters"))
         return out
 
-
-class NullWriter:
-    """The metrics writer of a process other than 0 (process 0 writes the run's metrics)."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def write(self, step: int, metrics: dict) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    def export(self, out_dir: str) -> str:
+        """The DART adapters as a directory a later run loads (`init_from`); collective: arrays split
+        across processes come to every host, process 0 writes the files."""
+        tables = host_tree({k: self.base[k] for k in ("embed", "lm_head") if k in self.base})
+        return on_main(export_dart, out_dir, host_tree(self.state.compute_params()), self.cfg, tables,
+                       self.tok, self.protocol.tool_open, self.protocol.tool_close,
+                       self.router.convention, base_model=self.spec.model.path,
+                       extra={"kind": "dart", "warm_start": self.spec.warm_start})
 
 
 def memory_metrics(state, base) -> dict:

@@ -9,6 +9,7 @@ exact id stream the model saw.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any, Callable
 
 import jax
@@ -33,6 +34,7 @@ from dart_jax.rollout.sampler import (
 )
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.trajectory import TrajectoryBatch, assemble
+from dart_jax.rollout.turn import SegmentEnd, decide_turn, observation_fits
 from dart_jax.tokenization.sentinels import sentinel_ids
 from dart_jax.tokenization.tokenizer import encode_text
 
@@ -49,10 +51,10 @@ MIN_OBS_TOKENS = 8
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     max_turns: int = 4                 # action budget B
-    max_tokens_per_turn: int = 256
-    max_response_tokens: int = 1024    # generated + observation tokens
-    max_obs_tokens: int = 500          # observation cap, closing tag kept
-    invalid_action: str = "search_r1"  # corrective message (Search-R1) or "none" (DART: end the row)
+    max_tokens_per_turn: int = 500
+    max_response_tokens: int = 4096    # generated + observation tokens
+    max_obs_tokens: int = 1024         # observation cap, closing tag kept
+    invalid_action: str = "none"       # "none" (DART: end the row) or a corrective message ("search_r1")
     final_answer_segment: bool = True  # after the budget, one segment with the tool stop disabled
     route_mode: str = "role"
     prompt_tags: str = "atomic"        # the prompt's instruction tags: sentinel ids or text (rollout.tasks)
@@ -80,6 +82,24 @@ class RolloutConfig:
 
 
 ToolFn = Callable[[list[str], list[dict]], list[str]]
+
+
+class Decoder(typing.Protocol):
+    """The device side of one rollout batch, driven turn by turn by `Agent.run`: `SinglePolicy` (one
+    model writes every token) or `rollout.compose.TwoPolicies` (two models, one trajectory)."""
+
+    def segment(self, active: np.ndarray, enabled: np.ndarray, budget: np.ndarray, resp: list[dict]) -> Segment:
+        """Decode one turn of the `active` rows: up to budget[b] tokens each, ending at a stop sequence
+        switched on in enabled[b] (bool[B, len(spec.stops)]); `resp`: each row's response so far."""
+        ...
+
+    def observe(self, obs: np.ndarray, obs_len: np.ndarray, do: np.ndarray, resp: list[dict]) -> np.ndarray:
+        """Append observation ids obs[b, :obs_len[b]] to the rows where `do`. -> their routes i32[B, To]."""
+        ...
+
+    def final_routes(self, prompts: list[list[int]], resp: list[dict]) -> tuple[list[list[int]], list[dict]]:
+        """-> (each prompt's routes, the responses with their final routes) of the finished batch."""
+        ...
 
 
 class Agent:
@@ -112,6 +132,12 @@ class Agent:
     def _has_answer(self, text: str) -> bool:
         return self.protocol.answer_open in text and self.protocol.answer_close in text
 
+    def _stop_group(self, finish: int, stop_index: int) -> str | None:
+        """The stop group ("tool", "answer", "eos") whose sequence ended a segment; None: its budget."""
+        if finish != STOPPED:
+            return None
+        return next((g for g, idx in self.stop_groups.items() if stop_index in idx), None)
+
     # -- the loop -----------------------------------------------------------------------------
     def rollout(self, base, adapters, prompts: list[list[int]], uids: list, meta: list[dict] | None = None,
                 seed: int = 0, row_offset: int = 0) -> TrajectoryBatch:
@@ -135,10 +161,11 @@ class Agent:
         positions = jnp.pad(positions, ((0, 0), (extra, 0)), constant_values=-1)
         return tokens, positions, (jnp.asarray(rows, jnp.int32) if shared else None), t_prompt
 
-    def run(self, decoder, prompts: list[list[int]], uids: list, meta: list[dict] | None = None) -> TrajectoryBatch:
-        """The host loop over turns; `decoder` (SinglePolicy, or compose.TwoPolicies) owns the device
-        state: `segment` decodes one turn, `observe` appends observations, `final_routes` reports the
-        routes of the finished trajectories."""
+    def run(self, decoder: Decoder, prompts: list[list[int]], uids: list,
+            meta: list[dict] | None = None) -> TrajectoryBatch:
+        """The host loop over turns: `decoder` decodes each turn of the active rows; each row's segment
+        end is decided by `rollout.turn.decide_turn`; the tool runs on all calls of the turn in one batch
+        and the observations are appended through the decoder."""
         rc = self.rc
         b = len(prompts)
         meta = meta or [{} for _ in range(b)]
@@ -166,80 +193,66 @@ class Agent:
                 resp[i]["mask"] += [1.0] * n
                 resp[i]["logprobs"] += seg.logprobs[i, :n].tolist()
                 resp[i]["routes"] += seg.routes[i, :n].tolist()
-                text = self.tok.decode(ids, skip_special_tokens=True)
-                stop = int(seg.stop_index[i])
-                record = {"tokens": n, "action": None, "query": None, "observation": None}
-                out_of_room = len(resp[i]["ids"]) >= rc.max_response_tokens
-                if seg.finish[i] == STOPPED and stop in self.stop_groups["answer"]:
-                    record["action"], finish[i] = "answer", "answer"
-                elif seg.finish[i] == STOPPED and stop in self.stop_groups["tool"]:
-                    q = self._query(ids)
-                    if q is None:
-                        record["action"] = "invalid"
-                    else:
-                        record["action"], record["query"] = "tool", q
-                        calls[i] += 1
-                        queries.append(q)
-                        q_rows.append(i)
-                elif self._has_answer(text):
-                    record["action"], finish[i] = "answer", "answer"
-                else:
-                    record["action"] = "invalid"
-                if record["action"] == "invalid":
-                    if out_of_room:
-                        finish[i] = "length"
-                    elif final[i]:
-                        finish[i] = "budget"  # the answer-only segment gave no answer
-                    elif rc.invalid_action == "none":
-                        finish[i] = "invalid"
-                    else:
-                        obs_texts[i] = self.protocol.invalid_message
-                elif record["action"] == "tool" and out_of_room:
-                    finish[i] = "length"
-                    q_rows.pop()
-                    queries.pop()
-                turns[i].append(record)
+                stop = self._stop_group(int(seg.finish[i]), int(seg.stop_index[i]))
+                end = SegmentEnd(stop, self._query(ids) if stop == "tool" else None,
+                                 self._has_answer(self.tok.decode(ids, skip_special_tokens=True)),
+                                 len(resp[i]["ids"]), int(calls[i]))
+                d = decide_turn(end, rc.max_turns, rc.max_response_tokens, rc.invalid_action)
+                finish[i] = d.finish
+                if d.action == "tool":
+                    calls[i] += 1
+                if d.call:
+                    queries.append(end.query)
+                    q_rows.append(i)
+                elif d.corrective:
+                    obs_texts[i] = self.protocol.invalid_message
+                turns[i].append({"tokens": n, "action": d.action, "query": end.query if d.action == "tool" else None,
+                                 "observation": None})
             if queries:
                 bodies = self.tool(queries, [meta[i] for i in q_rows])
                 for i, body in zip(q_rows, bodies):
                     left = rc.max_turns - int(calls[i])
                     obs_texts[i] = self.protocol.render_observation(body, left)
                     turns[i][-1]["observation"] = body
-            if not obs_texts:
-                continue
-            fits = {}
-            for i, text in obs_texts.items():
-                ids = self._obs_ids(text)
-                if len(resp[i]["ids"]) + len(ids) >= rc.max_response_tokens:
-                    finish[i] = "length"
-                else:
-                    fits[i] = ids
-            if not fits:
-                continue
-            # the append (and the cache slots it takes) is sized to this batch's longest observation,
-            # bucketed, not to the cap: short SQL results and passages leave the cache, and every
-            # later decode step's attention over it, that much smaller
-            width = min(bucket(rc.max_obs_tokens), bucket(max(len(x) for x in fits.values())))
-            obs = np.zeros((b, width), np.int32)
-            obs_len = np.zeros(b, np.int32)
-            do = np.zeros(b, bool)
-            for i, ids in fits.items():
-                obs[i, :len(ids)], obs_len[i], do[i] = ids, len(ids), True
-            obs_routes = decoder.observe(obs, obs_len, do, resp)
-            for i in np.nonzero(do)[0]:
-                resp[i]["ids"] += fits[i]
-                resp[i]["mask"] += [0.0] * len(fits[i])
-                resp[i]["logprobs"] += [0.0] * len(fits[i])
-                resp[i]["routes"] += obs_routes[i, :obs_len[i]].tolist()
+            self._observe(decoder, obs_texts, resp, finish)
         finish = [f or "budget" for f in finish]
         texts = [self.tok.decode(r["ids"], skip_special_tokens=True) for r in resp]
         p_routes, resp = decoder.final_routes(prompts, resp)
         return assemble(prompts, p_routes, resp, uids, finish, turns, texts)
 
+    def _observe(self, decoder: Decoder, obs_texts: dict[int, str], resp: list[dict], finish: list) -> None:
+        """Append each row's observation text (tokenised alone, capped) to its response through the
+        decoder; a row it leaves no room in finishes with "length" instead."""
+        rc, b = self.rc, len(resp)
+        fits = {}
+        for i, text in obs_texts.items():
+            ids = self._obs_ids(text)
+            if observation_fits(len(resp[i]["ids"]), len(ids), rc.max_response_tokens):
+                fits[i] = ids
+            else:
+                finish[i] = "length"
+        if not fits:
+            return
+        # the append (and the cache slots it takes) is sized to this batch's longest observation,
+        # bucketed, not to the cap: short SQL results and passages leave the cache, and every
+        # later decode step's attention over it, that much smaller
+        width = min(bucket(rc.max_obs_tokens), bucket(max(len(x) for x in fits.values())))
+        obs = np.zeros((b, width), np.int32)
+        obs_len = np.zeros(b, np.int32)
+        do = np.zeros(b, bool)
+        for i, ids in fits.items():
+            obs[i, :len(ids)], obs_len[i], do[i] = ids, len(ids), True
+        obs_routes = decoder.observe(obs, obs_len, do, resp)
+        for i in np.nonzero(do)[0]:
+            resp[i]["ids"] += fits[i]
+            resp[i]["mask"] += [0.0] * len(fits[i])
+            resp[i]["logprobs"] += [0.0] * len(fits[i])
+            resp[i]["routes"] += obs_routes[i, :obs_len[i]].tolist()
+
 
 class SinglePolicy:
-    """One model (+ adapters) writes every token: a prefill, then per turn one decode segment, and
-    observations appended into its KV cache."""
+    """The agent loop's decoder (`Decoder`) of one model (+ adapters) that writes every token: a
+    prefill, then per turn one decode segment, and observations appended into its KV cache."""
 
     def __init__(self, agent: Agent, base, adapters, prompts: list[list[int]], seed: int, row_offset: int = 0):
         self.agent, self.spec, self.adapters = agent, agent.spec, adapters

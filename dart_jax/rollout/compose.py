@@ -35,10 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dart_jax.adapters.method import TwoModels
+from dart_jax.adapters.method import TwoModels, two_model_route_mode
 from dart_jax.models.config import ModelConfig
 from dart_jax.roles.router import REASONING, TOOL, route_roles
-from dart_jax.rollout.agent import Agent
+from dart_jax.rollout.agent import Agent, Decoder, SinglePolicy
 from dart_jax.rollout.placement import decode_params, new_cache
 from dart_jax.rollout.sampler import (
     LENGTH,
@@ -83,20 +83,27 @@ def compose_rollout(agent: Agent, reasoning: Policy, tool: Policy, prompts: list
     return agent.run(TwoPolicies(agent, reasoning, tool, prompts, seed, row_offset), prompts, uids, meta)
 
 
-def rollout_policy(agent: Agent, base, adapters, prompts: list[list[int]], uids: list, meta: list[dict] | None = None,
-                   seed: int = 0, row_offset: int = 0) -> TrajectoryBatch:
-    """A rollout of one policy (`agent.rollout`), or of the 2-Agent policy through the two-model
-    composition when `base` is a TwoModels (adapters.method): its reasoning model writes outside the
-    tool spans, its tool model inside them."""
+def policy_decoder(agent: Agent, base, adapters, prompts: list[list[int]], seed: int = 0,
+                   row_offset: int = 0) -> Decoder:
+    """The decoder of a policy's trees: `SinglePolicy`, or for the 2-Agent policy (`base` a TwoModels,
+    adapters.method) the two-model composition: its reasoning model writes outside the tool spans,
+    its tool model inside them."""
     if isinstance(base, TwoModels):
         cfg = agent.spec.model
-        reas, tool = (Policy(cfg, b, a, "none" if a is None else "shared") for b, a in base.models())
-        return compose_rollout(agent, reas, tool, prompts, uids, meta, seed, row_offset)
-    return agent.rollout(base, adapters, prompts, uids, meta, seed=seed, row_offset=row_offset)
+        reas, tool = (Policy(cfg, b, a, two_model_route_mode(a)) for b, a in base.models())
+        return TwoPolicies(agent, reas, tool, prompts, seed, row_offset)
+    return SinglePolicy(agent, base, adapters, prompts, seed, row_offset)
+
+
+def rollout_policy(agent: Agent, base, adapters, prompts: list[list[int]], uids: list, meta: list[dict] | None = None,
+                   seed: int = 0, row_offset: int = 0) -> TrajectoryBatch:
+    """A rollout of one policy, or of the 2-Agent policy through the two-model composition
+    (`policy_decoder`). `row_offset`: as Agent.rollout's."""
+    return agent.run(policy_decoder(agent, base, adapters, prompts, seed, row_offset), prompts, uids, meta)
 
 
 class TwoPolicies:
-    """The agent loop's decoder for a two-policy composition (`Agent.run`)."""
+    """The agent loop's decoder (`agent.Decoder`) for a two-policy composition (`Agent.run`)."""
 
     def __init__(self, agent: Agent, reasoning: Policy, tool: Policy, prompts: list[list[int]], seed: int,
                  row_offset: int = 0):
@@ -237,15 +244,10 @@ def writers(ids: np.ndarray, prompt_len: int, router) -> np.ndarray:
     1 tool, −1 prompt); observation positions get the role of the policy in control and are not
     written by either (the caller masks them with the loss mask)."""
     # the token at t is drawn by the policy in control after t − 1: inside a span (router state
-    # after t − 1) the tool policy, else the reasoning policy
-    inside_after = np.zeros(len(ids), bool)
-    state = False
-    for t, x in enumerate(ids.tolist()):
-        if x in router.open_ids:
-            state = True
-        elif x in router.close_ids:
-            state = False
-        inside_after[t] = state
+    # after t − 1: ψ's route of position t − 1 under the "dart_jax" convention) the tool policy, else
+    # the reasoning policy
+    after = dataclasses.replace(router, convention="dart_jax")
+    inside_after = np.asarray(route_roles(jnp.asarray(ids, jnp.int32)[None], after))[0] == TOOL
     out = np.where(np.concatenate([[False], inside_after[:-1]]), 1, 0).astype(np.int32)
     out[:prompt_len] = -1
     return out
@@ -272,4 +274,5 @@ def routed_adapters(reasoning, tool, template: Mapping) -> dict:
     return out
 
 
-__all__ = ["Policy", "TwoPolicies", "compose_rollout", "routed_adapters", "writers", "REASONING", "TOOL", "ROLES"]
+__all__ = ["Policy", "TwoPolicies", "compose_rollout", "policy_decoder", "rollout_policy", "routed_adapters", "writers",
+           "REASONING", "TOOL", "ROLES"]

@@ -68,7 +68,8 @@ def tag_variants(tokenizer, tag: str) -> list[tuple[int, ...]]:
     return out
 
 
-def stop_sequences(tokenizer, protocol: Protocol, eos: tuple[int, ...] = ()) -> tuple[tuple[tuple[int, ...], ...], dict]:
+def stop_sequences(tokenizer, protocol: Protocol,
+                   eos: tuple[int, ...] = ()) -> tuple[tuple[tuple[int, ...], ...], dict]:
     """-> (stop sequences, {"tool": [indices], "answer": [...], "eos": [...]})."""
     groups: dict[str, list[int]] = {"tool": [], "answer": [], "eos": []}
     stops: list[tuple[int, ...]] = []

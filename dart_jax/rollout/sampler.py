@@ -26,6 +26,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from dart_jax.adapters.method import ROUTE_MODES, mode_routes
 from dart_jax.models import cache as cache_lib
 from dart_jax.models.cache import KVCache
 from dart_jax.models.config import ModelConfig
@@ -35,7 +36,6 @@ from dart_jax.rollout.placement import RolloutMesh, constrain
 from dart_jax.rollout.sampling import SamplingConfig, sample
 
 RUNNING, STOPPED, LENGTH = 0, 1, 2
-ROUTE_MODES = ("role", "shared", "none")
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -55,7 +55,7 @@ class SamplerSpec:
     router: RouterSpec
     sampling: SamplingConfig
     stops: tuple[tuple[int, ...], ...]
-    route_mode: str = "role"  # role: router role -> adapter; shared: adapter 0; none: no adapter
+    route_mode: str = "role"  # adapters.method.ROUTE_MODES (a method's `route_mode`): roles -> route ids
     placement: RolloutMesh | None = None  # the run's mesh: decode state sharded on it (rollout.placement)
 
     def __post_init__(self):
@@ -65,11 +65,7 @@ class SamplerSpec:
             raise ValueError("stop sequences must be non-empty token-id tuples")
 
     def routes(self, roles: jnp.ndarray) -> jnp.ndarray:
-        if self.route_mode == "role":
-            return roles
-        if self.route_mode == "shared":
-            return jnp.where(roles < 0, -1, 0).astype(jnp.int32)
-        return jnp.full(roles.shape, -1, jnp.int32)
+        return mode_routes(self.route_mode, roles)
 
 
 @flax.struct.dataclass

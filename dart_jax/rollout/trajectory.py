@@ -2,8 +2,10 @@
 
 Row b holds prompt + response in ids[b, :length[b]] (right-padded with 0, positions −1 there).
 loss_mask is 1 exactly on sampled tokens; observations and the prompt are 0. route_ids is the
-adapter route of each position (what the trainer's forward must use); sampler_logprobs the
-log-prob each sampled token had when it was drawn (0 elsewhere).
+adapter route of each position the sampler's forward used (−1 on padding; a two-model composition
+records ψ's roles: rollout.compose); the trainer's forward uses them after checking they equal the
+method's routes of ψ over the ids (rl.batch.recorded_routes). sampler_logprobs is the log-prob each
+sampled token had when it was drawn (0 elsewhere).
 """
 
 from __future__ import annotations

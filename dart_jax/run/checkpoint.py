@@ -126,17 +126,24 @@ class Checkpointer:
         if bad:
             raise CorruptCheckpoint(f"checkpoint {step}: files missing or altered: {bad[:5]}")
 
-    def restore(self, step: int, like: Any) -> tuple[Any, dict]:
+    def restore(self, step: int, like: Any, partial: bool = False) -> tuple[Any, dict]:
+        """(`like`'s tree with the checkpoint's arrays, placed as `like`'s leaves; meta). `partial`: `like`
+        is a part of the saved tree (e.g. {"train": {"params": …}}) and only that part is read."""
         self.verify(step)
         abstract = {k: ocp.utils.to_shape_dtype_struct(v) if hasattr(v, "shape") else v
                     for k, v in flatten_state(like).items()}
-        out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                                 meta=ocp.args.JsonRestore()))
+        if partial:
+            state = ocp.args.PyTreeRestore(item=abstract, partial_restore=True,
+                                           restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
+        else:
+            state = ocp.args.StandardRestore(abstract)
+        out = self.manager.restore(step, args=ocp.args.Composite(state=state, meta=ocp.args.JsonRestore()))
         return unflatten_state(dict(out["state"]), like), dict(out["meta"])
 
-    def restore_latest(self, like: Any, move_unusable: bool = False) -> tuple[int, Any, dict] | None:
-        """Newest checkpoint that verifies and loads; unusable ones are logged, skipped and their
-        reasons kept in `failures` (None when none is usable). With `move_unusable` (a run resuming),
+    def restore_latest(self, like: Any, move_unusable: bool = False,
+                       partial: bool = False) -> tuple[int, Any, dict] | None:
+        """Newest checkpoint that verifies and loads (`restore`); unusable ones are logged, skipped and
+        their reasons kept in `failures` (None when none is usable). With `move_unusable` (a run resuming),
         the unusable checkpoints newer than the one restored are moved aside (`quarantine`); when none
         restores nothing is moved (a changed configuration fails every step of a healthy run)."""
         from dart_jax.parallel.distributed import allgather_objects
@@ -144,7 +151,7 @@ class Checkpointer:
         for step in reversed(self.steps()):
             why = None
             try:
-                state, meta = self.restore(step, like)
+                state, meta = self.restore(step, like, partial)
             except Exception as e:  # orbax raises many types for unreadable files
                 why = f"{type(e).__name__}: {str(e)[:300]}"
             # multi-host: a step is usable only if every process restored it (one process's unreadable

@@ -26,7 +26,8 @@ import urllib.parse
 from typing import Any
 
 from dart_jax.data.paths import DATA, REPO, repo_path
-from dart_jax.data.prepare import prepare_hint
+from dart_jax.data.settings import prepare_hint
+from dart_jax.run.spec import RunSpec
 
 GIB = 2 ** 30
 MODEL_CONFIGS = os.path.join(DATA, "model_configs")
@@ -83,11 +84,11 @@ def skipped(name: str, message: str, **data) -> Check:
 
 
 # -- retriever ----------------------------------------------------------------------------------------
-def check_retriever(config) -> Check:
+def check_retriever(spec: RunSpec) -> Check:
     """QA only: the URL answers one real query, or the index directory is complete."""
-    if config.task != "qa":
-        return skipped("retriever", f"task {config.task!r} has no retriever")
-    rc = config.retriever
+    if spec.task != "qa":
+        return skipped("retriever", f"task {spec.task!r} has no retriever")
+    rc = spec.retriever
     if rc.url:
         return probe_url(rc.url, int(rc.topk))
     if rc.index_dir:
@@ -160,13 +161,12 @@ def _data_path(path: str) -> str:
     return path if os.path.isabs(path) or os.path.exists(path) else os.path.join(REPO, path)
 
 
-def check_datasets(config) -> Check:
+def check_datasets(spec: RunSpec) -> Check:
     """Every training and held-out file exists (a missing training file names the command that writes it)."""
-    entries = [(f"data.train[{i}]", dict(s)) for i, s in enumerate(config.data.train)]
-    ec = config.get("eval")
-    if ec and ec.n and ec.data:
-        entries += [(f"eval.data[{i}]", dict(s)) for i, s in enumerate(ec.data)]
-    if not config.data.train:
+    entries = [(f"data.train[{i}]", dict(s)) for i, s in enumerate(spec.data_train)]
+    if spec.eval.n and spec.eval.data:
+        entries += [(f"eval.data[{i}]", dict(s)) for i, s in enumerate(spec.eval.data)]
+    if not spec.data_train:
         return fail("datasets", "config.data.train is empty; list the training sets (configs/base.py, or a "
                                 "paper config's, which python -m launch.prepare_data writes)")
     for field, spec in entries:
@@ -184,9 +184,9 @@ def check_datasets(config) -> Check:
     return ok("datasets", f"{len(entries)} file(s) found", files=len(entries))
 
 
-def check_databases(config) -> Check:
+def check_databases(spec: RunSpec) -> Check:
     """SQL sets: each db_root exists and a sample of the databases the rows name is there."""
-    sets = [(i, dict(s)) for i, s in enumerate(config.data.train) if dict(s).get("reader") in SQL_READERS]
+    sets = [(i, dict(s)) for i, s in enumerate(spec.data_train) if dict(s).get("reader") in SQL_READERS]
     if not sets:
         return skipped("databases", "no SQL training set")
     from dart_jax.data.readers import db_roots, load_rows
@@ -222,44 +222,44 @@ def check_databases(config) -> Check:
 
 
 # -- weights --------------------------------------------------------------------------------------------
-def check_weights(config) -> Check:
+def check_weights(spec: RunSpec) -> Check:
     """model.path resolves to weights (models.names.resolve), warm_start / init_from are what they claim."""
     from dart_jax.checkpoints.dart_io import MANIFEST
     from dart_jax.models.names import is_gguf, resolve
-    from dart_jax.run.policy import init_kind
+    from dart_jax.run.source import classify_source
     try:
-        path = resolve(config.model.path)
+        path = resolve(spec.model.path)
     except FileNotFoundError as e:
         return fail("weights", f"model.path: {e}")
     if not (is_gguf(path) or os.path.isfile(os.path.join(path, "config.json"))):
-        return fail("weights", f"model.path={config.model.path} resolves to {path}, which is neither a .gguf file "
+        return fail("weights", f"model.path={spec.model.path} resolves to {path}, which is neither a .gguf file "
                                "nor an HF model directory with config.json; set --config.model.path")
-    for field in ("warm_start", "init_from"):
-        value = config.get(field, "") or ""
+    for field, value in (("warm_start", spec.warm_start), ("init_from", spec.init_from)):
         if not value:
             continue
         where = repo_path(value)
         if field == "init_from":
             try:
-                init_kind(where)
+                classify_source(where)
             except FileNotFoundError as e:
                 return fail("weights", f"{e}; write one with launch.train (adapters/) or fix --config.init_from")
         elif not os.path.isfile(os.path.join(where, MANIFEST)):
             return fail("weights", f"warm_start={value} has no {MANIFEST}; write one with python -m launch.sft "
                                    "or fix --config.warm_start")
-    return ok("weights", f"{config.model.path} -> {path}", path=path)
+    return ok("weights", f"{spec.model.path} -> {path}", path=path)
 
 
-def architecture(config) -> tuple[Any, str]:
-    """-> (ModelConfig with config.model's overrides, where it came from): the weights' config.json
+def architecture(spec: RunSpec) -> tuple[Any, str]:
+    """-> (ModelConfig with the model section's overrides, where it came from): the weights' config.json
     (or GGUF header), else the shipped preset of the same name; (None, why) when neither exists."""
     from dart_jax.checkpoints.registry import open_source
     from dart_jax.models.config import config_from_hf_dir
-    from dart_jax.run.policy import init_kind, model_overrides
-    over = model_overrides(config)
-    path = config.model.path
-    init_from = repo_path(config.get("init_from", "") or "")
-    if init_from and os.path.isfile(os.path.join(init_from, "config.json")) and init_kind(init_from) == "hf":
+    from dart_jax.run.source import classify_source
+    over = spec.model.overrides()
+    path = spec.model.path
+    init_from = repo_path(spec.init_from)
+    has_config = init_from and os.path.isfile(os.path.join(init_from, "config.json"))
+    if has_config and classify_source(init_from).kind == "hf":
         path = init_from  # an HF model as init_from replaces model.path (run.policy)
     try:
         _, cfg = open_source(path, **over)

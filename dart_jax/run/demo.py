@@ -53,8 +53,8 @@ def run_rollout_demo(model: str, task: str = "qa", n: int = 4, adapters: str | N
         tool = tool_for(protocol, SQLiteTool())
         prompts, uids, metas = sql_task(tok, spider_rows(n=n, offset=offset))
     rc = RolloutConfig(max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn,
-                       max_response_tokens=max_tokens_per_turn * (max_turns + 2) + 600,
-                       route_mode="role" if ads else "none")
+                       max_response_tokens=max_tokens_per_turn * (max_turns + 2) + 600, max_obs_tokens=500,
+                       invalid_action="search_r1", route_mode="role" if ads else "none")
     agent = Agent(cfg, tok, protocol, tool, SamplingConfig(temperature=temperature), rc)
     tb = agent.rollout(base, ads, prompts, uids, metas, seed=seed)
     return tb, [float(x) for x in make_reward(task).score(tb.response_text, metas).scores]

@@ -18,6 +18,8 @@ import json
 import os
 import shutil
 
+from dart_jax.run.spec import SECTIONS, SFTSettings, defaults
+
 RUN_CONFIG = "run_config.json"
 PROVENANCE = "provenance.jsonl"  # run.provenance: which code and machine wrote each (re)start
 RECORDS = ("metrics.jsonl", "rollouts.jsonl")
@@ -47,24 +49,24 @@ def config_dict(config) -> dict:
     return json.loads(config.to_json() if hasattr(config, "to_json") else json.dumps(config))
 
 
-def _defaults() -> dict:
-    from configs import base
-    return flat(config_dict(base.get()))
+def setting_defaults() -> dict:
+    """{"section.field": default} of every setting (run.spec's dataclasses, the warm start's too)."""
+    return flat(config_dict(defaults({**SECTIONS, "sft": SFTSettings})))
 
 
 def config_differences(saved: dict, current: dict, ignore=RESUMABLE) -> list[str]:
     """'field: old → new' for every leaf that differs, except the fields a resume may change. A field
     the saved config lacks (added to the code after that run was written) is no difference when the
-    current value is its default (configs/base.py): the run was trained with that behaviour."""
+    current value is its default (run.spec's dataclasses): the run was trained with that behaviour."""
     a, b = flat(saved), flat(current)
-    defaults = None
+    known = None
     out = []
     for key in sorted(set(a) | set(b)):
         if key in ignore or a.get(key, "<absent>") == b.get(key, "<absent>"):
             continue
         if key not in a:
-            defaults = _defaults() if defaults is None else defaults
-            if key in defaults and defaults[key] == b[key]:
+            known = setting_defaults() if known is None else known
+            if key in known and known[key] == b[key]:
                 continue
         out.append(f"{key}: {json.dumps(a.get(key, '<absent>'))} → {json.dumps(b.get(key, '<absent>'))}")
     return out

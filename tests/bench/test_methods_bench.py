@@ -5,7 +5,8 @@ two full states (or two LoRAs over one frozen base). The timed side (each method
 
 import pytest
 
-from dart_jax.bench.methods import bench_methods, table
+from dart_jax.bench import report
+from dart_jax.bench.methods import bench_methods
 
 
 def test_methods_bench_accounts_memory_per_method(tiny_smollm_dir):
@@ -21,4 +22,4 @@ def test_methods_bench_accounts_memory_per_method(tiny_smollm_dir):
     assert rows["2agent_lora"]["trainable_params"] == rows["dart"]["trainable_params"]  # two r8 LoRAs, one base
     assert rows["full"]["total_in_P"] == pytest.approx(7.0, abs=0.01)
     assert rows["2agent"]["total_in_P"] == pytest.approx(13.0, abs=0.01)
-    assert "| 2agent |" in table(res)
+    assert "| 2agent |" in report.methods(res)

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from dart_jax.bench import suite
+from dart_jax.bench.shapes import model_config
 from dart_jax.models.transformer import flatten, init_params
 from launch import bench
 
@@ -47,7 +48,7 @@ def test_suite_smoke_writes_every_field(tmp_path, capsys):
 
 
 def test_model_flops_count_the_models_matmul_weights():
-    cfg = suite.model_config("tiny", dtype="float32")
+    cfg = model_config("tiny", dtype="float32")
     flat = flatten(init_params(cfg, jax.random.PRNGKey(0)))
     # the layers' projection weights (not norms or biases), and the head: tied, the embedding table once
     assert cfg.tie_word_embeddings and "lm_head" not in flat

@@ -15,6 +15,7 @@ from dart_jax.data.paths import DATA
 from dart_jax.data.readers import read_jsonl
 from dart_jax.errors import UserError
 from dart_jax.eval.datasets import exclusion_specs
+from dart_jax.run.spec import run_spec
 from dart_jax.run.task import load_task_rows
 from launch import prepare_data
 from standins.datasets import (SAMPLE_SQL, SEARCH_R1_SCHEMA, SKYRL_SCHEMA, omnisql_db_root, sample_search_r1_train,
@@ -79,7 +80,7 @@ def test_qa_output_is_what_the_paper_config_reads(tmp_path):
     prepare.prepare("qa", src, exclusion_specs("qa"), out)
     c = paper_qa.get_config("dart,qwen2.5-3b-base")
     c.data.train = [dict(c.data.train[0], path=os.path.join(out, "train.parquet"))]
-    got = load_task_rows(c)
+    got = load_task_rows(run_spec(c))
     assert got == [
         {"id": "nq-train_0", "question": "who wrote hamlet?", "golden_answers": ["William Shakespeare", "Shakespeare"],
          "data_source": "nq"},
@@ -166,7 +167,7 @@ def test_sql_output_is_what_the_paper_config_reads_without_a_db_root(tmp_path):
     spec = dict(c.data.train[0])
     assert spec["path"] == "data/skyrl_sql/train.parquet" and spec["db_root"] == "" and spec["prepare"] == "sql"
     c.data.train = [dict(spec, path=os.path.join(out, "train.parquet"))]
-    got = load_task_rows(c)
+    got = load_task_rows(run_spec(c))
     assert [(r["id"], r["question"], r["db_id"], r["evidence"]) for r in got] == [
         ("skyrl_sql-0", "How many singers are there in total?", "concert_singer", ""),
         ("skyrl_sql-1", "What is the average weight of all dogs?", "pets_1", "dogs: pettype 'dog'"),
@@ -225,7 +226,7 @@ def test_missing_training_file_names_the_prepare_command(tmp_path):
     path = str(tmp_path / "nq_hotpotqa_train" / "train.parquet")
     c.data.train = [dict(spec, path=path)]
     with pytest.raises(FileNotFoundError) as e:
-        load_task_rows(c)
+        load_task_rows(run_spec(c))
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith(f"dataset file {path} not found; prepare it with: python -m launch.prepare_data qa "
@@ -239,7 +240,7 @@ def test_missing_training_file_names_the_prepare_command(tmp_path):
                                                 r"\(get the files first: hf download NovaSky-AI/SkyRL-SQL-653-data-newfmt "
                                                 r"--repo-type dataset --local-dir DIR; hf download seeklhy/OmniSQL-datasets "
                                                 r"--repo-type dataset --local-dir DB; unzip DB/data\.zip -d DB\)$"):
-        load_task_rows(s)
+        load_task_rows(run_spec(s))
 
 
 def test_command_prints_the_table_and_reports_mistakes_in_one_line(tmp_path, capsys):

@@ -6,13 +6,13 @@ import math
 
 import pytest
 
+from dart_jax.data.paths import DATA
 from dart_jax.data.readers import _json_records
 from dart_jax.eval import paper
 from dart_jax.eval.datasets import EVAL_SETS, EvalSet, default_sets, load_set, resolve
 from dart_jax.eval.report import markdown, paper_table, write_reports
 from dart_jax.eval.runner import SQL_MEAN, group_scores, per_question_accuracy, score_qa, score_sql, summarize
 from dart_jax.rewards.sql import execution_match
-from dart_jax.data.paths import DATA
 
 
 @pytest.mark.parametrize("name,questions,no_db", [

@@ -15,7 +15,7 @@ import torch
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.models import mixlora
 from dart_jax.models.lora import init_lora
-from dart_jax.models.transformer import forward, hidden_states_and_router
+from dart_jax.models.transformer import forward, hidden_states_and_ffn_stats
 from dart_jax.parity import torch_lora, torch_mixlora
 
 TOL = 1e-5
@@ -24,15 +24,15 @@ TOL = 1e-5
 def test_routing_renormalises_the_top_k_and_zeroes_the_rest():
     logits = np.log(np.asarray([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4]], np.float32))
     router = np.eye(4, dtype=np.float32)
-    probs, selected, weights = mixlora.routing(jnp.asarray(logits), jnp.asarray(router), 2)
+    probs, selected, weights = mixlora.gating(jnp.asarray(logits), jnp.asarray(router), 2)
     np.testing.assert_allclose(np.asarray(probs), np.exp(logits), rtol=1e-6)
     assert np.asarray(selected).tolist() == [[0, 1], [3, 2]]
     np.testing.assert_allclose(np.asarray(weights), [[0.5 / 0.8, 0.3 / 0.8, 0, 0], [0, 0, 0.3 / 0.7, 0.4 / 0.7]],
                                rtol=1e-6)
-    _, _, w1 = mixlora.routing(jnp.asarray(logits), jnp.asarray(router), 1)
+    _, _, w1 = mixlora.gating(jnp.asarray(logits), jnp.asarray(router), 1)
     assert np.asarray(w1).tolist() == [[1, 0, 0, 0], [0, 0, 0, 1]]  # top-1: the whole weight on one expert
     # the statistics count only real tokens: the masked row leaves no trace
-    stats = mixlora.router_stats(probs[None], selected[None], jnp.asarray([[True, False]]))
+    stats = mixlora.gate_stats(probs[None], selected[None], jnp.asarray([[True, False]]))
     assert float(stats["tokens"]) == 1.0
     np.testing.assert_allclose(np.asarray(stats["prob"]), np.exp(logits[0]), rtol=1e-6)
     assert np.asarray(stats["choice"]).tolist() == [[1, 0, 0, 0], [0, 1, 0, 0]]
@@ -73,7 +73,7 @@ def test_mixlora_matches_the_pytorch_reference(tiny_dirs, experts, top_k):
     coef = 0.5
 
     def loss_fn(ads):
-        h, _, stats = hidden_states_and_router(base, ads, jnp.asarray(tokens), jnp.asarray(positions),
+        h, _, stats = hidden_states_and_ffn_stats(base, ads, jnp.asarray(tokens), jnp.asarray(positions),
                                                jnp.asarray(routes), None, cfg=cfg)
         logits = jnp.einsum("btd,dv->btv", h, base["embed"].T if cfg.tie_word_embeddings else base["lm_head"])
         lp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32))

@@ -73,7 +73,7 @@ def test_step_subcommand(tiny_smollm_dir, tmp_path):
 def test_step_check_catches_a_per_update_clock(tiny_smollm_dir):
     """An optimiser that advances its schedule per update (the old behaviour) fails the check."""
     from dart_jax.parity.step_check import crosscheck_step
-    from dart_jax.rl.optim import OptimConfig
+    from dart_jax.run.spec import OptimConfig
     rep = crosscheck_step(tiny_smollm_dir, oc=OptimConfig(lr=1e-3, warmup_steps=2, total_steps=10, clip_norm=None,
                                                           schedule_clock="update"))
     failed = [q.name for q in rep.quantities if not q.passed]

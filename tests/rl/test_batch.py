@@ -1,5 +1,5 @@
-"""From trajectories to train-step arrays: routes from the router, loss roles, CEA role masks,
-padding, and GRPO advantages per prompt uid — checked on a hand-built trajectory."""
+"""From trajectories to train-step arrays: the recorded routes checked against the router, loss roles,
+CEA role masks, padding, and GRPO advantages per prompt uid — checked on a hand-built trajectory."""
 
 import numpy as np
 import pytest
@@ -13,12 +13,18 @@ OPEN, CLOSE = 90, 91
 ROUTER = RouterSpec((OPEN,), (CLOSE,))
 
 
-def _trajectories():
+# what a sampler of each route mode records for row 0 (prompt + response) and for row 1
+ROUTES = {"role": ([0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0], [0] * 5), "shared": ([0] * 11, [0] * 5),
+          "none": ([-1] * 11, [-1] * 5)}
+
+
+def _trajectories(mode="role"):
     # prompt [5, 6]; response: 7 <search> 8 9 </search> | obs 50 51 | 10 11
+    r0, r1 = ROUTES[mode]
     resp = {"ids": [7, OPEN, 8, 9, CLOSE, 50, 51, 10, 11], "mask": [1, 1, 1, 1, 1, 0, 0, 1, 1],
-            "logprobs": [-1.0] * 9, "routes": [0] * 9}
-    short = {"ids": [12, 13], "mask": [1, 1], "logprobs": [-0.5, -0.5], "routes": [0, 0]}
-    return assemble([[5, 6], [5, 6, 4]], [[0, 0], [0, 0, 0]], [resp, short], ["q1", "q2"],
+            "logprobs": [-1.0] * 9, "routes": r0[2:]}
+    short = {"ids": [12, 13], "mask": [1, 1], "logprobs": [-0.5, -0.5], "routes": r1[3:]}
+    return assemble([[5, 6], [5, 6, 4]], [r0[:2], r1[:3]], [resp, short], ["q1", "q2"],
                     ["answer", "answer"], [[], []], ["", ""])
 
 
@@ -41,10 +47,9 @@ def test_role_masks_follow_loss_roles(role_mask, expect):
 
 
 def test_variants_route_and_advantages():
-    tb = _trajectories()
-    lora = build_batch(tb, np.asarray([1.0, 0.0]), MethodSpec("lora"), ROUTER, pad_multiple=16)
+    lora = build_batch(_trajectories("shared"), np.asarray([1.0, 0.0]), MethodSpec("lora"), ROUTER, pad_multiple=16)
     assert set(np.unique(lora["route_ids"][0, :11])) == {0}
-    full = build_batch(tb, np.asarray([1.0, 0.0]), MethodSpec("full"), ROUTER, pad_multiple=16)
+    full = build_batch(_trajectories("none"), np.asarray([1.0, 0.0]), MethodSpec("full"), ROUTER, pad_multiple=16)
     assert (full["route_ids"] == -1).all()
     # two different uids: singleton groups, A = s / (1 + 1e-6)
     np.testing.assert_allclose(full["advantages"], [1.0 / (1 + 1e-6), 0.0], rtol=1e-6)
@@ -79,8 +84,8 @@ def test_answer_role_mask_is_the_answer_span_tags_included():
     tags = (((60, 61), (62, 61)), ((63,),))
     # prompt [5, 6]; response: 7 <s> 8 </s> | obs 50 | 10 [62 61 20 21 63] 12
     resp = {"ids": [7, OPEN, 8, CLOSE, 50, 10, 62, 61, 20, 21, 63, 12], "mask": [1, 1, 1, 1, 0] + [1] * 7,
-            "logprobs": [-1.0] * 12, "routes": [0] * 12}
-    tb = assemble([[5, 6]], [[0, 0]], [resp], ["q1"], ["answer"], [[]], [""])
+            "logprobs": [-1.0] * 12, "routes": [-1] * 12}
+    tb = assemble([[5, 6]], [[-1, -1]], [resp], ["q1"], ["answer"], [[]], [""])
     b = build_batch(tb, np.asarray([1.0]), MethodSpec("full", role_mask="answer"), ROUTER, pad_multiple=16,
                     answer_tags=tags)
     want = np.zeros(16)
@@ -92,3 +97,10 @@ def test_answer_role_mask_is_the_answer_span_tags_included():
                                   [[0, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
     with pytest.raises(ValueError, match="needs answer_tags"):
         build_batch(tb, np.asarray([1.0]), MethodSpec("full", role_mask="answer"), ROUTER, pad_multiple=16)
+
+
+def test_recorded_routes_must_be_the_routers():
+    """The batch carries the route ids the sampler recorded; a recording that differs from the method's
+    routes of the router over the ids (here: a DART batch of a LoRA recording) is refused."""
+    with pytest.raises(ValueError, match=r"row 0: recorded"):
+        build_batch(_trajectories("shared"), np.asarray([1.0, 0.0]), MethodSpec("dart"), ROUTER, pad_multiple=16)

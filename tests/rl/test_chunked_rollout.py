@@ -16,11 +16,11 @@ from configs import quickstart
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.transformer import hidden_states
 from dart_jax.rl import stages
-from dart_jax.rl.trainer import check_settings
 from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
 from dart_jax.rollout.protocol import SQL
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.tasks import spider_rows, sql_task
+from dart_jax.run.spec import run_spec
 from dart_jax.tokenization.tokenizer import load_tokenizer
 from dart_jax.tools.sqlite_exec import SQLiteTool
 
@@ -79,12 +79,12 @@ def test_chunk_rows_must_hold_whole_groups(policy):
     c.train.update(prompts_per_step=2, group_size=2, mini_batch=4, micro_batch=2)
     c.rollout.chunk_rows = 3
     with pytest.raises(ValueError) as e:
-        check_settings(c)
+        run_spec(c)
     assert "rollout.chunk_rows=3" in str(e.value) and "train.group_size (2)" in str(e.value)
     with pytest.raises(ValueError, match=r"rollout\.chunk_rows=3 .*train\.group_size \(2\)"):
         stages.rollout(agent(cfg, tok, 3), (base, None), rows, G, SEED)
     c.rollout.chunk_rows = 4
-    check_settings(c)
+    run_spec(c)
 
 
 def test_chunk_rows_is_a_layout_setting():

@@ -11,8 +11,9 @@ import pytest
 from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import init_params
-from dart_jax.rl.optim import OptimConfig, make_optimizer
-from dart_jax.rl.step import BATCH_KEYS, LossConfig, init_state, make_train_step
+from dart_jax.rl.optim import make_optimizer
+from dart_jax.rl.step import BATCH_KEYS, init_state, make_train_step
+from dart_jax.run.spec import LossConfig, OptimConfig
 
 CFG32 = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                     num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5,

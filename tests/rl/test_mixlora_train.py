@@ -13,12 +13,13 @@ from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.eval.job import evaluate
 from dart_jax.eval.runner import EvalOptions
 from dart_jax.models import mixlora
-from dart_jax.models.transformer import hidden_states_and_router, output_head
+from dart_jax.models.transformer import hidden_states_and_ffn_stats, output_head
 from dart_jax.rl import losses
 from dart_jax.rl.logprobs import token_logprobs
-from dart_jax.rl.step import LossConfig, make_accumulate
+from dart_jax.rl.step import make_accumulate
 from dart_jax.rl.trainer import Trainer
 from dart_jax.run.metrics import read_metrics
+from dart_jax.run.spec import LossConfig
 
 
 def _config(model_dir, out_dir):
@@ -95,7 +96,7 @@ def test_the_step_gradient_is_policy_loss_plus_weighted_aux(tiny_smollm_dir):
         total, auxes = 0.0, []
         n_tok = jnp.sum(batch["loss_mask"])
         for i in range(M):
-            h, _, stats = hidden_states_and_router(base, ads, batch["tokens"][i], batch["positions"][i],
+            h, _, stats = hidden_states_and_ffn_stats(base, ads, batch["tokens"][i], batch["positions"][i],
                                                    batch["route_ids"][i], None, cfg=cfg)
             logp, _ = token_logprobs(h, output_head(base, cfg), batch["tokens"][i], 1.0, 128)
             pg, _ = losses.clipped_policy_loss(logp, batch["old_logp"][i], batch["advantages"][i][:, None],

@@ -12,7 +12,8 @@ from tiny_dart import CFG, dart_setup
 from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.models.transformer import hidden_states, shared_prefix_hidden_states
 from dart_jax.rl.batch import PREFIX_KEYS, group_order, minibatches, shared_prefix_length, split_shared_prefix
-from dart_jax.rl.step import BATCH_KEYS, LossConfig, make_accumulate, make_scorer
+from dart_jax.rl.step import BATCH_KEYS, make_accumulate, make_scorer
+from dart_jax.run.spec import LossConfig
 
 GROUP = 4
 

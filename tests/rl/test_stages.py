@@ -9,10 +9,11 @@ from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.models.transformer import init_params
 from dart_jax.rewards.training import QAReward
 from dart_jax.rl import stages
-from dart_jax.rl.optim import OptimConfig, make_optimizer
-from dart_jax.rl.step import LossConfig, init_state
+from dart_jax.rl.optim import make_optimizer
+from dart_jax.rl.step import init_state
 from dart_jax.roles.router import RouterSpec
 from dart_jax.rollout.trajectory import assemble
+from dart_jax.run.spec import LossConfig, OptimConfig, UpdatePlan
 
 from rl.test_masters import CFG32
 
@@ -22,11 +23,11 @@ ROUTER = RouterSpec((OPEN,), (CLOSE,))
 
 def _rollouts():
     """Four trajectories of two prompts (G = 2): texts with and without the right answer."""
-    resp = lambda ids: {"ids": ids, "mask": [1] * len(ids), "logprobs": [-1.0] * len(ids),  # noqa: E731
-                        "routes": [0] * len(ids)}
+    resp = lambda ids, routes=None: {"ids": ids, "mask": [1] * len(ids), "logprobs": [-1.0] * len(ids),  # noqa: E731
+                                     "routes": routes or [0] * len(ids)}
     texts = ["<answer> Paris </answer>", "<answer> Lyon </answer>", "<answer> Tolstoy </answer>", "no answer"]
-    tb = assemble([[5, 6]] * 4, [[0, 0]] * 4, [resp([7, OPEN, 8, CLOSE, 9]), resp([7, 9]), resp([10, 11]),
-                                               resp([12])],
+    tb = assemble([[5, 6]] * 4, [[0, 0]] * 4, [resp([7, OPEN, 8, CLOSE, 9], [0, 1, 1, 0, 0]), resp([7, 9]),
+                                               resp([10, 11]), resp([12])],
                   ["q1", "q1", "q2", "q2"], ["answer", "answer", "answer", "length"], [[]] * 4, texts)
     rows = [{"id": "q1", "question": "capital of france?", "golden_answers": ["Paris"], "data_source": "a"}] * 2 + \
            [{"id": "q2", "question": "who wrote war and peace?", "golden_answers": ["Leo Tolstoy"],
@@ -55,7 +56,7 @@ def test_update_stage_walks_mini_batches_and_moves_the_state():
     ro = _rollouts()
     sc = stages.score(ro, QAReward(), method, ROUTER, pad_multiple=8)
     oc, lc = OptimConfig(lr=1e-2, warmup_steps=0), LossConfig(kl_coef=0.0)
-    plan = stages.UpdatePlan(mini_batch=2, micro_batch=1, ppo_epochs=2, seed=3)
+    plan = UpdatePlan(mini_batch=2, micro_batch=1, ppo_epochs=2, seed=3)
     mesh = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"), devices=jax.devices()[:1],
                          axis_types=(jax.sharding.AxisType.Auto,) * 3)
     from dart_jax.rl.placement import place_state
@@ -71,7 +72,7 @@ def test_update_stage_walks_mini_batches_and_moves_the_state():
                 for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(start)))
     assert moved > 0
     with pytest.raises(ValueError, match="old_logp"):
-        stages.UpdatePlan(2, 1, old_logp="cached")
+        UpdatePlan(2, 1, old_logp="cached")
 
 
 def test_step_metrics_by_hand():

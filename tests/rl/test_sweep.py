@@ -27,9 +27,9 @@ def test_sweep_same_loss_on_every_mesh(tmp_path):
     import jax
     from dart_jax.adapters.method import init_adapters
     from dart_jax.checkpoints.registry import load_model
-    from dart_jax.rl.sections import method_spec
+    from dart_jax.run.spec import run_spec
     cfg, _ = load_model(path)
-    n = sum(x.size for x in jax.tree.leaves(init_adapters(method_spec(c), cfg, jax.random.PRNGKey(0))))
+    n = sum(x.size for x in jax.tree.leaves(init_adapters(run_spec(c).method, cfg, jax.random.PRNGKey(0))))
     assert ok[0]["state_gib_per_device"] * 2 ** 30 == 12 * n + 12
 
 
@@ -68,7 +68,7 @@ def test_rollout_sweep_every_layout_on_meshes(tmp_path, capsys):
 def test_rollout_memory_from_xla_analysis_matches_the_run():
     """--rollout-abstract (compile only, nothing allocated) gives the measured run's memory ratios."""
     from dart_jax.bench.rollout_mesh import sweep_rollout
-    from dart_jax.bench.suite import model_config
+    from dart_jax.bench.shapes import model_config
     cfg = model_config("tiny", "float32")
     run = sweep_rollout(cfg, [(2, 1, 4)], 8, 16, 4, log=lambda _: None)
     est = sweep_rollout(cfg, [(2, 1, 4)], 8, 16, 4, log=lambda _: None, abstract=True)

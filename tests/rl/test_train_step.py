@@ -10,15 +10,10 @@ from tiny_dart import CFG, dart_setup
 
 from dart_jax.adapters.method import MethodSpec
 from dart_jax.rl import losses
-from dart_jax.rl.optim import OptimConfig, apply_update, learning_rate, make_optimizer
+from dart_jax.rl.optim import apply_update, learning_rate, make_optimizer
 from dart_jax.rl.optim import clock as clock_of
-from dart_jax.rl.step import (
-    BATCH_KEYS,
-    LossConfig,
-    init_state,
-    make_scorer,
-    make_train_step,
-)
+from dart_jax.rl.step import BATCH_KEYS, init_state, make_scorer, make_train_step
+from dart_jax.run.spec import LossConfig, OptimConfig
 
 
 
@@ -56,7 +51,7 @@ def setup():
     return dart_setup()
 
 
-def _run(setup, lc, m, batch=None, optim=OptimConfig(lr=1e-3)):
+def _run(setup, lc, m, batch=None, optim=OptimConfig(lr=1e-3, warmup_steps=0)):
     base, method, adapters = setup
     batch = batch if batch is not None else _with_logps(_batch(), base, adapters, lc)
     opt = make_optimizer(optim)
@@ -71,7 +66,7 @@ def test_global_mode_is_invariant_to_micro_batching(setup, mode):
     # Adam's first update is lr·g/(|g| + eps): with eps 1e-8 a gradient entry near zero whose last bits
     # differ between summation orders (fp32 accumulation across micro-batches) can move by up to 2·lr.
     # eps 1e-3 keeps the update Lipschitz in g (constant lr/eps = 1), so 2e-6 bounds real differences.
-    optim = OptimConfig(lr=1e-3, eps=1e-3)
+    optim = OptimConfig(lr=1e-3, warmup_steps=0, eps=1e-3)
     s1, m1, batch = _run(setup, lc, 1, optim=optim)
     s2, m2, _ = _run(setup, lc, 2, batch, optim=optim)
     s4, m4, _ = _run(setup, lc, 4, batch, optim=optim)

@@ -13,15 +13,16 @@ from configs import paper_qa, quickstart
 from dart_jax.adapters.method import MethodSpec, TwoModels, init_adapters, model_trees, routes_for, trainable
 from dart_jax.eval.job import evaluate
 from dart_jax.eval.runner import EvalOptions
-from dart_jax.roles.router import REASONING, TOOL
-from dart_jax.rl.step import LossConfig, make_accumulate, sequence_logprobs
+from dart_jax.rl.step import make_accumulate, sequence_logprobs
 from dart_jax.rl.trainer import Trainer
+from dart_jax.roles.router import REASONING, TOOL
 from dart_jax.rollout.agent import Agent, RolloutConfig
 from dart_jax.rollout.compose import rollout_policy
 from dart_jax.rollout.protocol import QA
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.tasks import qa_rows, qa_task
 from dart_jax.run.metrics import read_metrics
+from dart_jax.run.spec import LossConfig, run_spec
 from dart_jax.run.task import build_tool
 
 
@@ -142,15 +143,16 @@ def test_two_identical_models_roll_out_the_single_model_trajectory(tiny_smollm_d
     from configs import evaluate as eval_config
     from dart_jax.eval.policy import load_eval_policy
     from dart_jax.run.policy import run_mesh
+    from dart_jax.run.spec import run_spec
     c = eval_config.get_config("qa")
     c.model.path = tiny_smollm_dir
     c.retriever.topk = 1
     c.mesh.shape = (1, 1, 1)
-    policy = load_eval_policy(c, run_mesh(c))
+    policy = load_eval_policy(run_spec(c), run_mesh(c))
     cfg, base, tok = policy.cfg, policy.base, policy.tokenizer
-    agent = Agent(cfg, tok, QA, build_tool(c, QA), SamplingConfig(temperature=1.0),
+    agent = Agent(cfg, tok, QA, build_tool(run_spec(c), QA), SamplingConfig(temperature=1.0),
                   RolloutConfig(max_turns=2, max_tokens_per_turn=12, max_obs_tokens=32, max_response_tokens=64,
-                                route_mode="none"))
+                                invalid_action="search_r1", route_mode="none"))
     prompts, uids, metas = qa_task(tok, qa_rows(n=3))
     one = rollout_policy(agent, base, None, prompts, uids, metas, seed=7)
     two = rollout_policy(agent, TwoModels(base, base), None, prompts, uids, metas, seed=7)

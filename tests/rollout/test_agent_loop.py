@@ -44,7 +44,8 @@ def setup(smollm2, tmp_path_factory):
 
 def test_tool_calls_pause_append_and_resume_exactly(setup):
     cfg, base, tok, retriever, rows, prompts = setup
-    rc = RolloutConfig(max_turns=2, max_tokens_per_turn=48, max_response_tokens=400, max_obs_tokens=120)
+    rc = RolloutConfig(max_turns=2, max_tokens_per_turn=48, max_response_tokens=400, max_obs_tokens=120,
+                       invalid_action="search_r1")
     agent = Agent(cfg, tok, FREQUENT, tool_for(QA, RetrievalTool(retriever, topk=1)), SamplingConfig(temperature=1.0), rc)
     tb = agent.rollout(base, None, prompts, [r["id"] for r in rows], seed=1)
     assert tb.tool_calls().sum() >= 2, tb.turns
@@ -73,7 +74,7 @@ def test_tool_calls_pause_append_and_resume_exactly(setup):
 
 def test_observation_truncation_keeps_closing_tag(setup):
     cfg, base, tok, retriever, rows, prompts = setup
-    rc = RolloutConfig(max_obs_tokens=40)
+    rc = RolloutConfig(max_tokens_per_turn=256, max_response_tokens=1024, max_obs_tokens=40, invalid_action="search_r1")
     agent = Agent(cfg, tok, QA, tool_for(QA, RetrievalTool(retriever)), SamplingConfig(), rc)
     ids = agent._obs_ids(QA.render_observation("word " * 300))
     assert len(ids) <= 40 and tok.decode(ids).endswith("</information>\n\n")
@@ -111,7 +112,7 @@ def test_a_groups_shared_prefill_gives_the_same_trajectories(setup):
     out = {}
     for share in (True, False):
         rc = RolloutConfig(max_turns=1, max_tokens_per_turn=24, max_response_tokens=200, max_obs_tokens=64,
-                           share_prompt_prefill=share)
+                           invalid_action="search_r1", share_prompt_prefill=share)
         agent = Agent(cfg, tok, FREQUENT, tool_for(QA, RetrievalTool(retriever, topk=1)),
                       SamplingConfig(temperature=1.0), rc)
         out[share] = agent.rollout(base, None, group, list(range(6)), seed=3)

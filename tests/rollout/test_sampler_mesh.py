@@ -133,7 +133,8 @@ def test_decode_state_and_weight_copies_are_sharded(setup):
     mesh = make_mesh((2, 1, 4))
     base, ads = _policy(setup, mesh)
     agent = Agent(cfg, tok, FREQUENT, tool_for(SQL, SQLiteTool(timeout_s=5.0)), SamplingConfig(temperature=1.0),
-                  RolloutConfig(max_turns=1, max_tokens_per_turn=16, max_response_tokens=64, max_obs_tokens=16),
+                  RolloutConfig(max_turns=1, max_tokens_per_turn=16, max_response_tokens=64, max_obs_tokens=16,
+                                invalid_action="search_r1"),
                   mesh=mesh)
     assert agent.spec.placement == RolloutMesh.of(mesh)
     pol = SinglePolicy(agent, base, ads, prompts, seed=0)

@@ -16,6 +16,7 @@ from dart_jax.rollout.agent import observation_ids
 from dart_jax.rollout.protocol import QA, SQL
 from dart_jax.rollout.tasks import qa_task, spider_rows
 from dart_jax.sft import demos as D
+from dart_jax.run.spec import run_spec
 from dart_jax.sft.trainer import build_demos
 from dart_jax.tokenization.sentinels import add_sentinel_tokens, sentinel_ids
 from dart_jax.tokenization.tokenizer import load_tokenizer
@@ -127,8 +128,8 @@ def test_build_demos_drops_evaluation_questions_from_any_source(tmp_path, tagged
     fine = dict(leak, id="fine", question="what colour is the shipped demonstration file")
     D.write_demos(str(tmp_path / "d.jsonl"), [leak, fine])
     c.sft.data = [dict(builder="file", path=str(tmp_path / "d.jsonl"))]
-    demos, stats = build_demos(c, tagged_tok)
+    demos, stats = build_demos(run_spec(c), tagged_tok)
     assert [d["id"] for d in demos] == ["fine"] and stats["excluded_eval_questions"] == 1
     c.sft.data = [dict(builder="nope", path="x")]
     with pytest.raises(ValueError, match="builder='nope'"):
-        build_demos(c, tagged_tok)
+        build_demos(run_spec(c), tagged_tok)

@@ -11,7 +11,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from dart_jax.rl.optim import OptimConfig, make_optimizer
+from dart_jax.rl.optim import make_optimizer
 import pytest
 
 from configs import quickstart
@@ -21,7 +21,8 @@ from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.transformer import forward
 from dart_jax.rl import batch as batch_lib
 from dart_jax.run.policy import load_policy
-from dart_jax.rl.step import SFT_KEYS, LossConfig, init_state, make_scorer, make_train_step
+from dart_jax.run.spec import LossConfig, OptimConfig, run_spec
+from dart_jax.rl.step import SFT_KEYS, init_state, make_scorer, make_train_step
 from dart_jax.roles.router import RouterSpec
 from dart_jax.sft import demos as D
 from dart_jax.tokenization.sentinels import row_params, sentinel_ids
@@ -29,6 +30,11 @@ from dart_jax.checkpoints.registry import load_tagged_model
 from xla_env import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _dart_spec(c):
+    """The run spec of config `c` with the default DART method (what the policy loads here)."""
+    return dataclasses.replace(run_spec(c), method=MethodSpec(variant="dart"))
 
 
 def _demo(i, answer):
@@ -51,7 +57,7 @@ def test_sft_loss_is_masked_token_mean_nll(tiny_smollm_dir):
     arrays = batch_lib.token_arrays(*D.pack_rows(enc), method, router, 16)
     assert arrays["loss_mask"].sum() == sum(sum(m) for _, _, m in enc)  # obs and prompt tokens carry mask 0
     lc = LossConfig(objective="sft", kl_coef=0.0)
-    oc = OptimConfig(lr=0.1)
+    oc = OptimConfig(lr=0.1, warmup_steps=0)
     opt = make_optimizer(oc)
     row_ids = tuple(sentinel_ids(tok).values())
     step = jax.jit(make_train_step(cfg, method, lc, oc, row_ids))
@@ -99,7 +105,7 @@ def test_launch_sft_then_grpo_starts_at_the_warm_started_policy(tiny_smollm_dir,
     c = quickstart.get_config()
     c.model.path = tiny_smollm_dir
     c.warm_start = str(out / "warm_start")
-    cfg, merged, tok, dart = load_policy(c, MethodSpec(variant="dart"), None, jax.random.PRNGKey(0))
+    cfg, merged, tok, dart = load_policy(_dart_spec(c), None, jax.random.PRNGKey(0))
     cfg0, base0 = load_model(tiny_smollm_dir)
     ws, _, base0, cfg0, _ = import_dart(str(out / "warm_start"), base0, cfg0)
     enc = [D.encode_demo(tok, json.loads(line), 192) for line in open(out / "demos_val.jsonl")]
@@ -119,7 +125,7 @@ def test_launch_sft_then_grpo_starts_at_the_warm_started_policy(tiny_smollm_dir,
     # DART adapters trained on top of that warm start come back through init_from + warm_start
     c.init_from = export_dart(str(tmp_path / "dart"), dart, cfg, merged, tok,
                               extra={"kind": "dart", "warm_start": c.warm_start})
-    _, merged2, _, dart2 = load_policy(c, MethodSpec(variant="dart"), None, jax.random.PRNGKey(1))
+    _, merged2, _, dart2 = load_policy(_dart_spec(c), None, jax.random.PRNGKey(1))
     again, _ = forward(merged2, dart2, jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(routes0), None, cfg=cfg)
     np.testing.assert_allclose(np.asarray(again)[valid], np.asarray(got)[valid], atol=1e-5)
 
@@ -138,15 +144,15 @@ def test_policy_loading_refuses_mismatched_directories(tmp_path):
     c.warm_start = str(dart_dir)
     c.init_from = ""
     with pytest.raises(ValueError, match="not a warm-start directory"):
-        load_policy(c, MethodSpec(variant="dart"), None, jax.random.PRNGKey(0))
+        load_policy(_dart_spec(c), None, jax.random.PRNGKey(0))
     c.warm_start = ""
     c.init_from = str(dart_dir)
     with pytest.raises(ValueError, match="trained on top of warm_start='data/warm_start/x'"):
-        load_policy(c, MethodSpec(variant="dart"), None, jax.random.PRNGKey(0))
+        load_policy(_dart_spec(c), None, jax.random.PRNGKey(0))
     c.warm_start = str(tmp_path / "missing")
     c.init_from = ""
     with pytest.raises(FileNotFoundError, match="not an adapter directory"):
-        load_policy(c, MethodSpec(variant="dart"), None, jax.random.PRNGKey(0))
+        load_policy(_dart_spec(c), None, jax.random.PRNGKey(0))
 
 
 def test_shipped_warm_start_merges_into_smollm2(tmp_path):
@@ -189,7 +195,7 @@ def test_sft_variants_export_what_later_runs_load(tiny_smollm_dir, tmp_path, var
         assert manifest["kind"] == "dart" and manifest["adapters"] == ["reasoning", "tool"]
         g = quickstart.get_config()
         g.model.path, g.warm_start, g.init_from = tiny_smollm_dir, "", out["export"]
-        _, _, _, ads = load_policy(g, MethodSpec(variant="dart"), None, jax.random.PRNGKey(0))
+        _, _, _, ads = load_policy(_dart_spec(g), None, jax.random.PRNGKey(0))
         assert set(ads) == {"reasoning", "tool"}
     else:
         assert os.path.isfile(os.path.join(out["export"], "config.json"))

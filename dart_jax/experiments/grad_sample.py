@@ -1,11 +1,11 @@
-"""The sample stage of launch.grad_angles (analysis.grad_run): G trajectories per query by the policy at
+"""The sample stage of launch.grad_angles (experiments.grad_run): G trajectories per query by the policy at
 T = `temperature`, `chunk` queries at a time, until `queries` groups with mixed outcomes are in hand.
 
     rollouts/chunk_NNN.npz    ids, positions, loss mask, scores, accuracy of each chunk's G·chunk trajectories
     rollouts/chunk_NNN.jsonl  their texts
     rollouts/settings.json    what sampled them: a different setting samples again (with a warning naming why)
 
-`Rollouts` is the sample-side half of `grad_run.Study` (a mixin: it uses the study's config, policy and
+`GradSamples` is the sample-side half of `grad_run.Study` (a mixin: it uses the study's config, policy and
 stage log).
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from dart_jax.analysis.grad_angles import mixed
 
-log = logging.getLogger("dart_jax.analysis.grad_run")
+log = logging.getLogger("dart_jax.experiments.grad_run")
 
 
 @dataclasses.dataclass
@@ -36,14 +36,14 @@ class Group:
     accuracy: np.ndarray
 
 
-class Rollouts:
+class GradSamples:
     """Sampling and reading the rollouts of a `Study` (`config`, its section `c`, `checkpoint`, `step`, `out`,
     `policy()`, `_record`)."""
 
     def settings(self) -> dict:
         from dart_jax.rollout.agent import trajectory_settings
         c = self.c
-        return {"model": self.config.model.path, "warm_start": self.config.get("warm_start", "") or "",
+        return {"model": self.config.model.path, "warm_start": self.config.warm_start,
                 "checkpoint": self.checkpoint or "", "step": self.step, "datasets": sorted(c.datasets),
                 "limit": int(c.limit) if c.limit else None, "group_size": int(c.group_size),
                 "temperature": float(c.temperature), "seed": int(c.seed), "chunk": int(c.chunk),
@@ -85,12 +85,12 @@ class Rollouts:
     def sample(self) -> dict:
         from dart_jax.rewards.training import make_reward
         from dart_jax.rl import stages as rl_stages
-        from dart_jax.rl.sections import reward_config, section
-        from dart_jax.rollout.agent import Agent, RolloutConfig
+        from dart_jax.rollout.agent import Agent
         from dart_jax.rollout.protocol import PROTOCOLS as TASKS
         from dart_jax.rollout.sampling import SamplingConfig
         from dart_jax.run.held_out import task_accuracy
         from dart_jax.run.policy import run_mesh
+        from dart_jax.run.spec import run_spec
         from dart_jax.run.task import build_tool
 
         c, d = self.c, self.rollout_dir()
@@ -116,11 +116,12 @@ class Rollouts:
             return {"mixed": have, "sampled": min(start, len(rows)), "status": "skipped"}
         pol = self.policy()
         protocol = TASKS[self.config.task]
-        agent = Agent(pol.cfg, pol.tokenizer, protocol, build_tool(self.config, protocol),
+        spec = run_spec(self.config)
+        agent = Agent(pol.cfg, pol.tokenizer, protocol, build_tool(spec, protocol),
                       SamplingConfig(temperature=float(c.temperature)),
-                      RolloutConfig(**section(self.config, "rollout"), route_mode=pol.route_mode),
-                      pol.router_convention or self.config.router.convention, mesh=run_mesh(self.config))
-        reward = make_reward(self.config.task, reward_config(self.config))
+                      dataclasses.replace(spec.rollout, route_mode=pol.route_mode),
+                      pol.router_convention or spec.router_convention, mesh=run_mesh(self.config))
+        reward = make_reward(spec.task, spec.reward)
         from tqdm.auto import tqdm
         bar = tqdm(total=int(c.queries), initial=have, desc="mixed groups", unit="query")
         t0 = time.perf_counter()

@@ -5,7 +5,17 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dart_jax.roles.router import (PAD_ROLE, REASONING, TOOL, RouterSpec, loss_roles, route_roles, route_step, init_state, state_after)
+from dart_jax.roles.router import (
+    PAD_ROLE,
+    REASONING,
+    TOOL,
+    RouterSpec,
+    init_state,
+    loss_roles,
+    route_roles,
+    route_step,
+    state_after,
+)
 
 O, C = 100, 101  # <search>, </search>
 SPEC = RouterSpec((O,), (C,))

@@ -15,6 +15,7 @@ from configs import base
 import dart_jax.preflight as pfl
 from dart_jax.preflight import memory as mem
 from dart_jax.run import checks as pf
+from dart_jax.run.spec import run_spec
 
 SPIDER = dict(reader="spider", path="data/spider/dev_questions.jsonl", db_root="data/spider/database",
               data_source="spider_dev")
@@ -41,7 +42,7 @@ def test_dead_retriever_fails_fast_in_one_line():
     c = qa_config()
     c.retriever.url = dead_url()
     t0 = time.perf_counter()
-    check = pf.check_retriever(c)
+    check = pf.check_retriever(run_spec(c))
     assert time.perf_counter() - t0 < 5
     assert check.failed and "\n" not in check.line()
     assert c.retriever.url in check.message and "launch.serve_retriever" in check.message
@@ -56,7 +57,7 @@ def test_live_server_over_the_shipped_index_passes(tmp_path, monkeypatch):
     try:
         c = qa_config()
         c.retriever.url, c.retriever.topk = server.url, 3
-        check = pf.check_retriever(c)
+        check = pf.check_retriever(run_spec(c))
     finally:
         server.stop()
     assert check.status == "ok", check.line()
@@ -66,14 +67,14 @@ def test_live_server_over_the_shipped_index_passes(tmp_path, monkeypatch):
 def test_index_dir_without_its_files_fails(tmp_path):
     c = qa_config()
     c.retriever.index_dir = str(tmp_path)
-    check = pf.check_retriever(c)
+    check = pf.check_retriever(run_spec(c))
     assert check.failed and "meta.json" in check.message and "launch.build_index" in check.message
 
 
 def test_missing_dataset_names_prepare_data():
     c = qa_config()
     c.data.train = [dict(reader="search_r1_parquet", path="data/nq_hotpotqa_train/no_such.parquet")]
-    check = pf.check_datasets(c)
+    check = pf.check_datasets(run_spec(c))
     assert check.failed and "data.train[0].path" in check.message
     assert "python -m launch.prepare_data qa" in check.message
 
@@ -84,17 +85,17 @@ def test_database_roots(tmp_path):
     c = qa_config()
     c.task = "sql"
     c.data.train = [SPIDER]  # Spider dev names databases the repository does not ship
-    partial = pf.check_databases(c)
+    partial = pf.check_databases(run_spec(c))
     assert partial.failed and "data.train[0].db_root" in partial.message and partial.data["missing"] >= 1
     c.data.train = [dict(SPIDER, db_ids=shipped)]  # only the rows of shipped databases
-    good = pf.check_databases(c)
+    good = pf.check_databases(run_spec(c))
     assert good.status == "ok", good.line()
     assert good.data["checked"] == min(len(shipped), pf.DB_SAMPLE)
     c.data.train = [dict(SPIDER, db_ids=shipped, db_root=str(tmp_path / "absent"))]
-    absent = pf.check_databases(c)
+    absent = pf.check_databases(run_spec(c))
     assert absent.failed and "db_root" in absent.message and "not a directory" in absent.message
     c.data.train = [dict(SPIDER, db_ids=shipped, db_root=str(tmp_path))]  # a folder without the databases
-    empty = pf.check_databases(c)
+    empty = pf.check_databases(run_spec(c))
     assert empty.failed and empty.data["missing"] == empty.data["checked"] == min(len(shipped), pf.DB_SAMPLE)
 
 
@@ -111,21 +112,21 @@ def test_prepared_sql_rows_carry_their_databases(tmp_path):
     c.task = "sql"
     c.data.train = [dict(reader="skyrl_sql", path=os.path.join(out, "train.parquet"), db_root="",
                          data_source="skyrl_sql")]
-    good = pf.check_databases(c)
+    good = pf.check_databases(run_spec(c))
     assert good.status == "ok" and good.data["checked"] == 3, good.line()  # concert_singer, pets_1, synsql_shop
     os.remove(os.path.join(root, "spider", "database", "pets_1", "pets_1.sqlite"))
-    gone = pf.check_databases(c)
+    gone = pf.check_databases(run_spec(c))
     assert gone.failed and gone.data["missing"] == 1 and "pets_1" in gone.message, gone.line()
 
 
 def test_missing_weights_name_the_download_command():
     c = qa_config()
     c.model.path = "dart-jax-tests/no-such-model"
-    check = pf.check_weights(c)
+    check = pf.check_weights(run_spec(c))
     assert check.failed and "hf download dart-jax-tests/no-such-model" in check.message
     c.model.path = "smollm2-135m-instruct"
     c.warm_start = "data/warm_start/no_such_dir"
-    check = pf.check_weights(c)
+    check = pf.check_weights(run_spec(c))
     assert check.failed and "warm_start" in check.message and "launch.sft" in check.message
 
 
@@ -158,19 +159,18 @@ def test_memory_estimate_is_the_compiled_steps_analysis(tiny_dirs):
     from dart_jax.parallel.mesh import make_mesh
     from dart_jax.rl.optim import make_optimizer
     from dart_jax.rl.placement import jit_step, microbatch_sharding, place_state, state_bytes_per_device
-    from dart_jax.rl.sections import loss_config, method_spec, optim_config
     from dart_jax.rl.step import BATCH_KEYS, make_train_step
-    from dart_jax.run.policy import model_overrides
 
     c = tiny_config(tiny_dirs["qwen2"][0])
     mesh = make_mesh((2, 1, 1), jax.devices()[:2])
-    cfg, arch = pf.architecture(c)
+    cfg, arch = pf.architecture(run_spec(c))
     assert arch == c.model.path
-    seq = mem.lengths(c, 32)["train_length"]
-    got = mem.train_memory(c, cfg, mesh, "per_layer", seq)
+    seq = mem.lengths(run_spec(c), 32)["train_length"]
+    got = mem.train_memory(run_spec(c), cfg, mesh, "per_layer", seq)
 
-    method, lc, oc = method_spec(c), loss_config(c), optim_config(c)
-    cfg2, base_params = load_model(c.model.path, mesh=mesh, **model_overrides(c))
+    spec = run_spec(c)
+    method, lc, oc = spec.method, spec.loss, spec.optim
+    cfg2, base_params = load_model(c.model.path, mesh=mesh, **spec.model.overrides())
     state, placed = place_state(method, cfg2, base_params, init_adapters(method, cfg2, jax.random.PRNGKey(0)),
                                 make_optimizer(oc), mesh)
     m, b = c.train.mini_batch // c.train.micro_batch, c.train.micro_batch
@@ -189,14 +189,14 @@ def test_memory_estimate_is_the_compiled_steps_analysis(tiny_dirs):
 
 def test_memory_over_budget_names_a_setting_that_fits(tiny_dirs):
     c = tiny_config(tiny_dirs["qwen2"][0])
-    model = mem.MemoryModel(c, pf.architecture(c)[0], 1, 32)
+    model = mem.MemoryModel(run_spec(c), pf.architecture(run_spec(c))[0], 1, 32)
     current = mem.Setting((2, 1, 1), "per_layer", "none")
     here = model.estimate(current)
     assert here["layout_copy"] > 0  # per_layer keeps a copy of the layers through the update
     stacked = model.estimate(mem.Setting((2, 1, 1), "stacked", "none"))
     assert stacked["peak"] < here["peak"]
     budget_gib = (stacked["peak"] + here["peak"]) / 2 / pf.GIB
-    over = mem.check_memory(c, 1, budget_gib, prompt_tokens=32)
+    over = mem.check_memory(run_spec(c), 1, budget_gib, prompt_tokens=32)
     assert over.failed and "\n" not in over.message
     assert "rollout.decode_layout=stacked" in over.message
     assert over.data["fits"]["gib"] <= budget_gib < over.data["estimate_gib"]["peak"]
@@ -205,7 +205,7 @@ def test_memory_over_budget_names_a_setting_that_fits(tiny_dirs):
     c.model.remat_policy = over.data["fits"]["setting"]["remat"]
     c.mesh.shape = over.data["fits"]["setting"]["mesh"]
     assert over.data["fits"]["setting"]["chunk_rows"] == 0  # the rollout's KV cache was not what did not fit
-    assert mem.check_memory(c, 1, budget_gib, prompt_tokens=32).status == "ok"
+    assert mem.check_memory(run_spec(c), 1, budget_gib, prompt_tokens=32).status == "ok"
 
 
 def test_kv_cache_over_budget_names_the_largest_chunk_that_fits(tiny_dirs):
@@ -214,16 +214,16 @@ def test_kv_cache_over_budget_names_the_largest_chunk_that_fits(tiny_dirs):
     the largest chunk_rows (whole groups) that does, and that setting passes."""
     c = tiny_config(tiny_dirs["qwen2"][0])
     c.train.prompts_per_step = 32
-    cfg = pf.architecture(c)[0]
-    model = mem.MemoryModel(c, cfg, 1, 256)
-    lengths = mem.lengths(c, 256)
+    cfg = pf.architecture(run_spec(c))[0]
+    model = mem.MemoryModel(run_spec(c), cfg, 1, 256)
+    lengths = mem.lengths(run_spec(c), 256)
     # the whole share's cache by hand: k and v of every layer, fp32, plus a position per slot, over 2 devices
     per_slot = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4 + 4
     share_kv = 64 * lengths["capacity"] * per_slot / 2
     lightest = model.estimate(mem.Setting((2, 1, 1), "stacked", "full", chunk_rows=2))["peak"]
     assert lightest < share_kv
     budget_gib = (lightest + share_kv) / 2 / pf.GIB
-    over = mem.check_memory(c, 1, budget_gib, prompt_tokens=256)
+    over = mem.check_memory(run_spec(c), 1, budget_gib, prompt_tokens=256)
     assert over.failed and "\n" not in over.message and "processes" not in over.message
     fits = over.data["fits"]["setting"]
     assert f"--config.rollout.chunk_rows={fits['chunk_rows']}" in over.message
@@ -235,20 +235,20 @@ def test_kv_cache_over_budget_names_the_largest_chunk_that_fits(tiny_dirs):
     c.rollout.update(decode_layout=fits["layout"], chunk_rows=fits["chunk_rows"])
     c.model.remat_policy = fits["remat"]
     c.mesh.shape = fits["mesh"]
-    passed = mem.check_memory(c, 1, budget_gib, prompt_tokens=256)
+    passed = mem.check_memory(run_spec(c), 1, budget_gib, prompt_tokens=256)
     assert passed.status == "ok", passed.line()
     assert f"{fits['chunk_rows']} rows × {lengths['capacity']} slots, chunks of the share's 64 rows" in passed.message
 
 
 def test_memory_is_skipped_on_cpu_without_a_budget():
-    check = mem.check_memory(qa_config(), 1, None)
+    check = mem.check_memory(run_spec(qa_config()), 1, None)
     assert check.status == "skipped" and "host RAM" in check.message
 
 
 def test_paper_presets_stand_in_for_absent_weights():
     from configs import paper_qa
     c = paper_qa.get_config("dart,qwen2.5-7b-base")
-    cfg, arch = pf.architecture(c)
+    cfg, arch = pf.architecture(run_spec(c))
     assert "data/model_configs/Qwen/Qwen2.5-7B/config.json" in arch and "not present" in arch
     # Qwen2.5-7B as published: 7.62B parameters (the model card's figure)
     assert (cfg.hidden_size, cfg.num_layers, cfg.num_kv_heads, cfg.vocab_size) == (3584, 28, 4, 152064)

@@ -13,7 +13,7 @@ directory (`config.cea.out`):
                                  (`cea.limit` raised), is continued — eval.resume reuses the batches that
                                  one uninterrupted run would sample identically; sampled again, with a
                                  warning naming why, otherwise)
-    solve/                       β per question, its uncertainty, report.md and the figures (cea_report;
+    solve/                       β per question, its uncertainty, report.md and the figures (analysis.cea_report;
                                  seconds, so it always runs)
     stages.json                  each stage's wall time and when it finished
 
@@ -34,8 +34,8 @@ import shutil
 import time
 
 from dart_jax.analysis import cea
-
-from dart_jax.analysis.stage_log import StageLog
+from dart_jax.analysis.cea_report import interference_and_report, read_inputs, solve_and_report
+from dart_jax.experiments.stage_log import StageLog
 from dart_jax.parallel.distributed import from_main, on_main
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,10 @@ def config_mismatch(run: str, vc) -> list[str]:
     return config_differences(_without_cea(saved), _without_cea(config_dict(vc)), ignore=RESUMABLE)
 
 
-class Stages(StageLog):
+class CEAStages(StageLog):
     """The stages of one CEA experiment; each skips what its outputs show is done."""
+    STAGES = STAGES
+    STUDY = "CEA"
 
     def __init__(self, config):
         self.config = config
@@ -151,7 +153,7 @@ class Stages(StageLog):
         main, compose = SOURCES[variant]
         expected = {"n_samples": int(c.n_samples), "temperature": float(c.temperature), "seed": int(c.seed),
                     "limit": int(c.limit) if c.limit else None, "model": self.config.model.path,
-                    "warm_start": self.config.get("warm_start", "") or "",
+                    "warm_start": self.config.warm_start,
                     "datasets": sorted(c.datasets), "step": want if main else None,
                     "composition step": want if compose else None}
         got = {**{k: setup.get(k) for k in ("n_samples", "temperature", "seed", "limit", "model", "warm_start")},
@@ -204,7 +206,6 @@ class Stages(StageLog):
         return from_main(self._solve, interference_only)
 
     def _solve(self, interference_only: bool) -> dict:
-        from dart_jax.analysis.cea_report import interference_and_report, read_inputs, solve_and_report
         c = self.c
         need = cea.SINGLE if interference_only else cea.VARIANTS
         missing = [v for v in need if not os.path.isfile(os.path.join(self.sample_dir(v), "results.json"))]
@@ -223,16 +224,3 @@ class Stages(StageLog):
                              c.title)
         self._record("solve", "all", time.perf_counter() - t0)
         return s
-
-    def run(self, stages=STAGES) -> dict | None:
-        unknown = [s for s in stages if s not in STAGES]
-        if unknown:
-            raise ValueError(f"unknown CEA stages {unknown}; expected some of {STAGES}")
-        summary = None
-        if "train" in stages:
-            self.train()
-        if "sample" in stages:
-            self.sample()
-        if "solve" in stages:
-            summary = self.solve()
-        return summary

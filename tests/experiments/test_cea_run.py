@@ -11,7 +11,7 @@ import pytest
 
 from configs import cea_quickstart
 from dart_jax.analysis import cea
-from dart_jax.analysis.cea_run import SOURCES, Stages, variant_config
+from dart_jax.experiments.cea_run import SOURCES, CEAStages, variant_config
 from launch import cea as launch_cea
 
 
@@ -60,7 +60,7 @@ def test_launch_cea_end_to_end_and_resumable(tiny_smollm_dir, tmp_path, capsys):
     from dart_jax.rl.trainer import Trainer
     out = tmp_path / "cea"
     c = _config(tiny_smollm_dir, out)
-    stages = Stages(c)
+    stages = CEAStages(c)
     # solving or sampling before their inputs exist names what is missing
     with pytest.raises(FileNotFoundError, match="have not been sampled.*run the sample stage first"):
         stages.solve()
@@ -82,7 +82,7 @@ def test_launch_cea_end_to_end_and_resumable(tiny_smollm_dir, tmp_path, capsys):
     other = _config(tiny_smollm_dir, out)
     other.optim.lr = 5e-4
     with pytest.raises(ValueError, match="optim.lr"):
-        Stages(other).train()
+        CEAStages(other).train()
 
     assert stages.sample() == {v: stages.times()["sample"][v]["scores"] for v in cea.VARIANTS}
     for v in cea.VARIANTS:
@@ -129,11 +129,11 @@ def test_launch_cea_end_to_end_and_resumable(tiny_smollm_dir, tmp_path, capsys):
             "--config.loss.entropy_coef=0.01", "--config.optim.lr=1e-3", "--config.output.progress=False",
             "--config.output.tensorboard=False", "--stage=sample"]
     assert launch_cea.main(args) == 0
-    again = Stages(c).times()
+    again = CEAStages(c).times()
     assert again["train"] == times["train"] and set(again["sample"]) == set(cea.VARIANTS)
     assert again["sample"]["base"] != times["sample"]["base"]  # base only was sampled again
     assert all(again["sample"][v] == times["sample"][v] for v in cea.VARIANTS if v != "base")
-    assert Stages(c).sample_mismatch("base") == []
+    assert CEAStages(c).sample_mismatch("base") == []
     assert "sample: " in capsys.readouterr().out
 
     # the solve stage through the command, on counts where questions are answered (a random model
@@ -160,13 +160,13 @@ def test_launch_cea_end_to_end_and_resumable(tiny_smollm_dir, tmp_path, capsys):
     before = [json.loads(line) for line in open(out / "sample" / "h_tool" / "per_question.jsonl")]
     more = _config(tiny_smollm_dir, out)
     more.cea.limit = 3
-    assert Stages(more).sample_mismatch("h_tool") == ["limit: 2 → 3"]
-    Stages(more).sample(("h_tool",))
+    assert CEAStages(more).sample_mismatch("h_tool") == ["limit: 2 → 3"]
+    CEAStages(more).sample(("h_tool",))
     after = [json.loads(line) for line in open(out / "sample" / "h_tool" / "per_question.jsonl")]
     assert after[:4] == before and len(after) == 6 and after[4]["id"] not in {r["id"] for r in before}
     setup = json.load(open(out / "sample" / "h_tool" / "results.json"))["setup"]
     assert setup["limit"] == 3 and setup["resumed"] == {"nq_corpus_heldout": 4}
-    assert Stages(more).sample_mismatch("h_tool") == []
+    assert CEAStages(more).sample_mismatch("h_tool") == []
 
 
 def test_launch_cea_refuses_unclear_requests(tmp_path):

@@ -5,17 +5,17 @@
                               + warm start, or a checkpoint), `chunk` queries at a time, until `queries`
                               groups with mixed outcomes (some right, some wrong) are in hand or the pool
                               (`datasets`, first `limit`) ends; settings.json records what sampled them, and
-                              a different setting samples again (with a warning naming why): analysis.grad_sample
+                              a different setting samples again (with a warning naming why): experiments.grad_sample
     grads/<params>/<protocol>/<uid>.npz
                               per mixed query: `paper` — the Gram matrix, per unit (tensor × layer), of the
                               2G per-trajectory role gradients (reasoning of each trajectory, tool of each);
                               `authors` — per-unit (g1·g2, |g1|², |g2|²) of tool(A)·answer(A) and
                               tool(A)·tool(B) for two 5-subsets A, B, per weighting. A query's file is its
                               checkpoint: an interrupted stage resumes at the next query
-    report/                   angles.csv, summary.json, report.md and the figures (grad_report)
+    report/                   angles.csv, summary.json, report.md and the figures (analysis.grad_report)
     stages.json               each stage's wall time
 
-Gradients (analysis.grad_roles): one backward pass per role, the GRPO surrogate at ratio 1 restricted to
+Gradients (experiments.grad_roles): one backward pass per role, the GRPO surrogate at ratio 1 restricted to
 the role's tokens, token-mean; `params=full` differentiates the whole backbone (the paper; under a
 checkpoint's adapters held fixed), `adapters` the policy's adapters (a fresh shared LoRA of rank
 `adapter_rank` when the policy has none: its B = 0, so only B receives gradient, g_B = g_W·Aᵀ, a random
@@ -45,25 +45,22 @@ import jax
 import numpy as np
 
 from dart_jax.analysis import grad_angles as ga
-from dart_jax.analysis.grad_angles import (  # noqa: F401  (the stages' helpers, re-exported)
+from dart_jax.analysis.grad_angles import (
+    GRAD_PROTOCOLS,
+    PARAMS,
+    WEIGHTINGS,
     exact_gram,
-    flip,
-    mixed,
-    paper_pairs,
     pick_subset,
     sketch_gram,
     tree_nbytes,
 )
-
-from dart_jax.analysis.grad_sample import Group, Rollouts  # noqa: F401  (Group re-exported)
-from dart_jax.analysis.stage_log import StageLog
+from dart_jax.analysis.grad_report import write_report
+from dart_jax.experiments.grad_sample import GradSamples, Group
+from dart_jax.experiments.stage_log import StageLog
 
 log = logging.getLogger(__name__)
 
 STAGES = ("sample", "grads", "report")
-PARAMS = ("full", "adapters")
-PROTOCOLS = ("paper", "authors")
-WEIGHTINGS = ("advantage", "loglik")
 
 
 def _section(config):
@@ -71,9 +68,9 @@ def _section(config):
         raise ValueError("launch.grad_angles needs a config with a `grad_angles` section "
                          "(configs/grad_angles_quickstart.py)")
     c = config.grad_angles
-    bad = [p for p in c.params if p not in PARAMS] + [p for p in c.protocols if p not in PROTOCOLS]
+    bad = [p for p in c.params if p not in PARAMS] + [p for p in c.protocols if p not in GRAD_PROTOCOLS]
     if bad:
-        raise ValueError(f"config.grad_angles: unknown params / protocols {bad}; expected {PARAMS} / {PROTOCOLS}")
+        raise ValueError(f"config.grad_angles: unknown params / protocols {bad}; expected {PARAMS} / {GRAD_PROTOCOLS}")
     if int(c.group_size) < 2:
         raise ValueError(f"config.grad_angles.group_size = {c.group_size}: same-role pairs need at least 2")
     if "authors" in c.protocols and int(c.group_size) < int(c.authors_k):
@@ -81,8 +78,10 @@ def _section(config):
     return c
 
 
-class Study(Rollouts, StageLog):
+class Study(GradSamples, StageLog):
     """The stages of one gradient-alignment experiment; each skips what its outputs show is done."""
+    STAGES = STAGES
+    STUDY = "grad_angles"
 
     def __init__(self, config, checkpoint: str | None = None, step: int | None = None):
         self.config, self.checkpoint, self.step = config, checkpoint, step
@@ -97,8 +96,9 @@ class Study(Rollouts, StageLog):
         if self._policy is None:
             from dart_jax.eval.policy import load_eval_policy
             from dart_jax.run.policy import run_mesh
-            self._policy = load_eval_policy(self.config, run_mesh(self.config), self.checkpoint, step=self.step,
-                                            seed=int(self.c.seed))
+            from dart_jax.run.spec import run_spec
+            self._policy = load_eval_policy(run_spec(self.config), run_mesh(self.config), self.checkpoint,
+                                            step=self.step, seed=int(self.c.seed))
         return self._policy
 
     # -- gradients ---------------------------------------------------------------------------------
@@ -115,10 +115,9 @@ class Study(Rollouts, StageLog):
 
     def _build_role_grads(self, params: str, weighting: str, tags_in_tool: bool):
         from dart_jax.adapters.method import MethodSpec, init_adapters
-        from dart_jax.analysis.grad_roles import RoleGradients
+        from dart_jax.experiments.grad_roles import RoleGradients
         from dart_jax.roles.router import RouterSpec
-        from dart_jax.rollout.protocol import PROTOCOLS as TASKS
-        from dart_jax.rollout.protocol import tag_variants
+        from dart_jax.rollout.protocol import PROTOCOLS as TASKS, tag_variants
         from dart_jax.tokenization.sentinels import sentinel_ids
         pol = self.policy()
         protocol = TASKS[self.config.task]
@@ -205,8 +204,9 @@ class Study(Rollouts, StageLog):
 
     def _paper_query(self, params: str, g: Group) -> dict:
         """2G log-likelihood gradients (reasoning, then tool, per trajectory) -> their per-unit Gram."""
-        from dart_jax.rl.advantages import grpo_advantages
         import jax.numpy as jnp
+
+        from dart_jax.rl.advantages import grpo_advantages
         rg, tree, base = self._role_grads(params, "loglik")
         n = len(g.scores)
         adv = np.asarray(grpo_advantages(jnp.asarray(g.scores), jnp.zeros(n, jnp.int32), 1))
@@ -230,8 +230,9 @@ class Study(Rollouts, StageLog):
 
     def _authors_query(self, params: str, g: Group) -> dict:
         """Per weighting: tool(A) vs answer(A) (cross) and tool(A) vs tool(B) (same role), per unit."""
-        from dart_jax.rl.advantages import grpo_advantages
         import jax.numpy as jnp
+
+        from dart_jax.rl.advantages import grpo_advantages
         k = int(self.c.authors_k)
         rng = np.random.default_rng([int(self.c.seed), _stable(g.uid)])
         a, b = pick_subset(g.accuracy, k, rng), pick_subset(g.accuracy, k, rng)
@@ -274,7 +275,7 @@ class Study(Rollouts, StageLog):
                              "the settings they were sampled with")
         cells = []
         for params in dict.fromkeys([*self.c.params, *PARAMS]):
-            for protocol in dict.fromkeys([*self.c.protocols, *PROTOCOLS]):
+            for protocol in dict.fromkeys([*self.c.protocols, *GRAD_PROTOCOLS]):
                 d = self.grad_dir(params, protocol)
                 if not os.path.isdir(d):
                     continue
@@ -289,25 +290,12 @@ class Study(Rollouts, StageLog):
         return cells
 
     def report(self) -> dict:
-        from dart_jax.analysis.grad_report import write_report
         t0 = time.perf_counter()
         summary = write_report(self.out, os.path.join(self.out, "report"), self.c, self.times(),
                                cells=self.report_cells())
         self._record("report", "all", time.perf_counter() - t0)
         return summary
 
-    def run(self, stages=STAGES) -> dict | None:
-        unknown = [s for s in stages if s not in STAGES]
-        if unknown:
-            raise ValueError(f"unknown grad_angles stages {unknown}; expected some of {STAGES}")
-        summary = None
-        if "sample" in stages:
-            self.sample()
-        if "grads" in stages:
-            self.grads()
-        if "report" in stages:
-            summary = self.report()
-        return summary
 
 
 def _safe(uid: str) -> str:

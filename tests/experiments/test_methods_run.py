@@ -7,7 +7,7 @@ import json
 import pytest
 
 from configs import methods_quickstart
-from dart_jax.analysis.methods_report import paired
+from dart_jax.experiments.methods_report import paired
 from dart_jax.run.run_dir import config_dict
 from launch import methods as launch_methods
 
@@ -124,11 +124,11 @@ def test_methods_archive_outlives_the_output_directory(tiny_smollm_dir, tmp_path
     assert (elsewhere / "reward_curves.png").is_file() and (elsewhere / "report.md").is_file()
     # what the archive stands for: the same configuration of the run (methods section, output.dir and
     # resumable fields aside); another one is not taken for it, and a trial never overwrites the entry
-    from dart_jax.analysis.methods_run import Stages
+    from dart_jax.experiments.methods_run import MethodsStages
 
     def stages(*extra):
         launch_methods.CLI.parse(args + list(extra))
-        return Stages(launch_methods.CLI.config.value)
+        return MethodsStages(launch_methods.CLI.config.value)
 
     assert stages(f"--config.methods.out={tmp_path / 'elsewhere'}").archived("dart_s0", 1, 2)
     assert not stages("--config.train.prompts_per_step=4").archived("dart_s0", 1, 2)

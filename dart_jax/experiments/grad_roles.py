@@ -28,10 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.adapters.method import MethodSpec
+from dart_jax.analysis.grad_angles import WEIGHTINGS
 from dart_jax.rl.batch import token_arrays
 from dart_jax.rl.step import policy_trees, sequence_logprobs
 
-WEIGHTINGS = ("advantage", "loglik")
 ROLES = ("reasoning", "tool", "answer")
 
 

@@ -16,6 +16,7 @@ import statistics
 
 import numpy as np
 
+from dart_jax.analysis.tables import markdown_table
 from dart_jax.eval.paper import METHOD_NAMES, PAPER_QA
 from dart_jax.run.metrics import read_metrics, wilson_interval
 
@@ -129,56 +130,55 @@ def write_report(runs: dict, out: str, datasets: list[str], times: dict | None =
     return summary
 
 
+def _count_cell(r: dict, dataset: str) -> str:
+    """A run's correct / questions = EM (Wilson 95%) on `dataset`."""
+    k, n = r["counts"][dataset]
+    lo, hi = wilson_interval(k, n) if n else (float("nan"), float("nan"))
+    return f"{k}/{n} = {r['em'][dataset]:.3f} ({lo:.2f}–{hi:.2f})"
+
+
 def _markdown(summary: dict, per_run: dict, datasets: list[str], times: dict) -> str:
     lines = ["# Method comparison", "",
              "Greedy EM on held-out questions: each seed's count (Wilson 95%), then the mean and the range over "
              "seeds. Step time = median seconds per GRPO step (rollout + update); memory = one device's train "
-             "state (fp32 masters + AdamW moments) and the process's peak resident memory.", "",
-             "| run | " + " | ".join(datasets) + " | steps |", "|---|" + "---|" * (len(datasets) + 1)]
+             "state (fp32 masters + AdamW moments) and the process's peak resident memory.", ""]
     rows = list(per_run.items())
     if summary.get("reference"):
         rows = [("warm start (no GRPO)", {"counts": summary["reference"]["counts"], "steps": 0,
                                           "em": {d: k / n if n else float("nan")
                                                  for d, (k, n) in summary["reference"]["counts"].items()}})] + rows
-    for name, r in rows:
-        cells = []
-        for d in datasets:
-            k, n = r["counts"][d]
-            lo, hi = wilson_interval(k, n) if n else (float("nan"), float("nan"))
-            cells.append(f"{k}/{n} = {r['em'][d]:.3f} ({lo:.2f}–{hi:.2f})")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['steps']} |")
-    lines += ["", "| method | " + " | ".join(f"{d} mean [range]" for d in datasets) +
-              " | avg | step (s) | update (s) | train state (MiB) | peak RSS (MiB) | paper 3B-Base Avg |",
-              "|---|" + "---|" * (len(datasets) + 6)]
+    lines.append(markdown_table(["run", *datasets, "steps"],
+                                [[name, *(_count_cell(r, d) for d in datasets), r["steps"]] for name, r in rows]))
+    methods = []
     for m, e in summary["methods"].items():
         paper = PAPER_QA.get((PAPER_KEY.get(m, m), "qwen2.5-3b-base"), {}).get("Avg")
-        cells = [f"{e[d]['mean']:.3f} [{e[d]['min']:.3f}, {e[d]['max']:.3f}]" for d in datasets]
-        lines.append(f"| {METHOD_NAMES.get(PAPER_KEY.get(m, m), m)} ({m}) | " + " | ".join(cells) +
-                     f" | {e['avg']['mean']:.3f} | {e['step_s']:.0f} | {e['update_s']:.0f} | "
-                     f"{e['train_state_mib']:.0f} | {e['peak_rss_mib']:.0f} | "
-                     f"{'%.3f' % paper if paper is not None else '—'} |")
+        methods.append([f"{METHOD_NAMES.get(PAPER_KEY.get(m, m), m)} ({m})",
+                        *(f"{e[d]['mean']:.3f} [{e[d]['min']:.3f}, {e[d]['max']:.3f}]" for d in datasets),
+                        f"{e['avg']['mean']:.3f}", f"{e['step_s']:.0f}", f"{e['update_s']:.0f}",
+                        f"{e['train_state_mib']:.0f}", f"{e['peak_rss_mib']:.0f}",
+                        "%.3f" % paper if paper is not None else "—"])
+    lines += ["", markdown_table(["method", *(f"{d} mean [range]" for d in datasets), "avg", "step (s)", "update (s)",
+                                  "train state (MiB)", "peak RSS (MiB)", "paper 3B-Base Avg"], methods)]
     lines += ["", "The paper's column is Qwen2.5-3B-Base on wiki-18 with 100 steps of 256 × 16 trajectories "
               "(the paper's main QA table; full = Search-R1's row): orientation only.", "",
               "![reward curves](reward_curves.png)"]
     if summary.get("paired"):
         lines += ["", "## Paired on the same questions", "",
                   "Each row: questions right only in A / only in B / in both, of n; p = exact McNemar "
-                  "(two-sided binomial on the discordant questions).", "",
-                  "| A | B | " + " | ".join(datasets) + " |", "|---|---|" + "---|" * len(datasets)]
+                  "(two-sided binomial on the discordant questions).", ""]
         by = {}
         for q in summary["paired"]:
             by.setdefault((q["a"], q["b"]), {})[q["dataset"]] = q
-        for (a, b), qs in by.items():
-            cells = [f"{q['only_a']} / {q['only_b']} / {q['both']} of {q['n']}, p {q['p']:.2g}"
-                     for q in (qs[d] for d in datasets)]
-            lines.append(f"| {a} | {b} | " + " | ".join(cells) + " |")
+        lines.append(markdown_table(["A", "B", *datasets], [
+            [a, b, *(f"{q['only_a']} / {q['only_b']} / {q['both']} of {q['n']}, p {q['p']:.2g}"
+                     for q in (qs[d] for d in datasets))] for (a, b), qs in by.items()]))
     if summary.get("missing"):
         lines += ["", f"**Partial comparison**: not yet trained and evaluated: {', '.join(summary['missing'])}."]
     if times:
-        lines += ["", "## Wall time", "", "| stage | run | minutes | finished |", "|---|---|---|---|"]
-        for stage, items in times.items():
-            for item, v in sorted(items.items(), key=lambda kv: str(kv[1].get("finished", ""))):  # in order run
-                lines.append(f"| {stage} | {item} | {v['seconds'] / 60:.1f} | {v.get('finished', '')} |")
+        # each stage's items in the order they ran
+        done = [[stage, item, f"{v['seconds'] / 60:.1f}", v.get("finished", "")] for stage, items in times.items()
+                for item, v in sorted(items.items(), key=lambda kv: str(kv[1].get("finished", "")))]
+        lines += ["", "## Wall time", "", markdown_table(["stage", "run", "minutes", "finished"], done)]
     return "\n".join(lines) + "\n"
 
 

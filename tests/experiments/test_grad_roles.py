@@ -1,4 +1,4 @@
-"""Per-role gradients (dart_jax/analysis/grad_roles.py) on a tiny random Qwen2: each equals autodiff
+"""Per-role gradients (dart_jax/experiments/grad_roles.py) on a tiny random Qwen2: each equals autodiff
 of the hand-written masked loss (both weightings, both parameter sets), and the separate passes
 give exactly the terms of `isolation="strict"`. Tolerances: rtol 1e-4 / atol 1e-5 against gradients
 of magnitude ~0.05 (fp32; the trainer's chunked log-softmax vs a plain one, measured max difference
@@ -14,8 +14,8 @@ import pytest
 import tiny_models
 from dart_jax.adapters.isolation import isolated_loss
 from dart_jax.adapters.method import MethodSpec, init_adapters
-from dart_jax.analysis.grad_roles import RoleGradients
 from dart_jax.checkpoints.registry import load_model
+from dart_jax.experiments.grad_roles import RoleGradients
 from dart_jax.models.transformer import forward
 from dart_jax.roles.router import PAD_ROLE, REASONING, TOOL, RouterSpec, loss_roles, route_roles
 

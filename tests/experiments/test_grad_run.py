@@ -18,8 +18,9 @@ import pytest
 from configs import grad_angles_quickstart
 from dart_jax.adapters.method import MethodSpec
 from dart_jax.analysis import grad_angles as ga
-from dart_jax.analysis.grad_roles import RoleGradients
-from dart_jax.analysis.grad_run import Study, flip, mixed, paper_pairs, pick_subset
+from dart_jax.analysis.grad_angles import flip, mixed, paper_pairs, pick_subset
+from dart_jax.experiments.grad_roles import RoleGradients
+from dart_jax.experiments.grad_run import Study
 from dart_jax.rl.advantages import grpo_advantages
 from dart_jax.roles.router import RouterSpec
 from dart_jax.rollout.protocol import QA, tag_variants
