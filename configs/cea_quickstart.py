@@ -19,7 +19,8 @@ with two searches would give the tool role more to learn, but the warm start was
 one-search NQ demonstrations only and never issues a second, bridging query, and 12 GRPO steps of a
 135M model are not expected to teach one; on NQ the quickstart's reward does move within this
 budget. `:hotpotqa` selects the other setting (HotpotQA questions whose paragraphs are in the
-corpus: the first 64 held out, the rest minus the shipped evaluation questions for training, up to two searches) for a machine with the time.
+corpus: the first 64 held out, the rest minus the shipped evaluation questions for training, up to two searches)
+for a machine with the time.
 
 CPU-sized choices: 12 GRPO steps of 4 prompts × 4 samples per variant (~100 s a step on 2 cores
 with full-parameter updates; the quickstart's LoRA reward moves from 0.09 to 0.28 over 24 such

@@ -17,9 +17,10 @@ verl-format parquet works too with `--config.data.train[0].path=FILE --config.da
 DIR being SkyRL's `db_path` (OmniSQL's data/ folder, holding SynSQL-2.5M/databases, spider/database
 and bird/train/train_databases). Every shipped evaluation set (Spider dev / DK / Realistic / Syn,
 BIRD dev / mini-dev) is excluded from it by question.
-Reward +1 / −1 (SkyRL's format check, then execution match with result rows compared as sets; `--config.reward.sql_shaping=skyrl` for
-SkyRL's +1 / 0 / −1), empty gold results earn nothing, a failing gold query drops its prompt; max 5
-turns, observation tables truncated to 50 rows, 5 s tool timeout, 30 s reward timeout.
+Reward +1 / −1 (SkyRL's format check, then execution match with result rows compared as sets;
+`--config.reward.sql_shaping=skyrl` for SkyRL's +1 / 0 / −1), empty gold results earn nothing, a failing gold
+query drops its prompt; max 5 turns, observation tables truncated to 50 rows, 5 s tool timeout, 30 s reward
+timeout.
 """
 
 from configs import base

@@ -16,8 +16,8 @@ databases, before the first and after the last step, execution match as counts w
 
 CPU-sized deviations from the paper setup (configs/paper_sql.py), all fields: 3 turns of ≤ 128
 tokens, observations ≤ 256 tokens, 4 prompts × 8 samples per step, old log-probs from the sampler,
-no KL term, the order-aware row comparison, and a curriculum for a 135M model: only questions whose gold query Spider grades easy
-(`max_hardness`, dart_jax/data/sql_hardness.py), sampled at T = 0.5 (the loss's log-probs at the same
+no KL term, the order-aware row comparison, and a curriculum for a 135M model: only questions whose gold query
+Spider grades easy (`max_hardness`, dart_jax/data/sql_hardness.py), sampled at T = 0.5 (the loss's log-probs at the same
 temperature). Schema prompts are 500–900 tokens on the training databases: each group's prompt is
 prefilled once and its cache shared by the group's samples (`rollout.share_prompt_prefill`), and
 runs once in the update too (`train.share_prefix`, micro-batches of one group).

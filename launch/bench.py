@@ -21,7 +21,7 @@ Every side-by-side benchmark interleaves its sides (A B A B …, `--repeats` rou
 each side settled by an untimed call) and prints each ratio as the median of the per-round ratios
 with its range; FLOP-rate shares are against a 2048² fp32 matmul timed in the same rounds.
 Unset size flags take the benchmark's own default (DEFAULTS below).
-"""
+"""  # noqa: E501 (--help text: the usage table's rows, printed as written)
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ CLI = Command("launch.bench", __doc__)
 F = CLI.flags
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
 BATCH = flags.DEFINE_integer("batch", None, "rows (forward 8, adapters 4, resume 8, train 4)", flag_values=F)
-LENGTH = flags.DEFINE_integer("length", None, "tokens per row (forward 512, adapters 256, train 512; cache_blocks: slots written, 768)", flag_values=F)
+LENGTH = flags.DEFINE_integer("length", None, "tokens per row (forward 512, adapters 256, train 512; "
+                              "cache_blocks: slots written, 768)", flag_values=F)
 REPEATS = flags.DEFINE_integer("repeats", None, "interleaved rounds (5; resume 4)", flag_values=F)
 DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "forward / sampler: weights and compute "
                           "on both sides", flag_values=F)

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("launch.cea needs --config=configs/cea_quickstart.py (or cea.py:MODEL), or --stage=solve "
                          "--inputs ... --out DIR (--help)")
     if "cea" not in config:
-        raise SystemExit(f"launch.cea: the config has no `cea` section (configs/cea_quickstart.py and configs/cea.py "
+        raise SystemExit("launch.cea: the config has no `cea` section (configs/cea_quickstart.py and configs/cea.py "
                          "have one)")
     for field, flag in (("estimator", ESTIMATOR), ("n_boot", N_BOOT), ("boot_seed", BOOT_SEED), ("title", TITLE)):
         if flag.value is not None:

@@ -15,7 +15,7 @@ is skipped; stages.json records each stage's wall time. --params / --protocol re
 config's lists for the grads stage (params: full = the whole backbone, under a checkpoint's adapters held
 fixed if it has any; adapters = a shared LoRA, or the checkpoint's adapters); the report covers every parameter set and protocol whose gradients are on
 disk.
-"""
+"""  # noqa: E501 (--help text, printed as written)
 
 from __future__ import annotations
 
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{v['same_tool'].get('median', float('nan')):.1f}° (medians over {v['queries']} queries' pairs)")
         for key, v in s["authors"].items():
             print(f"authors {key}: cross {v['flattened']['cross'].get('median', float('nan')):.1f}°, same "
-                  f"{v['flattened']['same'].get('median', float('nan')):.1f}° ({v['kept']}/{v['samples']} samples kept)")
+                  f"{v['flattened']['same'].get('median', float('nan')):.1f}° "
+                  f"({v['kept']}/{v['samples']} samples kept)")
         print(f"report: {os.path.join(config.grad_angles.out, 'report', 'report.md')}")
     return 0
 

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-
 from absl import flags
 
 from launch._cli import Command

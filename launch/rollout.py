@@ -11,7 +11,6 @@ writes the tags: --no-warm-start shows that); --warm-start=DIR merges another on
 
 from __future__ import annotations
 
-
 from absl import flags
 
 from launch._cli import Command

@@ -48,9 +48,11 @@ ALONE = {"tools"}
 def groups() -> list[str]:
     """Each test directory, then the top-level test files as one group."""
     dirs = sorted(d for d in os.listdir(ROOT) if os.path.isdir(os.path.join(ROOT, d))
-                  and not d.startswith(("_", ".")) and any(f.startswith("test_") for f in os.listdir(os.path.join(ROOT, d))))
+                  and not d.startswith(("_", "."))
+                  and any(f.startswith("test_") for f in os.listdir(os.path.join(ROOT, d))))
     files = sorted(f for f in os.listdir(ROOT) if f.startswith("test_") and f.endswith(".py"))
-    return [os.path.join("tests", d) for d in dirs] + ([" ".join(os.path.join("tests", f) for f in files)] if files else [])
+    return ([os.path.join("tests", d) for d in dirs]
+            + ([" ".join(os.path.join("tests", f) for f in files)] if files else []))
 
 
 def name(group: str) -> str:

@@ -22,7 +22,8 @@ import pytest
 from launch._cli import Command
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
-COMMANDS = sorted(n[:-3] for n in os.listdir(os.path.join(ROOT, "launch")) if n.endswith(".py") and not n.startswith("_"))
+COMMANDS = sorted(n[:-3] for n in os.listdir(os.path.join(ROOT, "launch"))
+                  if n.endswith(".py") and not n.startswith("_"))
 WITH_CONFIG = {"train", "sft", "evaluate", "sweep", "cea", "grad_angles", "methods", "preflight"}
 
 

@@ -39,7 +39,8 @@ def test_the_scan_sees_the_runtime_and_skips_the_reference_side():
     assert "dart_jax/rl/trainer.py" in files and "launch/train.py" in files
     assert not [f for f in files if f.startswith("dart_jax/parity/")]
     # the scan would catch the reference side's own imports
-    assert ("torch" in {m.split(".")[0] for _, m in imported_modules(os.path.join(ROOT, "dart_jax/parity/torch_grpo.py"))})
+    assert ("torch" in {m.split(".")[0]
+                        for _, m in imported_modules(os.path.join(ROOT, "dart_jax/parity/torch_grpo.py"))})
 
 
 def test_no_torch_or_peft_import():

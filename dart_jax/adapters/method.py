@@ -30,7 +30,7 @@ models differ only by their LoRAs. Unlike DART, which routes each token to an ad
 forward (a tool token attends to keys and values the reasoning adapter computed), each 2-Agent model
 runs its own forward over the whole trajectory with its LoRA on every token, and a token takes the
 log-prob of the model that wrote it.
-"""
+"""  # noqa: E501 (a markdown table: its rows cannot wrap)
 
 from __future__ import annotations
 
@@ -94,7 +94,8 @@ class MethodSpec:
             raise ValueError(f"isolation='strict' needs two role adapters (variant 'dart'), got {self.variant!r}")
         bad = set(self.targets) - set(lora_lib.TARGETS)
         if bad:
-            raise ValueError(f"method.targets has unknown projections {sorted(bad)}; expected some of {lora_lib.TARGETS}")
+            raise ValueError(f"method.targets has unknown projections {sorted(bad)}; "
+                             f"expected some of {lora_lib.TARGETS}")
 
     @property
     def adapter_names(self) -> tuple[str, ...]:

@@ -74,7 +74,8 @@ def solve_and_report(counts: cea.Counts, out_dir: str, estimator: str = "clip", 
     with open(os.path.join(out_dir, "per_question.jsonl"), "w") as f:
         for qi, q in enumerate(counts.ids):
             rec = {"id": q, "kept": bool(keep[qi]),
-                   "k": dict(zip(cea.VARIANTS, counts.k[qi].tolist())), "n": dict(zip(cea.VARIANTS, counts.n[qi].tolist()))}
+                   "k": dict(zip(cea.VARIANTS, counts.k[qi].tolist())),
+                   "n": dict(zip(cea.VARIANTS, counts.n[qi].tolist()))}
             for e, es in ests.items():
                 if q in pos[e]:
                     rec[f"y_{e}"] = dict(zip(cea.VARIANTS, es.y[pos[e][q]].tolist()))
@@ -154,7 +155,8 @@ def interference_and_report(inputs: Mapping[str, str], out_dir: str, n_boot: int
     k = np.array([[float(rows[v][q]["correct"]) for v in cea.SINGLE] for q in ids], np.float64)
     n = np.array([[float(rows[v][q]["n"]) for v in cea.SINGLE] for q in ids], np.float64)
     os.makedirs(out_dir, exist_ok=True)
-    summary = {"questions": len(ids), "variants": {v: float((k[:, i] / n[:, i]).mean()) for i, v in enumerate(cea.SINGLE)},
+    summary = {"questions": len(ids),
+               "variants": {v: float((k[:, i] / n[:, i]).mean()) for i, v in enumerate(cea.SINGLE)},
                "samples_per_answer": sorted({int(x) for x in np.unique(n)}), "coefficients": ["b23"],
                "note": "β23 from M_Base, M_Reas, M_Tool, M_Unified only (the compositions were not sampled)"}
     per_q = {q: {"id": q, "k": dict(zip(cea.SINGLE, k[i].tolist())), "n": dict(zip(cea.SINGLE, n[i].tolist()))}

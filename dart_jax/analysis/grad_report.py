@@ -381,7 +381,8 @@ def render(summary: dict) -> str:
         return f"{d['median']:.3f} [{d['q1']:.3f}, {d['q3']:.3f}] ({d['min']:.3f}, n {d['n']})" if d.get("n") else "—"
     for params, sh in (summary.get("routed_shares") or {}).items():
         lines += [f"Routed adapters ({params}): share of a role's squared gradient norm on its own adapter, per "
-                  f"trajectory, median [IQR] (min): reasoning tokens on the reasoning adapter {share(sh['reasoning'])}; "
+                  "trajectory, median [IQR] (min): reasoning tokens on the reasoning adapter "
+                  f"{share(sh['reasoning'])}; "
                   f"tool tokens on the tool adapter {share(sh['tool'])}. Both shares near "
                   "1 would make the cross-role angle ≈ 90° by construction (disjoint parameters). Cross-role angle "
                   "on one adapter's units only: reasoning adapter "
@@ -394,9 +395,11 @@ def render(summary: dict) -> str:
         rows = []
         for key, s in summary["authors"].items():
             t = s["cross_vs_same"]
-            sig = [ly for ly, v in s.get("per_layer", {}).get("tests", {}).items() if v["p"] == v["p"] and v["p"] < 0.05]
+            sig = [ly for ly, v in s.get("per_layer", {}).get("tests", {}).items()
+                   if v["p"] == v["p"] and v["p"] < 0.05]
             n_l = len(s.get("per_layer", {}).get("tests", {}))
-            test = (f"{t['median_difference']:+.1f}° [{t['ci95'][0]:+.1f}, {t['ci95'][1]:+.1f}], p {t['wilcoxon_p']:.2g}"
+            test = (f"{t['median_difference']:+.1f}° [{t['ci95'][0]:+.1f}, {t['ci95'][1]:+.1f}], "
+                    f"p {t['wilcoxon_p']:.2g}"
                     if t.get("queries") else "—")
             rows.append([key, f"{s['kept']}/{s['samples']}", _fmt(s["flattened"]["cross"]),
                          _fmt(s["flattened"]["same"]), test, f"{len(sig)}/{n_l}"])
@@ -406,7 +409,8 @@ def render(summary: dict) -> str:
             if "routed" in s:
                 lines += [f"Routed adapters ({key}), one adapter's units only: " + "; ".join(
                     f"{role} adapter: flattened cross {_fmt(v['flattened']['cross'])}, same "
-                    f"{_fmt(v['flattened']['same'])}; per tensor (kept samples) cross {_fmt(v['per_tensor']['cross'])}, "
+                    f"{_fmt(v['flattened']['same'])}; per tensor (kept samples) cross "
+                    f"{_fmt(v['per_tensor']['cross'])}, "
                     f"same {_fmt(v['per_tensor']['same'])}" for role, v in s["routed"].items()) + ".", ""]
     times = summary.get("stage_seconds") or {}
     qs = summary.get("query_seconds") or {}

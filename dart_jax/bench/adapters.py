@@ -37,7 +37,8 @@ def bench_adapters(model: str = "smollm2-135m-instruct", batch: int = 4, length:
 
         @jax.jit
         def step(ads):
-            return jax.value_and_grad(lambda a: _nll(forward(base, a, tokens, positions, route_ids, None, cfg=cfg)[0], tokens))(ads)
+            return jax.value_and_grad(
+                lambda a: _nll(forward(base, a, tokens, positions, route_ids, None, cfg=cfg)[0], tokens))(ads)
         return lambda: jax.block_until_ready(step(ads))
 
     sides["dart_2x_r8"] = adapter_step(MethodSpec("dart", rank=8), routes)
@@ -45,7 +46,8 @@ def bench_adapters(model: str = "smollm2-135m-instruct", batch: int = 4, length:
 
     @jax.jit
     def full_step(b):
-        return jax.value_and_grad(lambda p: _nll(forward(p, None, tokens, positions, None, None, cfg=cfg)[0], tokens))(b)
+        return jax.value_and_grad(
+            lambda p: _nll(forward(p, None, tokens, positions, None, None, cfg=cfg)[0], tokens))(b)
     sides["full_no_adapter"] = lambda: jax.block_until_ready(full_step(base))
 
     if with_torch:

@@ -60,6 +60,7 @@ def bench_forward(model: str = "smollm2-135m-instruct", batch: int = 8, length: 
         "ours_tokens_per_s": n / res["dart_jax"]["median_s"],
         "transformers_tokens_per_s": n / res["transformers"]["median_s"],
         "ratio": ratio(res, "transformers", "dart_jax"), "matmul_flops": statistics.median(peaks),
-        "ours_flops_frac_of_matmul": statistics.median(flops / t / p for t, p in zip(res["dart_jax"]["times_s"], peaks)),
+        "ours_flops_frac_of_matmul": statistics.median(
+            flops / t / p for t, p in zip(res["dart_jax"]["times_s"], peaks)),
         "details": res,
     }

@@ -29,7 +29,8 @@ def _post(host: str, port: int, body: bytes, timeout: float) -> int:
 def _slow_body(host: str, port: int, stop: threading.Event) -> None:
     """Declares a 1 kB body and sends one byte a second."""
     with socket.create_connection((host, port), timeout=60) as s:
-        s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1024\r\n\r\n")
+        s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 1024\r\n\r\n")
         while not stop.is_set():
             try:
                 s.sendall(b" ")
@@ -80,7 +81,8 @@ def run_load(url: str, queries: list[str], clients: int = 64, requests: int = 20
         def big():
             t = time.perf_counter()
             try:
-                hostile_out["1MB query"] = _post(host, port, json.dumps({"queries": ["x " * 500_000]}).encode(), timeout)
+                hostile_out["1MB query"] = _post(host, port, json.dumps({"queries": ["x " * 500_000]}).encode(),
+                                                 timeout)
             except Exception as e:  # noqa: BLE001
                 hostile_out["1MB query"] = type(e).__name__
             hostile_out["1MB query s"] = round(time.perf_counter() - t, 2)

@@ -312,7 +312,9 @@ def run_suite(shape: str | None = None, remat_policy: str = "dots", repeats: int
         layers = per_layer_params(base)
         section("decode", lambda: bench_decode(cfg, layers, *size["decode"], repeats, out["peaks"]))
         section("resume", lambda: bench_resume_random(cfg, layers, *size["resume"], repeats))
-        del layers, base  # the memory section measures its own base and nothing else of ours
+        # the memory section measures its own base and nothing else of ours: drop our references (rebound to
+        # None rather than `del`eted, as the lambdas above close over these names)
+        layers = base = None
         kept.clear()
         clear_decode_layout()
         section("rollout_memory", lambda: bench_rollout_memory(cfg, *size["decode"]))

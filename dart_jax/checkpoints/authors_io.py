@@ -128,8 +128,8 @@ def import_authors(path: str, mesh=None, **overrides):
                                          f"{b.shape}, expected [2r={2 * r}, d_in] / [d_out, 2r] (both adapters "
                                          "concatenated)")
         for name, sl in halves.items():
-            half = {"A": {l: a[sl] for l, a in ab.get("A", {}).items()},
-                    "B": {l: b[:, sl] for l, b in ab.get("B", {}).items()}}
+            half = {"A": {layer: a[sl] for layer, a in ab.get("A", {}).items()},
+                    "B": {layer: b[:, sl] for layer, b in ab.get("B", {}).items()}}
             A, B = stack_torch_lora(cfg, target, half, r, path, AuthorsLayoutError)
             params[name][target] = {"a": jnp.asarray(A), "b": jnp.asarray(B)}
     scale = alpha / r

@@ -63,8 +63,9 @@ def load_base(source: TensorSource, cfg: ModelConfig,
             if not stacked:
                 return np.ascontiguousarray(view.apply_indexed(source.get(source.name(leaf, None)), index), dtype=dtype)
             layers = range(*index[0].indices(shape[0]))
-            return np.stack([np.asarray(view.apply_indexed(source.get(source.name(leaf, l)), index[1:]), dtype=dtype)
-                             for l in layers])
+            return np.stack([np.asarray(view.apply_indexed(source.get(source.name(leaf, layer)), index[1:]),
+                                        dtype=dtype)
+                             for layer in layers])
 
         sharding = (shardings or {}).get(path, default)
         flat[path] = jax.make_array_from_callback(shape, sharding, callback)

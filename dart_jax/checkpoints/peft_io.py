@@ -26,7 +26,8 @@ HF_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.
               "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
               "down": "mlp.down_proj"}
 MODULE_TO_TARGET = {m.split(".")[-1]: t for t, m in HF_MODULES.items()}
-_KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
+_KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)"
+                  r"\.lora_([AB])(?:\.[\w-]+)?\.weight$")
 
 
 def _rank_alpha(adapter: lora_lib.LoraAdapter, rslora: bool) -> tuple[int, float]:
@@ -109,8 +110,10 @@ def stack_torch_lora(cfg: ModelConfig, target: str, ab: dict, rank: int, origin:
         missing = sorted(set(range(cfg.num_layers)) - set(ab.get(which, {})))
         if missing:
             raise error(f"{origin}: lora_{which} of {HF_MODULES[target]} missing for layers {missing}")
-    a = np.stack([np.asarray(ab["A"][l], np.float32).T.reshape(*in_shape, rank) for l in range(cfg.num_layers)])
-    b = np.stack([np.asarray(ab["B"][l], np.float32).T.reshape(rank, *out_shape) for l in range(cfg.num_layers)])
+    a = np.stack([np.asarray(ab["A"][layer], np.float32).T.reshape(*in_shape, rank)
+                  for layer in range(cfg.num_layers)])
+    b = np.stack([np.asarray(ab["B"][layer], np.float32).T.reshape(rank, *out_shape)
+                  for layer in range(cfg.num_layers)])
     return a, b
 
 

@@ -74,7 +74,8 @@ def build_eval_sets(shared: str, out: str) -> dict[str, int]:
                                     sql_field="SQL", keep=("evidence", "difficulty")),
     }
     counts = {name: write_jsonl(os.path.join(out, name), rows) for name, rows in files.items()}
-    shutil.copyfile(os.path.join(qa, "nq_open", "test_sample1000.jsonl"), os.path.join(out, "qa", "nq_test_sample1000.jsonl"))
+    shutil.copyfile(os.path.join(qa, "nq_open", "test_sample1000.jsonl"),
+                    os.path.join(out, "qa", "nq_test_sample1000.jsonl"))
     counts["qa/nq_test_sample1000.jsonl"] = 1000
     src = os.path.join(shared, "spider_dk", "database")
     for db in sorted(os.listdir(src)):

@@ -175,7 +175,8 @@ def _sql_rows(records: Iterable[dict], path: str, db_root: str, source: str, sql
             example = example or db
             continue
         rid = str(r.get("question_id", r.get("id", k)))
-        rows.append({"id": rid if rid.startswith(f"{source}-") else f"{source}-{rid}", "question": _need(r, question_field, path, k), "query": sql,
+        rows.append({"id": rid if rid.startswith(f"{source}-") else f"{source}-{rid}",
+                     "question": _need(r, question_field, path, k), "query": sql,
                      "db_id": db_id, "db_path": db, "evidence": r.get("evidence") or "", "data_source": source})
     _log_skipped(path, missing, "their database is not under the database root", example)
     return rows, missing

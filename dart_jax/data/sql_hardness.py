@@ -103,7 +103,8 @@ def counts(select: exp.Select, set_ops: int = 0) -> tuple[int, int, int]:
     c1 = sum(x is not None for x in (where, group, order, select.args.get("limit")))
     c1 += len(joins)
     c1 += sum(len(_own(c, exp.Or)) + isinstance(c, exp.Or) for c in clauses if c is not None)
-    c1 += sum(isinstance(c.this if isinstance(c, exp.Not) else c, exp.Like) for c in on_conds + where_conds + having_conds)
+    c1 += sum(isinstance(c.this if isinstance(c, exp.Not) else c, exp.Like)
+              for c in on_conds + where_conds + having_conds)
     c2 = set_ops + sum(_nested_value(c) for c in on_conds + where_conds + having_conds)
     aggs = sum(_is_agg(e) for e in select.expressions)
     aggs += sum(isinstance(c, exp.Not) for c in where_conds)  # Spider's has_agg on a cond_unit reads its not flag

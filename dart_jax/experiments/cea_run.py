@@ -166,7 +166,8 @@ class CEAStages(StageLog):
         from dart_jax.eval.runner import EvalOptions
         c, want = self.c, int(self.config.train.steps)
         needs = {SOURCES[v][0] for v in variants} | {SOURCES[v][1][1] for v in variants if SOURCES[v][1]}
-        missing = from_main(lambda: sorted(v for v in needs - {None} if trained_steps(train_dir(self.config, v)) < want))
+        missing = from_main(lambda: sorted(v for v in needs - {None}
+                                           if trained_steps(train_dir(self.config, v)) < want))
         if missing:
             raise FileNotFoundError(f"CEA sample: the trained variants {missing} have no finished checkpoint at "
                                     f"train.steps = {want} under {self.out}/train (run the train stage first)")
@@ -214,7 +215,8 @@ class CEAStages(StageLog):
                                     "(run the sample stage first)")
         t0 = time.perf_counter()
         if interference_only:
-            s = interference_and_report({v: self.sample_dir(v) for v in cea.SINGLE}, os.path.join(self.out, "solve_b23"),
+            s = interference_and_report({v: self.sample_dir(v) for v in cea.SINGLE},
+                                        os.path.join(self.out, "solve_b23"),
                                         int(c.n_boot), int(c.boot_seed), c.title + ": β23 from the four single-model "
                                         "variants")
             self._record("solve", "b23", time.perf_counter() - t0)

@@ -61,7 +61,7 @@ def filled_blocks_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask
     low = jnp.finfo(jnp.float32).min
 
     def body(i, carry):
-        m, l, acc = carry
+        m, denom, acc = carry
         start = i * block
         kb = jax.lax.dynamic_slice_in_dim(k, start, block, axis=3).astype(q.dtype)
         vb = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2).astype(q.dtype)
@@ -73,13 +73,13 @@ def filled_blocks_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask
         corr = jnp.exp(m - m_new)
         pv = jnp.matmul(p.reshape(b, kv, g * t, block).astype(v.dtype), vb,
                         preferred_element_type=jnp.float32).reshape(b, kv, g, t, h)
-        return m_new, l * corr + p.sum(axis=-1), acc * corr[..., None] + pv
+        return m_new, denom * corr + p.sum(axis=-1), acc * corr[..., None] + pv
 
     init = (jnp.full((b, kv, g, t), low, jnp.float32), jnp.zeros((b, kv, g, t), jnp.float32),
             jnp.zeros((b, kv, g, t, h), jnp.float32))
     blocks = jnp.minimum((jnp.asarray(filled, jnp.int32) + block - 1) // block, k.shape[3] // block)
-    _, l, acc = jax.lax.fori_loop(0, blocks, body, init)
-    o = (acc / jnp.maximum(l, jnp.finfo(jnp.float32).tiny)[..., None]).astype(q.dtype)
+    _, denom, acc = jax.lax.fori_loop(0, blocks, body, init)
+    o = (acc / jnp.maximum(denom, jnp.finfo(jnp.float32).tiny)[..., None]).astype(q.dtype)
     return o.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 

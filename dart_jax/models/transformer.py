@@ -19,7 +19,6 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from dart_jax.models import cache as cache_lib, lora as lora_lib, rope
-from dart_jax.models.cache import KVCache
 from dart_jax.models.attention import (  # noqa: F401  (re-exported: callers import them from here)
     attention,
     attention_mask,
@@ -28,6 +27,7 @@ from dart_jax.models.attention import (  # noqa: F401  (re-exported: callers imp
     filled_blocks_attention,
     self_attention,
 )
+from dart_jax.models.cache import KVCache
 from dart_jax.models.config import ModelConfig
 
 Params = dict[str, Any]

@@ -25,7 +25,8 @@ DEFAULT_TRAJECTORY = [
     {"role": "assistant", "content": "<think>I need the author.</think>\n<search> war and peace novel author "
                                      "</search>\n\n<information>Doc 1(Title: \"War and Peace\") War and Peace is a "
                                      "novel by the Russian author Leo Tolstoy.</information>\n\n<think>It is Tolstoy."
-                                     "</think><search> Leo Tolstoy birth year</search>\n\n<answer> Leo Tolstoy </answer>"},
+                                     "</think><search> Leo Tolstoy birth year</search>\n\n"
+                                     "<answer> Leo Tolstoy </answer>"},
 ]
 
 

@@ -62,8 +62,10 @@ def torch_experts(experts) -> tuple[list[torch.Tensor], list[dict], list]:
         r = torch.tensor(np.asarray(params["router"][layer], np.float32), requires_grad=True)
         f = {}
         for t in ("gate", "up", "down"):
-            a = torch.tensor(np.asarray(params[t]["a"][layer], np.float32).transpose(0, 2, 1).copy(), requires_grad=True)
-            b = torch.tensor(np.asarray(params[t]["b"][layer], np.float32).transpose(0, 2, 1).copy(), requires_grad=True)
+            a = torch.tensor(np.asarray(params[t]["a"][layer], np.float32).transpose(0, 2, 1).copy(),
+                             requires_grad=True)
+            b = torch.tensor(np.asarray(params[t]["b"][layer], np.float32).transpose(0, 2, 1).copy(),
+                             requires_grad=True)
             f[t] = (a, b)
             leaves += [a, b]
         gates.append(r)
@@ -96,7 +98,8 @@ def load_balancing_loss(gate_logits: torch.Tensor, num_experts: int, top_k: int,
     else:
         b, t = attention_mask.shape
         layers = routing_weights.shape[0] // (b * t)
-        m = attention_mask[None, :, :, None, None].expand(layers, b, t, top_k, num_experts).reshape(-1, top_k, num_experts)
+        m = (attention_mask[None, :, :, None, None].expand(layers, b, t, top_k, num_experts)
+             .reshape(-1, top_k, num_experts))
         tokens_per_expert = torch.sum(expert_mask.float() * m, dim=0) / torch.sum(m, dim=0)
         mp = attention_mask[None, :, :, None].expand(layers, b, t, num_experts).reshape(-1, num_experts)
         gate_prob = torch.sum(routing_weights * mp, dim=0) / torch.sum(mp, dim=0)

@@ -11,8 +11,8 @@ load, compile and 300 s of retries.
                 `warm_start` / `init_from` exist
     mesh        the run's settings and their rules (run.spec.run_spec) and `mesh.shape` against the devices
                 (this module)
-    memory      (preflight/memory.py) per device, from XLA's memory analysis of the programs the run compiles, at the true
-                shapes with abstract arrays (nothing allocated, no weights read): the jitted GRPO train
+    memory      (preflight/memory.py) per device, from XLA's memory analysis of the programs the run compiles,
+                at the true shapes with abstract arrays (nothing allocated, no weights read): the jitted GRPO train
                 step (fp32 masters + AdamW moments of the trainable tree, the frozen base, one
                 mini-batch of micro-batches at the config's lengths) and one decode segment of the
                 rollout at its batch (`rollout.chunk_rows` rows when the share is decoded in chunks) and

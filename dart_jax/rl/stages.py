@@ -150,7 +150,8 @@ class Updater:
         olds, refs = [], []
         params = state.compute_params()
         for s in range(0, n, mb):
-            t, p, r = (jax.device_put(np.asarray(batch[k][s:s + mb]), batch_sharding(batch[k][s:s + mb].shape, self.mesh))
+            t, p, r = (jax.device_put(np.asarray(batch[k][s:s + mb]),
+                                      batch_sharding(batch[k][s:s + mb].shape, self.mesh))
                        for k in ("tokens", "positions", "route_ids"))
             if recompute:
                 olds.append(np.asarray(self._old(params, base, t, p, r)))
@@ -189,7 +190,8 @@ class Updater:
                 mb = {name: jax.device_put(v, microbatch_sharding(v.shape, self.mesh)) for name, v in mb.items()}
                 state, m = self._jit_for(state, base, mb)(state, base, mb, jax.random.fold_in(key, epoch * 1000 + k),
                                                           np.int32(rl_step))
-                # the update's forward ran `forward_tokens` tokens for rows holding `row_tokens` (fewer: shared prefixes)
+                # the update's forward ran `forward_tokens` tokens for rows holding `row_tokens`
+                # (fewer: shared prefixes)
                 upd.append(dict(jax.device_get(m), row_tokens=row_tokens, forward_tokens=forward_tokens))
         return state, upd
 

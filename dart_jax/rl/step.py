@@ -64,7 +64,8 @@ class TrainState:
         if not self.compute_dtypes:
             return self.params
         leaves, tree = jax.tree_util.tree_flatten(self.params)
-        return jax.tree_util.tree_unflatten(tree, [x if x.dtype == d else x.astype(d) for x, d in zip(leaves, self.compute_dtypes)])
+        return jax.tree_util.tree_unflatten(tree, [x if x.dtype == d else x.astype(d)
+                                                   for x, d in zip(leaves, self.compute_dtypes)])
 
 
 def _is_float(x) -> bool:

@@ -129,7 +129,8 @@ class Trainer:
                             self.protocol.name, self.tok)
         sc.batch["old_logp"], sc.batch["ref_logp"] = self.updater.logprobs(self.state, self.base, sc.batch)
         t2 = time.perf_counter()
-        self.state, upd = self.updater(self.state, self.base, sc.batch, step, jax.random.fold_in(self.key, 10_000 + step))
+        self.state, upd = self.updater(self.state, self.base, sc.batch, step,
+                                       jax.random.fold_in(self.key, 10_000 + step))
         release_s += self._release()
         t3 = time.perf_counter()
         m = stages.step_metrics(ro, sc, upd, self.protocol.name, bool(self.loss_cfg.kl_coef),
@@ -257,7 +258,8 @@ def summary(result: dict) -> str:
         return sum(vals) / len(vals) if vals else float("nan")
 
     lines = [f"steps {rows[0]['step']}–{rows[-1]['step']}",
-             f"mean reward        first {k}: {avg(first, 'reward/mean'):+.3f}   last {k}: {avg(last, 'reward/mean'):+.3f}",
+             f"mean reward        first {k}: {avg(first, 'reward/mean'):+.3f}   last {k}: "
+             f"{avg(last, 'reward/mean'):+.3f}",
              f"protocol answers   first {k}: {avg(first, 'protocol/answer_rate'):.2f}    last {k}: "
              f"{avg(last, 'protocol/answer_rate'):.2f}",
              f"tool calls / traj  first {k}: {avg(first, 'rollout/tool_calls'):.2f}    last {k}: "

@@ -272,8 +272,8 @@ def decode_segment(base, adapters, state: DecodeState, active: jnp.ndarray, stop
     carry = (jnp.asarray(1, jnp.int32), state, outs, hist, done, count, hit)
     _, state, (out_tok, out_lp, out_route), _, done, count, stop_idx = jax.lax.while_loop(cond, body, carry)
     finish = jnp.where(~active, RUNNING, jnp.where(stop_idx >= 0, STOPPED, LENGTH))
-    return constrain(state, spec.placement), Segment(tokens=out_tok, logprobs=out_lp, routes=out_route, count=count, finish=finish,
-                          stop_index=stop_idx)
+    return constrain(state, spec.placement), Segment(tokens=out_tok, logprobs=out_lp, routes=out_route, count=count,
+                                                     finish=finish, stop_index=stop_idx)
 
 
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))

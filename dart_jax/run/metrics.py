@@ -75,7 +75,8 @@ def plot_curves(metrics_path: str, out_path: str, keys: Iterable[str] = PLOT_KEY
     rows = read_metrics(metrics_path)
     keys = [k for k in keys if any(k in r for r in rows)]
     sources = sorted({k for r in rows for k in r if k.startswith("reward/") and k.split("/", 1)[1] not in
-                      ("mean", "std", "min", "max", "dropped_prompts") and not k.startswith(("reward/qa_", "reward/sql_"))})
+                      ("mean", "std", "min", "max", "dropped_prompts")
+                      and not k.startswith(("reward/qa_", "reward/sql_"))})
     sources = sources if len(sources) > 1 else []  # one source: its curve is the mean's
     panels = [(k, [k] + sources if k == "reward/mean" else [k]) for k in keys]
     if not panels:

@@ -101,7 +101,8 @@ def _piece(*parts: str | tuple[str]) -> dict:
     return {"text": text, "loss": 1, "plain": plain}
 
 
-def qa_demos(rows: list[dict], tool, tokenizer, max_obs_tokens: int, protocol: Protocol = QA) -> tuple[list[dict], dict]:
+def qa_demos(rows: list[dict], tool, tokenizer, max_obs_tokens: int,
+             protocol: Protocol = QA) -> tuple[list[dict], dict]:
     """Search-protocol demonstrations. `tool` is a RetrievalTool (real index); -> (demos, stats)."""
     queries = [qa_question(r["question"]).rstrip("?").strip() for r in rows]
     bodies = tool.batch(queries)
@@ -163,8 +164,8 @@ def sql_demos(rows: list[dict], tool, max_turns: int, protocol: Protocol = SQL) 
                    f" {protocol.answer_close}"),
         ]
         demos.append({"id": r["id"], "data_source": r.get("data_source", "sql"), "task": "sql",
-                      "question": r["question"], "db_id": r.get("db_id", ""), "db_path": r["db_path"], "query": r["query"],
-                      "origin": "sql_exploration", "pieces": pieces})
+                      "question": r["question"], "db_id": r.get("db_id", ""), "db_path": r["db_path"],
+                      "query": r["query"], "origin": "sql_exploration", "pieces": pieces})
     stats["kept"] = len(demos)
     return demos, stats
 

@@ -305,7 +305,8 @@ class Retriever:
         if self.index.ntotal != len(self.corpus):
             raise UserError(f"{index_dir}: index holds {self.index.ntotal} vectors for {len(self.corpus)} passages")
         self.encoder = encoder or Encoder(self.meta["encoder"],
-                                          query_prefix=self.meta["query_prefix"] if query_prefix is None else query_prefix,
+                                          query_prefix=(self.meta["query_prefix"] if query_prefix is None
+                                                        else query_prefix),
                                           passage_prefix=(self.meta["passage_prefix"] if passage_prefix is None
                                                           else passage_prefix))
         if self.encoder.dim != self.index.d:

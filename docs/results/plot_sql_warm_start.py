@@ -22,9 +22,11 @@ def main(paths):
     fig, ax = plt.subplots(figsize=(7, 4))
     for path, label, color in zip(paths, LABELS, ("#c44e52", "#4c72b0")):
         rows = [json.loads(line) for line in open(path)]
-        ax.plot([r["step"] for r in rows], [r["sft/nll"] for r in rows], color=color, alpha=0.5, label=f"{label}: train")
+        ax.plot([r["step"] for r in rows], [r["sft/nll"] for r in rows], color=color, alpha=0.5,
+                label=f"{label}: train")
         val = [r for r in rows if "sft/val_nll" in r]
-        ax.plot([r["step"] for r in val], [r["sft/val_nll"] for r in val], "o-", color=color, label=f"{label}: held back")
+        ax.plot([r["step"] for r in val], [r["sft/val_nll"] for r in val], "o-", color=color,
+                label=f"{label}: held back")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("NLL per written token")
     ax.set_title("SQL warm start, SmolLM2-135M on 2 CPU cores")

@@ -97,8 +97,8 @@ def load_entropy(rollouts_path: str) -> dict[int, float]:
 
 
 def repeated_queries(groups: dict) -> tuple[int, int, int, int]:
-    """Gold queries (by exact string) drawn at more than one step, in the same or another phrasing: (queries, samples at the first
-    draw, right at the first draw, right at the last draw)."""
+    """Gold queries (by exact string) drawn at more than one step, in the same or another phrasing: (queries,
+    samples at the first draw, right at the first draw, right at the last draw)."""
     draws = collections.defaultdict(list)  # (db, gold query) -> [(step, right, n)]
     for (step, _), g in groups.items():
         draws[(g[0]["db_id"], g[0]["query"])].append((step, sum(t["score"] > 0 for t in g), len(g)))
@@ -119,4 +119,5 @@ if __name__ == "__main__":
         print()
         print(order_table(g, a.block, load_entropy(a.path)))
     q, n, first, last = repeated_queries(g)
-    print(f"\ngold queries drawn at more than one step: {q}; right at the first draw {first}/{n}, at the last {last}/{n}")
+    print(f"\ngold queries drawn at more than one step: {q}; right at the first draw {first}/{n}, "
+          f"at the last {last}/{n}")

@@ -16,9 +16,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repo root
 
-from dart_jax.experiments.methods_report import paired  # noqa: E402
 from dart_jax.data.paths import DATA  # noqa: E402
 from dart_jax.data.readers import _db_path  # noqa: E402
+from dart_jax.experiments.methods_report import paired  # noqa: E402
 from dart_jax.rewards.sql import execution_match, sql_training_reward  # noqa: E402
 from dart_jax.run.metrics import wilson_interval  # noqa: E402
 

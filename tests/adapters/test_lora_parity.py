@@ -9,8 +9,8 @@ import torch
 import transformers
 
 import tiny_models
-from dart_jax.checkpoints.peft_io import HF_MODULES, export_peft, import_peft, merge_adapter
 from dart_jax.checkpoints.hf_export import save_hf
+from dart_jax.checkpoints.peft_io import HF_MODULES, export_peft, import_peft, merge_adapter
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.lora import LoraAdapter, init_lora
 from dart_jax.models.transformer import forward
@@ -86,12 +86,12 @@ def test_one_adapter_matches_peft_logits_and_grads(qwen2, tmp_path):
     named = dict(pm.named_parameters())
     r = adapter.rank
     for target, module in HF_MODULES.items():
-        for l in range(cfg.num_layers):
-            prefix = f"base_model.model.model.layers.{l}.{module}"
+        for layer in range(cfg.num_layers):
+            prefix = f"base_model.model.model.layers.{layer}.{module}"
             ga = named[f"{prefix}.lora_A.default.weight"].grad.numpy()
             gb = named[f"{prefix}.lora_B.default.weight"].grad.numpy()
-            ours_a = np.asarray(grads.params[target]["a"][l]).reshape(-1, r).T
-            ours_b = np.asarray(grads.params[target]["b"][l]).reshape(r, -1).T
+            ours_a = np.asarray(grads.params[target]["a"][layer]).reshape(-1, r).T
+            ours_b = np.asarray(grads.params[target]["b"][layer]).reshape(r, -1).T
             assert np.abs(ga).max() > 1e-4
             np.testing.assert_allclose(ours_a, ga, atol=TOL, rtol=RTOL)
             np.testing.assert_allclose(ours_b, gb, atol=TOL, rtol=RTOL)
@@ -100,7 +100,8 @@ def test_one_adapter_matches_peft_logits_and_grads(qwen2, tmp_path):
 def test_two_routed_adapters_match_torch_reference(qwen2):
     path, _, cfg, base = qwen2
     ads = {"reasoning": nonzero(init_lora(cfg, jax.random.PRNGKey(1), 4, 8), jax.random.PRNGKey(2)),
-           "tool": nonzero(init_lora(cfg, jax.random.PRNGKey(3), 2, 8, targets=("q", "v", "down")), jax.random.PRNGKey(4))}
+           "tool": nonzero(init_lora(cfg, jax.random.PRNGKey(3), 2, 8, targets=("q", "v", "down")),
+                           jax.random.PRNGKey(4))}
     tokens, positions, targets = batch(1)
     routes = route_roles(jnp.asarray(tokens), RouterSpec((OPEN,), (CLOSE,)))
     assert 0 < int(routes.sum()) < routes.size
@@ -116,11 +117,11 @@ def test_two_routed_adapters_match_torch_reference(qwen2):
     np.testing.assert_allclose(np.asarray(logits), out.detach().numpy(), atol=TOL, rtol=RTOL)
     for i, name in enumerate(("reasoning", "tool")):
         ad = ads[name]
-        for (l, target), (A, B) in factors[i].items():
+        for (layer, target), (A, B) in factors[i].items():
             r = ad.rank
-            np.testing.assert_allclose(np.asarray(grads[name].params[target]["a"][l]).reshape(-1, r).T,
+            np.testing.assert_allclose(np.asarray(grads[name].params[target]["a"][layer]).reshape(-1, r).T,
                                        A.grad.numpy(), atol=TOL, rtol=RTOL)
-            np.testing.assert_allclose(np.asarray(grads[name].params[target]["b"][l]).reshape(r, -1).T,
+            np.testing.assert_allclose(np.asarray(grads[name].params[target]["b"][layer]).reshape(r, -1).T,
                                        B.grad.numpy(), atol=TOL, rtol=RTOL)
 
 

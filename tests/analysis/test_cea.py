@@ -158,6 +158,7 @@ def _write_variant_dirs(root, k, n):
 
 def test_launch_cea_solve_end_to_end(tmp_path, capsys):
     import json
+
     from launch import cea as cli
     rng = np.random.default_rng(4)
     beta = rng.normal(scale=0.6, size=(30, 6))

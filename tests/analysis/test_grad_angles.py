@@ -150,7 +150,8 @@ def test_authors_routed_by_hand():
     names = np.asarray(["['reasoning'].params['q']['a']", "['reasoning'].params['q']['b']",
                         "['tool'].params['q']['a']", "['tool'].params['q']['b']"])
     one = np.ones(4)
-    s0 = {"advantage_cross_dot": np.asarray([1.0, 0.0, 2.0, 0.0]), "advantage_cross_n1": np.asarray([1.0, 1.0, 4.0, 1.0]),
+    s0 = {"advantage_cross_dot": np.asarray([1.0, 0.0, 2.0, 0.0]),
+          "advantage_cross_n1": np.asarray([1.0, 1.0, 4.0, 1.0]),
           "advantage_cross_n2": one, "advantage_same_dot": np.zeros(4), "advantage_same_n1": one,
           "advantage_same_n2": one}
     s1 = {k: one for k in s0}

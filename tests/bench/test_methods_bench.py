@@ -1,7 +1,7 @@
 """launch.bench methods on a tiny model: the training state is what the accounting says — 12 bytes
 per trainable parameter (fp32 master + two AdamW moments) on top of the frozen base; 2-Agent holds
-two full states (or two LoRAs over one frozen base). The timed side (each method's train step) is exercised by the methods' own tests
-(tests/rl/test_mixlora_train.py, test_two_agent.py); timings are never asserted."""
+two full states (or two LoRAs over one frozen base). The timed side (each method's train step) is exercised by the
+methods' own tests (tests/rl/test_mixlora_train.py, test_two_agent.py); timings are never asserted."""
 
 import pytest
 

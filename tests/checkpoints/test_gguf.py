@@ -20,7 +20,8 @@ def test_unpermute_inverts_llama_cpp_permute():
 
 def test_config_from_gguf_metadata(smollm2):
     cfg, base, _ = smollm2
-    assert (cfg.model_type, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads) == ("llama", 30, 576, 9, 3)
+    assert ((cfg.model_type, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads)
+            == ("llama", 30, 576, 9, 3))
     assert cfg.tie_word_embeddings and "lm_head" not in base
     assert cfg.rope_theta == 100000.0 and cfg.vocab_size == 49152
 

@@ -108,7 +108,8 @@ def test_load_straight_into_sharded_arrays(tiny_dirs):
     cfg, base = load_model(path, mesh=mesh)
     q = base["layers"]["q"]
     assert len(q.sharding.device_set) == 8
-    assert q.addressable_shards[0].data.shape == (cfg.num_layers, cfg.hidden_size // 2, cfg.num_heads // 4, cfg.head_dim)
+    assert q.addressable_shards[0].data.shape == (cfg.num_layers, cfg.hidden_size // 2, cfg.num_heads // 4,
+                                                  cfg.head_dim)
     _, plain = load_model(path)
     np.testing.assert_array_equal(np.asarray(q), np.asarray(plain["layers"]["q"]))
     tokens = jnp.arange(8, dtype=jnp.int32)[None] + 3

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from huggingface_hub import constants as hf_constants
-from huggingface_hub import scan_cache_dir
+from huggingface_hub import constants as hf_constants, scan_cache_dir
 
 import tiny_models
 from dart_jax.checkpoints import registry

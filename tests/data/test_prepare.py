@@ -18,9 +18,18 @@ from dart_jax.eval.datasets import exclusion_specs
 from dart_jax.run.spec import run_spec
 from dart_jax.run.task import load_task_rows
 from launch import prepare_data
-from standins.datasets import (SAMPLE_SQL, SEARCH_R1_SCHEMA, SKYRL_SCHEMA, omnisql_db_root, sample_search_r1_train,
-                               sample_skyrl_sql, search_r1_row, skyrl_sql_row, write_search_r1_train,
-                               write_skyrl_sql_653)
+from standins.datasets import (
+    SAMPLE_SQL,
+    SEARCH_R1_SCHEMA,
+    SKYRL_SCHEMA,
+    omnisql_db_root,
+    sample_search_r1_train,
+    sample_skyrl_sql,
+    search_r1_row,
+    skyrl_sql_row,
+    write_search_r1_train,
+    write_skyrl_sql_653,
+)
 
 NQ_EVAL = next(read_jsonl(os.path.join(DATA, "qa", "nq_test_sample1000.jsonl")))            # in the nq eval set
 HOTPOT_EVAL = next(read_jsonl(os.path.join(DATA, "qa", "hotpotqa_dev1000.jsonl")))          # in the hotpotqa set
@@ -237,8 +246,10 @@ def test_missing_training_file_names_the_prepare_command(tmp_path):
     s.data.train = [dict(s.data.train[0], path=path)]
     with pytest.raises(FileNotFoundError, match=r"prepare it with: python -m launch\.prepare_data sql "
                                                 r"--input=DIR/train\.parquet --db-root=DB/data --out=.*skyrl_sql "
-                                                r"\(get the files first: hf download NovaSky-AI/SkyRL-SQL-653-data-newfmt "
-                                                r"--repo-type dataset --local-dir DIR; hf download seeklhy/OmniSQL-datasets "
+                                                r"\(get the files first: hf download "
+                                                r"NovaSky-AI/SkyRL-SQL-653-data-newfmt "
+                                                r"--repo-type dataset --local-dir DIR; hf download "
+                                                r"seeklhy/OmniSQL-datasets "
                                                 r"--repo-type dataset --local-dir DB; unzip DB/data\.zip -d DB\)$"):
         load_task_rows(run_spec(s))
 

@@ -12,7 +12,6 @@ from dart_jax.data.readers import DataError, load_rows, select_rows
 from dart_jax.data.spider_split import train_specs
 from dart_jax.data.sql_hardness import HardnessError, components, hardness, level
 
-
 # (query, (component1, component2, others), level), each worked by hand from Spider's rules
 CASES = [
     ("SELECT count(*) FROM singer", (0, 0, 0), "easy"),

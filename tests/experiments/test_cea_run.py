@@ -153,7 +153,8 @@ def test_launch_cea_end_to_end_and_resumable(tiny_smollm_dir, tmp_path, capsys):
     # β23 alone from the four single-model variants (a study whose compositions were not sampled)
     assert launch_cea.main(args[:-1] + ["--stage=solve", "--interference-only", "--n-boot=50"]) == 0
     b23 = json.load(open(out / "solve_b23" / "summary.json"))
-    assert b23["coefficients"] == ["b23"] and b23["clip"]["b23"]["mean"] == pytest.approx(summary["clip"]["b23"]["mean"])
+    assert (b23["coefficients"] == ["b23"]
+            and b23["clip"]["b23"]["mean"] == pytest.approx(summary["clip"]["b23"]["mean"]))
     assert "solve_b23" in capsys.readouterr().out
 
     # more questions (cea.limit raised): the questions sampled are kept (eval.resume), the new one sampled

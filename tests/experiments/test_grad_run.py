@@ -10,7 +10,6 @@ import csv
 import json
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -66,7 +65,8 @@ def test_helpers_on_hand_made_cases():
 
 def _group(tok, n=4):
     """A hand-made group: prompt, a search, an observation (not sampled), an answer; right for rows 0, 3."""
-    prompts, _, _ = qa_task(tok, [{"id": "q", "question": "what is the capital of france", "golden_answers": ["paris"]}])
+    prompts, _, _ = qa_task(tok, [{"id": "q", "question": "what is the capital of france",
+                                   "golden_answers": ["paris"]}])
     rows = []
     for i in range(n):
         query = ["capital of france", "france", "paris france capital", "french capital city"][i]
@@ -180,7 +180,7 @@ def test_grads_and_report_match_direct_passes_and_resume(studied, capsys):
 
     # authors' protocol, params=adapters: their statistics = direct passes over the same subsets
     za = np.load(os.path.join(study.grad_dir("adapters", "authors"), "q1.npz"))
-    a, b = za["subset_a"], za["subset_b"]
+    a, _ = za["subset_a"], za["subset_b"]
     assert acc[a].max() == 1 and acc[a].min() == 0 and len(a) == 3
     _, tree, _ = study._role_grads("adapters", "advantage", tags_in_tool=True)
     lora = MethodSpec("lora", rank=16, alpha=32.0)
@@ -250,7 +250,8 @@ def test_grads_and_report_match_direct_passes_and_resume(studied, capsys):
     walls = text.split("## Wall time")[1].split("Files:")[0]
     fp = [line for line in walls.splitlines() if line.startswith("- grads full/paper:")]
     assert len(fp) == 1 and fp[0].endswith("s a query)"), walls  # per-query time, not the stage time again
-    assert summary["setting"]["params"] == ["full", "adapters"] and summary["setting"]["protocols"] == ["paper", "authors"]
+    assert (summary["setting"]["params"] == ["full", "adapters"]
+            and summary["setting"]["protocols"] == ["paper", "authors"])
 
 
 def test_the_sketch_agrees_with_the_exact_gram(studied, tmp_path):
@@ -269,7 +270,8 @@ def test_the_sketch_agrees_with_the_exact_gram(studied, tmp_path):
     ts, te = z["gram"].sum(0), ze["gram"].sum(0)
     for i in range(n):
         for j in range(i + 1, n):
-            assert ga.angle(ts[i, j], ts[i, i], ts[j, j]) == pytest.approx(ga.angle(te[i, j], te[i, i], te[j, j]), abs=2)
+            assert ga.angle(ts[i, j], ts[i, i], ts[j, j]) == pytest.approx(ga.angle(te[i, j], te[i, i], te[j, j]),
+                                                                           abs=2)
 
 
 @pytest.mark.slow  # ~1 min alone on 2 cores: four 135M-parameter gradients and their sketches

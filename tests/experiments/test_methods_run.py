@@ -62,16 +62,19 @@ def test_launch_methods_end_to_end(tiny_smollm_dir, tmp_path, capsys):
     assert (out / "report" / "reward_curves.png").is_file() and (out / "report" / "results.csv").is_file()
     assert "| dart_s0 |" in open(out / "report" / "report.md").read()
     times = json.load(open(out / "stages.json"))
-    assert set(times["train"]) == {"dart_s0", "2agent_s0"} and set(times["eval"]) == {"warm_start", "dart_s0", "2agent_s0"}
+    assert (set(times["train"]) == {"dart_s0", "2agent_s0"}
+            and set(times["eval"]) == {"warm_start", "dart_s0", "2agent_s0"})
     # the starting policy evaluated on the same questions; every run paired against it, and DART against 2-Agent
     assert all(n == 2 for _, n in summary["reference"]["counts"].values())
     pairs = {(q["a"], q["b"], q["dataset"]): q for q in summary["paired"]}
-    assert {(a, b) for a, b, _ in pairs} == {("dart_s0", "warm_start"), ("2agent_s0", "warm_start"), ("dart_s0", "2agent_s0")}
+    assert {(a, b) for a, b, _ in pairs} == {("dart_s0", "warm_start"), ("2agent_s0", "warm_start"),
+                                             ("dart_s0", "2agent_s0")}
     assert all(q["n"] == 2 and q["only_a"] + q["only_b"] + q["both"] <= 2 for q in pairs.values())
     report = open(out / "report" / "report.md").read()
     assert "| warm start (no GRPO) |" in report and "## Paired on the same questions" in report
     # the wall-time table in the order the stages ran
-    walls = [line.split(" | ")[1] for line in report.split("## Wall time")[1].splitlines() if line.startswith("| eval |")]
+    walls = [line.split(" | ")[1] for line in report.split("## Wall time")[1].splitlines()
+             if line.startswith("| eval |")]
     assert walls == [k for k, _ in sorted(times["eval"].items(), key=lambda kv: kv[1]["finished"])]
     capsys.readouterr()
     # again: everything is skipped (the stage times are unchanged), the report rewritten

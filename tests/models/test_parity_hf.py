@@ -1,8 +1,8 @@
 """Logits of every model family vs PyTorch transformers (tiny random models, fp32, tol 1e-4)."""
 
-import numpy as np
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import torch
 
@@ -152,12 +152,12 @@ def test_filled_blocks_attention_reads_only_written_blocks(dtype, tol, filled):
     those slots hold NaN here, which any read would spread through the matmul (the whole-cache
     attention's output is NaN, the block loop's is not). Unwritten slots in the last read block
     are zeros, as in a cache (created and grown with zeros)."""
-    from dart_jax.models.config import ModelConfig
     from dart_jax.models.attention import attention, attention_mask, filled_blocks_attention
+    from dart_jax.models.config import ModelConfig
     rng = np.random.default_rng(0)
     b, kv, g, h, s, block = 3, 2, 3, 16, 64, 16  # filled 48: exactly three blocks
-    cfg = ModelConfig(model_type="llama", vocab_size=8, hidden_size=kv * g * h, intermediate_size=8, num_layers=1, num_heads=kv * g,
-                      num_kv_heads=kv, head_dim=h)
+    cfg = ModelConfig(model_type="llama", vocab_size=8, hidden_size=kv * g * h, intermediate_size=8, num_layers=1,
+                      num_heads=kv * g, num_kv_heads=kv, head_dim=h)
     k = rng.normal(size=(b, kv, h, s)).astype(np.float32)
     v = rng.normal(size=(b, kv, s, h)).astype(np.float32)
     pos = np.full((b, s), -1, np.int32)

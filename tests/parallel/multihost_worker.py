@@ -28,9 +28,9 @@ import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from rl.test_trainer import _config as trainer_config  # noqa: E402
 from dart_jax.parallel.mesh import make_mesh  # noqa: E402
 from dart_jax.rl.trainer import Trainer  # noqa: E402
+from rl.test_trainer import _config as trainer_config  # noqa: E402
 
 assert jax.device_count() == 8 and jax.process_count() == nproc
 

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import base
 import dart_jax.preflight as pfl
+from configs import base
 from dart_jax.preflight import memory as mem
 from dart_jax.run import checks as pf
 from dart_jax.run.spec import run_spec

@@ -1,7 +1,7 @@
 """QA rewards on hand-worked cases."""
 
-from dart_jax.rewards.qa import em, em_format_reward, em_reward, extract_answer, retrieval_correct, valid_sequence
 from dart_jax.data.text import normalize_answer
+from dart_jax.rewards.qa import em, em_format_reward, em_reward, extract_answer, retrieval_correct, valid_sequence
 
 GOOD = ("<think>need author</think>\n<search> war and peace author </search>\n\n<information>Doc 1(Title: "
         "\"War and Peace\") War and Peace is a novel by Leo Tolstoy.</information>\n\n<think>Tolstoy."
@@ -38,7 +38,8 @@ def test_format_reward_cases():
     assert not valid_sequence(GOOD + " trailing")
     assert em_format_reward(GOOD, ["Leo Tolstoy"]) == 1.0
     assert em_format_reward(GOOD, ["Dostoevsky"]) == 0.2
-    assert abs(em_format_reward(GOOD.replace("Leo Tolstoy </answer>", "Pushkin </answer>"), ["Leo Tolstoy"]) - 0.3) < 1e-9
+    assert abs(em_format_reward(GOOD.replace("Leo Tolstoy </answer>", "Pushkin </answer>"), ["Leo Tolstoy"])
+               - 0.3) < 1e-9
     assert em_format_reward("<answer> Leo Tolstoy </answer>", ["Leo Tolstoy"]) == 0.8
     assert em_format_reward("<answer> no </answer>", ["Leo Tolstoy"]) == 0.1
     assert em_format_reward("nothing", ["Leo Tolstoy"]) == 0.0

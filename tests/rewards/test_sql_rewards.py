@@ -4,8 +4,15 @@ import os
 
 import pytest
 
-from dart_jax.rewards.sql import (bird_result_eq, execution_match, remove_distinct, spider_result_eq,
-                                  sql_format_ok, sql_training_reward, verify_format_and_extract)
+from dart_jax.rewards.sql import (
+    bird_result_eq,
+    execution_match,
+    remove_distinct,
+    spider_result_eq,
+    sql_format_ok,
+    sql_training_reward,
+    verify_format_and_extract,
+)
 from dart_jax.rewards.training import RewardConfig, SQLReward
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "data", "spider")
@@ -39,7 +46,8 @@ def test_keep_distinct_hand_worked():
     assert remove_distinct('SELECT "distinct" FROM t') == 'SELECT "distinct" FROM t'   # a quoted identifier stays
     assert remove_distinct("SELECT name FROM singer") == "SELECT name FROM singer"
     assert remove_distinct("SELECT Distinct(name) FROM t -- distinct\n") == "SELECT (name) FROM t -- distinct\n"
-    assert remove_distinct("SELECT DISTINCT a FROM t; SELECT DISTINCT b FROM t") == "SELECT  a FROM t;"  # first statement
+    # first statement
+    assert remove_distinct("SELECT DISTINCT a FROM t; SELECT DISTINCT b FROM t") == "SELECT  a FROM t;"
     assert remove_distinct("SELEC 'unterminated") == "SELEC 'unterminated"    # unreadable: unchanged
     d = db("concert_singer")
     # as written: 3 rows against 6, no match; test-suite's default: both run without DISTINCT, 6 = 6
@@ -79,7 +87,8 @@ def test_training_reward_and_format():
     assert sql_training_reward(good, d, "SELECT count(*) FROM singer") == 1.0
     assert sql_training_reward(good, d, "SELECT count(*) FROM stadium") == -1.0
     no_think_after_obs = good.replace("<think>six</think>", "")
-    assert not sql_format_ok(no_think_after_obs) and sql_training_reward(no_think_after_obs, d, "SELECT count(*) FROM singer") == -1.0
+    assert (not sql_format_ok(no_think_after_obs)
+            and sql_training_reward(no_think_after_obs, d, "SELECT count(*) FROM singer") == -1.0)
     two = good + "<solution>SELECT 1</solution>"
     assert sql_training_reward(two, d, "SELECT count(*) FROM singer") == -1.0
 
@@ -206,6 +215,7 @@ def test_batch_reward_drops_failing_gold_caches_and_runs_in_threads(monkeypatch)
     gold runs once however many samples share it; predictions of a step run concurrently."""
     import threading
     import time
+
     from dart_jax.rewards import training
     d = db("concert_singer")
     calls, threads = [], set()

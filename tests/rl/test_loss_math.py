@@ -6,8 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dart_jax.rl import advantages as adv_lib
-from dart_jax.rl import losses
+from dart_jax.rl import advantages as adv_lib, losses
 from dart_jax.rl.logprobs import token_logprobs
 
 TOL = 1e-6

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from dart_jax.run.metrics import plot_curves, read_metrics, wilson_interval
 from dart_jax.rl.trainer import held_out_line, summary
+from dart_jax.run.metrics import plot_curves, read_metrics, wilson_interval
 
 
 def test_wilson_interval_hand_worked():

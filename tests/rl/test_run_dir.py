@@ -13,12 +13,11 @@ import jax
 import numpy as np
 import pytest
 
+from dart_jax.rl.trainer import Trainer
 from dart_jax.run import provenance, run_dir
 from dart_jax.run.checkpoint import Checkpointer
 from dart_jax.run.metrics import read_metrics
 from dart_jax.run.run_dir import RunDirError
-from dart_jax.rl.trainer import Trainer
-
 from rl.test_trainer import _config
 from xla_env import xla_flags
 

@@ -7,13 +7,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tiny_dart import CFG, dart_setup
 
 from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.models.transformer import hidden_states, shared_prefix_hidden_states
 from dart_jax.rl.batch import PREFIX_KEYS, group_order, minibatches, shared_prefix_length, split_shared_prefix
 from dart_jax.rl.step import BATCH_KEYS, make_accumulate, make_scorer
 from dart_jax.run.spec import LossConfig
+from tiny_dart import CFG, dart_setup
 
 GROUP = 4
 
@@ -57,7 +57,8 @@ def test_shared_prefix_length_stops_before_the_first_difference_and_the_first_lo
     args[3] = np.zeros_like(args[3])  # no loss anywhere: the common part ends where the rows first differ
     common = int(np.argmin(np.all(args[0] == args[0][:1], axis=0)))
     assert shared_prefix_length(*args) == common >= 5
-    mixed = [np.concatenate([b[k][:2], b[k][GROUP:GROUP + 2]]) for k in ("tokens", "positions", "route_ids", "loss_mask")]
+    mixed = [np.concatenate([b[k][:2], b[k][GROUP:GROUP + 2]])
+             for k in ("tokens", "positions", "route_ids", "loss_mask")]
     assert shared_prefix_length(*mixed) == 0  # two prompts: nothing in common at column 0
 
 
@@ -142,7 +143,8 @@ def test_gradient_and_metrics_equal_the_unshared_update(setup, remat, scan, isol
     from dart_jax.adapters.method import model_trees
     b_, ads = model_trees(method, adapters, base, None)
     args = [jnp.asarray(b[k]) for k in ("tokens", "positions", "route_ids")]
-    old = np.asarray(score(b_, ads, *args)) + np.random.default_rng(1).normal(0, 0.3, b["tokens"].shape).astype(np.float32)
+    old = (np.asarray(score(b_, ads, *args))
+           + np.random.default_rng(1).normal(0, 0.3, b["tokens"].shape).astype(np.float32))
     b.update(old_logp=old.astype(np.float32), ref_logp=np.asarray(score(base, None, args[0], args[1], None)))
     order = group_order(b["group"], np.random.default_rng(3))
     plain = next(minibatches(b, order, 2 * GROUP, GROUP, BATCH_KEYS))

@@ -10,11 +10,9 @@ from dart_jax.models.transformer import init_params
 from dart_jax.rewards.training import QAReward
 from dart_jax.rl import stages
 from dart_jax.rl.optim import make_optimizer
-from dart_jax.rl.step import init_state
 from dart_jax.roles.router import RouterSpec
 from dart_jax.rollout.trajectory import assemble
 from dart_jax.run.spec import LossConfig, OptimConfig, UpdatePlan
-
 from rl.test_masters import CFG32
 
 OPEN, CLOSE = 60, 61

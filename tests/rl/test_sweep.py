@@ -3,10 +3,9 @@ every shape computes the same loss as one device (tolerance 1e-5)."""
 
 import pytest
 
+import tiny_models
 from configs import quickstart
 from dart_jax.bench.sweep import sweep_mesh, table
-
-import tiny_models
 
 
 def test_sweep_same_loss_on_every_mesh(tmp_path):
@@ -25,6 +24,7 @@ def test_sweep_same_loss_on_every_mesh(tmp_path):
     # the state column: fp32 masters + two fp32 AdamW moments = 12 bytes per trainable (adapter)
     # parameter, plus three int32 counters (updates, skipped, Adam's count), on one device
     import jax
+
     from dart_jax.adapters.method import init_adapters
     from dart_jax.checkpoints.registry import load_model
     from dart_jax.run.spec import run_spec

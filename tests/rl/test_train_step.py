@@ -6,15 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from tiny_dart import CFG, dart_setup
 
 from dart_jax.adapters.method import MethodSpec
 from dart_jax.rl import losses
-from dart_jax.rl.optim import apply_update, learning_rate, make_optimizer
-from dart_jax.rl.optim import clock as clock_of
+from dart_jax.rl.optim import apply_update, clock as clock_of, learning_rate, make_optimizer
 from dart_jax.rl.step import BATCH_KEYS, init_state, make_scorer, make_train_step
 from dart_jax.run.spec import LossConfig, OptimConfig
-
+from tiny_dart import CFG, dart_setup
 
 
 def _batch(n=4, t=12, seed=0):
@@ -205,7 +203,8 @@ def test_train_step_lr_follows_the_rl_step(setup):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     state, m = step(state, base, batch, jax.random.PRNGKey(0), 3)
     assert float(m["lr"]) == pytest.approx(7.5e-4)
-    per_update = jax.jit(make_train_step(CFG, method, lc, OptimConfig(lr=1e-3, warmup_steps=4, schedule_clock="update")))
+    per_update = jax.jit(make_train_step(CFG, method, lc,
+                                         OptimConfig(lr=1e-3, warmup_steps=4, schedule_clock="update")))
     _, m = per_update(state, base, batch, jax.random.PRNGKey(0), 0)
     assert float(m["lr"]) == pytest.approx(7.5e-4)  # three updates applied so far
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from configs import quickstart
+from dart_jax.rl.trainer import DataStream, Trainer
 from dart_jax.run.checkpoint import Checkpointer
 from dart_jax.run.metrics import read_metrics
-from dart_jax.rl.trainer import DataStream, Trainer
 from xla_env import xla_flags
 
 
@@ -161,8 +161,10 @@ def test_a_failing_gold_query_drops_its_prompt_and_the_run_goes_on(tiny_smollm_d
     the update (loss mask 0, counted), the other prompt trains, the step finishes."""
     c = _config(tiny_smollm_dir, tmp_path / "gold", steps=1)
     c.task = "sql"
-    rows = [{"db_id": "concert_singer", "question": "How many singers are there?", "query": "SELECT count(*) FROM singer"},
-            {"db_id": "concert_singer", "question": "How many bands are there?", "query": "SELECT count(*) FROM band"}]
+    rows = [{"db_id": "concert_singer", "question": "How many singers are there?",
+             "query": "SELECT count(*) FROM singer"},
+            {"db_id": "concert_singer", "question": "How many bands are there?",
+             "query": "SELECT count(*) FROM band"}]
     path = tmp_path / "rows.json"
     path.write_text(json.dumps(rows))
     c.data.train = [dict(reader="spider", path=str(path), db_root="data/spider/database", data_source="spider_x")]
@@ -186,7 +188,8 @@ def test_launch_train_cli_with_overrides_and_resume(tiny_smollm_dir, tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "cli"
     args = [sys.executable, "-m", "launch.train", "--config=configs/quickstart.py",
-            f"--config.model.path={tiny_smollm_dir}", f"--config.output.dir={out}", "--config.warm_start=", "--config.eval.n=2",
+            f"--config.model.path={tiny_smollm_dir}", f"--config.output.dir={out}", "--config.warm_start=",
+            "--config.eval.n=2",
             "--config.train.prompts_per_step=2", "--config.train.group_size=2", "--config.train.mini_batch=4",
             "--config.train.micro_batch=2", "--config.rollout.max_turns=1", "--config.rollout.max_tokens_per_turn=8",
             "--config.output.progress=False", "--config.mesh.shape=(1,1,1)"]

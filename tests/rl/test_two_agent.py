@@ -143,7 +143,6 @@ def test_two_identical_models_roll_out_the_single_model_trajectory(tiny_smollm_d
     from configs import evaluate as eval_config
     from dart_jax.eval.policy import load_eval_policy
     from dart_jax.run.policy import run_mesh
-    from dart_jax.run.spec import run_spec
     c = eval_config.get_config("qa")
     c.model.path = tiny_smollm_dir
     c.retriever.topk = 1

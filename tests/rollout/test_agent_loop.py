@@ -15,13 +15,13 @@ import pytest
 
 from dart_jax.data.corpus import read_jsonl
 from dart_jax.models.transformer import forward
+from dart_jax.roles.router import route_roles
 from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
 from dart_jax.rollout.protocol import QA
-from dart_jax.roles.router import route_roles
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.tokenization.sentinels import SENTINEL_TAGS, add_sentinel_tokens, grow_embeddings
 from dart_jax.tokenization.tokenizer import encode_chat
-from dart_jax.tools.retrieval import DEFAULT_CORPUS, Retriever, RetrievalTool, ensure_index
+from dart_jax.tools.retrieval import DEFAULT_CORPUS, RetrievalTool, Retriever, ensure_index
 
 QA_FILE = os.path.join(os.path.dirname(DEFAULT_CORPUS), "..", "qa", "nq_oracle.jsonl")
 FREQUENT = dataclasses.replace(QA, tool_open=" the", tool_close=".")
@@ -46,7 +46,8 @@ def test_tool_calls_pause_append_and_resume_exactly(setup):
     cfg, base, tok, retriever, rows, prompts = setup
     rc = RolloutConfig(max_turns=2, max_tokens_per_turn=48, max_response_tokens=400, max_obs_tokens=120,
                        invalid_action="search_r1")
-    agent = Agent(cfg, tok, FREQUENT, tool_for(QA, RetrievalTool(retriever, topk=1)), SamplingConfig(temperature=1.0), rc)
+    agent = Agent(cfg, tok, FREQUENT, tool_for(QA, RetrievalTool(retriever, topk=1)), SamplingConfig(temperature=1.0),
+                  rc)
     tb = agent.rollout(base, None, prompts, [r["id"] for r in rows], seed=1)
     assert tb.tool_calls().sum() >= 2, tb.turns
     obs_tokens = 0
@@ -78,7 +79,8 @@ def test_observation_truncation_keeps_closing_tag(setup):
     agent = Agent(cfg, tok, QA, tool_for(QA, RetrievalTool(retriever)), SamplingConfig(), rc)
     ids = agent._obs_ids(QA.render_observation("word " * 300))
     assert len(ids) <= 40 and tok.decode(ids).endswith("</information>\n\n")
-    assert agent._query(tok.encode("x <search> capital of france </search>", add_special_tokens=False)) == "capital of france"
+    assert (agent._query(tok.encode("x <search> capital of france </search>", add_special_tokens=False))
+            == "capital of france")
     assert agent._query(tok.encode("no opening </search>", add_special_tokens=False)) is None
     # a cap the closing tail cannot fit in is refused, never silently exceeded
     from dart_jax.rollout.agent import observation_ids

@@ -6,8 +6,9 @@ Invariants, on a tiny random Llama with SmolLM2's tokenizer and the real SQLite 
 token's log-prob equals one full forward of the policy that wrote it over the final ids (fp32,
 atol 1e-4), the other policy's differs at > 90% of them; no policy runs its forward over a token twice; two identical
 policies give exactly the single-policy trajectory for the same seed (ids, routes, turns; log-probs
-within 5e-5: a hand-off draws from a chunked append instead of a one-token step). The tool tags are frequent tokens (" the" opens, "." closes) whose output-head
-columns are scaled up so the tiny model writes them often; which ids are tags is configuration."""
+within 5e-5: a hand-off draws from a chunked append instead of a one-token step). The tool tags are frequent
+tokens (" the" opens, "." closes) whose output-head columns are scaled up so the tiny model writes them often;
+which ids are tags is configuration."""
 
 import dataclasses
 import os
@@ -62,7 +63,8 @@ def setup(request):
 def make_agent(cfg, tok, temperature=1.0):
     rc = RolloutConfig(max_turns=2, max_tokens_per_turn=40, max_response_tokens=240, max_obs_tokens=48,
                        invalid_action="none")
-    return Agent(cfg, tok, FREQUENT, tool_for(SQL, SQLiteTool(timeout_s=5.0)), SamplingConfig(temperature=temperature), rc)
+    return Agent(cfg, tok, FREQUENT, tool_for(SQL, SQLiteTool(timeout_s=5.0)), SamplingConfig(temperature=temperature),
+                 rc)
 
 
 def teacher_forced(cfg, base, tb, b):
@@ -179,8 +181,8 @@ def test_writers_follow_the_hand_off_rule():
 
 def test_routed_mode_assembles_one_dart_tree(tiny_smollm_dir):
     from dart_jax.adapters.method import MethodSpec, init_adapters
-    from dart_jax.rollout.compose import routed_adapters
     from dart_jax.models.config import config_from_hf_dir
+    from dart_jax.rollout.compose import routed_adapters
     cfg = config_from_hf_dir(tiny_smollm_dir)
     lora = init_adapters(MethodSpec("lora", rank=4, alpha=8.0), cfg, jax.random.PRNGKey(1))["shared"]
     tpl = init_adapters(MethodSpec("dart", rank=4), cfg, jax.random.PRNGKey(2))

@@ -38,7 +38,8 @@ def run_episode(cfg, base, ads, sampling, seed=0, route_mode="role"):
     b = len(prompts)
     cache = init_cache(cfg, b, 128)
     state, prompt_routes = prefill(base, ads, tokens, positions, cache, jax.random.PRNGKey(seed), spec=spec)
-    rows = [dict(ids=list(p), lp=[0.0] * len(p), gen=[False] * len(p), routes=list(np.asarray(prompt_routes)[i][-len(p):]))
+    rows = [dict(ids=list(p), lp=[0.0] * len(p), gen=[False] * len(p),
+                 routes=list(np.asarray(prompt_routes)[i][-len(p):]))
             for i, p in enumerate(prompts)]
     rng = np.random.default_rng(seed)
     active = jnp.asarray([True, True, False])

@@ -7,16 +7,16 @@ import json
 import pytest
 
 from configs import quickstart, sft_quickstart
-from dart_jax.data.readers import exclude_questions, load_rows, question_key
-from dart_jax.rewards.qa import em_reward
-from dart_jax.data.text import normalize_answer
-from dart_jax.rewards.sql import sql_training_reward
 from dart_jax.data.paths import DATA
+from dart_jax.data.readers import exclude_questions, load_rows, question_key
+from dart_jax.data.text import normalize_answer
+from dart_jax.rewards.qa import em_reward
+from dart_jax.rewards.sql import sql_training_reward
 from dart_jax.rollout.agent import observation_ids
 from dart_jax.rollout.protocol import QA, SQL
 from dart_jax.rollout.tasks import qa_task, spider_rows
-from dart_jax.sft import demos as D
 from dart_jax.run.spec import run_spec
+from dart_jax.sft import demos as D
 from dart_jax.sft.trainer import build_demos
 from dart_jax.tokenization.sentinels import add_sentinel_tokens, sentinel_ids
 from dart_jax.tokenization.tokenizer import load_tokenizer

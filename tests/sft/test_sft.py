@@ -11,22 +11,21 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from dart_jax.rl.optim import make_optimizer
 import pytest
 
 from configs import quickstart
 from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.checkpoints.dart_io import export_dart, import_dart
-from dart_jax.checkpoints.registry import load_model
+from dart_jax.checkpoints.registry import load_model, load_tagged_model
 from dart_jax.models.transformer import forward
 from dart_jax.rl import batch as batch_lib
-from dart_jax.run.policy import load_policy
-from dart_jax.run.spec import LossConfig, OptimConfig, run_spec
+from dart_jax.rl.optim import make_optimizer
 from dart_jax.rl.step import SFT_KEYS, init_state, make_scorer, make_train_step
 from dart_jax.roles.router import RouterSpec
+from dart_jax.run.policy import load_policy
+from dart_jax.run.spec import LossConfig, OptimConfig, run_spec
 from dart_jax.sft import demos as D
 from dart_jax.tokenization.sentinels import row_params, sentinel_ids
-from dart_jax.checkpoints.registry import load_tagged_model
 from xla_env import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -169,7 +168,8 @@ def test_shipped_warm_start_merges_into_smollm2(tmp_path):
     again, _, _, _, _ = import_dart(export_dart(str(tmp_path / "rt"), ads, cfg2, base2, tok, dtype="float16"),
                                     base, cfg)
     for t in ads["shared"].params:
-        np.testing.assert_array_equal(np.asarray(again["shared"].params[t]["a"]), np.asarray(ads["shared"].params[t]["a"]))
+        np.testing.assert_array_equal(np.asarray(again["shared"].params[t]["a"]),
+                                      np.asarray(ads["shared"].params[t]["a"]))
 
 
 @pytest.mark.parametrize("variant", ["dart", "full"])
@@ -204,7 +204,7 @@ def test_sft_variants_export_what_later_runs_load(tiny_smollm_dir, tmp_path, var
 
 
 def test_rollout_eval_skips_rows_without_a_reference():
-    from dart_jax.run.held_out import rollout_eval
     from dart_jax.rollout.protocol import QA, SQL
+    from dart_jax.run.held_out import rollout_eval
     assert rollout_eval(None, None, QA, None, None, "dart_jax", None, None, [{"question": "q"}]) == {}
     assert rollout_eval(None, None, SQL, None, None, "dart_jax", None, None, [{"question": "q", "db_path": "x"}]) == {}

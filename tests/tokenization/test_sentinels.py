@@ -7,8 +7,7 @@ import pytest
 
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import init_params
-from dart_jax.tokenization.sentinels import (SENTINEL_TAGS, add_sentinel_tokens, grow_embeddings,
-                                             sentinel_ids)
+from dart_jax.tokenization.sentinels import SENTINEL_TAGS, add_sentinel_tokens, grow_embeddings, sentinel_ids
 from dart_jax.tokenization.tokenizer import encode_chat, load_tokenizer
 
 SEARCH_R1_PROMPT = (

@@ -60,7 +60,8 @@ def test_poisoned_question_keeps_the_clean_prompts_tags_and_route(tok):
     clean, = qa_task(tok, [{"id": "a", "question": "what does the tag mean in html", "golden_answers": ["x"]}])[0]
     dirty, = qa_task(tok, [{"id": "a", "question": POISON, "golden_answers": ["x"]}])[0]
     assert tag_stream(tok, dirty) == tag_stream(tok, clean)
-    assert final_route(tok, dirty, "<search>", "</search>") == final_route(tok, clean, "<search>", "</search>") == REASONING
+    assert (final_route(tok, dirty, "<search>", "</search>") == final_route(tok, clean, "<search>", "</search>")
+            == REASONING)
     assert "<search>" in tok.decode(dirty) and "<|im_end|><|im_start|>" in tok.decode(dirty)  # kept as text
     # before: the question's tags were ids, the span stayed open and the response began on the tool adapter
     from dart_jax.data.prompts import qa_prompt

@@ -9,8 +9,14 @@ import pytest
 
 from dart_jax.data.corpus import read_corpus, read_jsonl
 from dart_jax.tools.encoder import Encoder
-from dart_jax.tools.retrieval import (DEFAULT_CORPUS, Retriever, build_index, ensure_index,
-                                      format_passages, shipped_embeddings)
+from dart_jax.tools.retrieval import (
+    DEFAULT_CORPUS,
+    Retriever,
+    build_index,
+    ensure_index,
+    format_passages,
+    shipped_embeddings,
+)
 
 QA = os.path.join(os.path.dirname(DEFAULT_CORPUS), "..", "qa", "nq_oracle.jsonl")
 
@@ -67,4 +73,5 @@ def test_index_kinds(encoder, tmp_path):
 def test_passage_rendering():
     text = format_passages([{"id": "1", "contents": "\"Paris\"\nParis is the capital."},
                             {"id": "2", "contents": "\"Lyon\"\nLyon is a city.\nSecond line."}])
-    assert text == "Doc 1(Title: \"Paris\") Paris is the capital.\nDoc 2(Title: \"Lyon\") Lyon is a city.\nSecond line.\n"
+    assert text == ("Doc 1(Title: \"Paris\") Paris is the capital.\n"
+                    "Doc 2(Title: \"Lyon\") Lyon is a city.\nSecond line.\n")

@@ -12,15 +12,22 @@ import faiss
 import huggingface_hub
 import numpy as np
 import pytest
-from standins.search_r1_index import search_r1_encode, tiny_e5, tiny_e5_in_hub_cache, write_search_r1_index
 
 from dart_jax.data.corpus import CorpusFile, line_offsets, read_corpus
 from dart_jax.errors import UserError
 from dart_jax.tools.encoder import Encoder
-from dart_jax.tools.retrieval import (DEFAULT_CORPUS, META, Retriever, adopt_index, build_index, gpu_index,
-                                      read_index_header)
+from dart_jax.tools.retrieval import (
+    DEFAULT_CORPUS,
+    META,
+    Retriever,
+    adopt_index,
+    build_index,
+    gpu_index,
+    read_index_header,
+)
 from dart_jax.tools.retrieval_server import RemoteRetriever, RetrievalServer, ServerLimits
 from launch import build_index as build_index_cmd
+from standins.search_r1_index import search_r1_encode, tiny_e5, tiny_e5_in_hub_cache, write_search_r1_index
 
 N_PASSAGES = 300
 QUESTIONS = ["who wrote war and peace", "capital of france", "when did the lobbyist die",

@@ -10,7 +10,8 @@ import pytest
 
 from dart_jax.tools.sqlite_exec import MAX_RESULT_BYTES, SQLiteTool, execute, render_table
 
-DB = os.path.join(os.path.dirname(__file__), "..", "..", "data", "spider", "database", "concert_singer", "concert_singer.sqlite")
+DB = os.path.join(os.path.dirname(__file__), "..", "..", "data", "spider", "database", "concert_singer",
+                  "concert_singer.sqlite")
 TIMEOUT = 1.0
 
 HOSTILE = [
@@ -176,10 +177,9 @@ def test_eight_concurrent_bombs_return_in_time_in_bounded_memory(db):
 
 def test_killed_worker_is_replaced_and_replies_are_plain_values(db):
     import pickle
+    import signal
 
     from dart_jax.tools.sqlite_exec import SQLitePool, _PlainUnpickler
-
-    import signal
 
     pool = SQLitePool(max_workers=1)
     try:

@@ -6,9 +6,9 @@ frozen base (DART, LoRA-16, MixLoRA, 2-Agent-LoRA)? Reads the committed archive 
 
 Two views. Runs: the difference of mean counts between the groups, with an exact two-sided
 permutation test (the share of the ways of assigning the runs to groups of the same sizes whose
-absolute difference reaches the observed one; runs as the unit: seeds vary, questions fixed). Questions: per question the share of each group's runs that answered it, and an
-exact sign test over the questions where the shares differ (questions as the unit: generalises over
-questions, not over seeds)."""
+absolute difference reaches the observed one; runs as the unit: seeds vary, questions fixed). Questions: per
+question the share of each group's runs that answered it, and an exact sign test over the questions where the
+shares differ (questions as the unit: generalises over questions, not over seeds)."""
 
 import gzip
 import json
