@@ -6,7 +6,7 @@ onto a dataclass, each key onto a field (tests/test_configs.py checks it), and `
 parses the sections back into them:
 
     task            qa (Search-R1) | sql (SkyRL-SQL)
-    init_from       a DART adapter directory to start from
+    init_from       what to start from: DART adapters (or a run holding them), PEFT / HF / authors' dirs
     warm_start      a LoRA warm-start directory (launch.sft) merged into the base
     model           ModelSettings: path, dtypes, remat, scan; cache_block: attention over a KV cache reads
                     its written blocks of 128 slots (0: all)

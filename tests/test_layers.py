@@ -29,7 +29,7 @@ ALLOWED = {
     "parallel": set(),
     "roles": set(),
     "data": set(),
-    # CEA statistics, gradient geometry, figures, markdown tables: numpy / scipy / matplotlib only
+    # CEA statistics, gradient geometry, figures, markdown tables: numpy / scipy / matplotlib / jax only
     "analysis": set(),
     # architecture, params, KV cache, LoRA delta, model names
     "models": {"parallel"},

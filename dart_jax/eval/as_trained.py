@@ -27,6 +27,7 @@ from dart_jax.checkpoints.dart_io import MANIFEST
 from dart_jax.data.paths import repo_path
 from dart_jax.errors import UserError
 from dart_jax.run.run_dir import RUN_CONFIG, config_dict, flat, saved_config
+from dart_jax.run.source import RUN_SUBDIRS
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 AS_TRAINED = ("task", "model", "warm_start", "method", "router", "rollout", "retriever", "tool")
 # sections that matter to one task only: differences elsewhere are not reported
 TASK_ONLY = {"retriever": "qa", "tool": "sql"}
-RUN_SUBDIRS = ("adapters", "checkpoints")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,8 @@
                        `adapters/`, else its newest usable orbax checkpoint), a run's `checkpoints/`
                        directory (orbax; `step` picks one, default the newest that verifies — a corrupt
                        one falls back to the previous), a DART authors' checkpoint, a PEFT LoRA, or a
-                       whole model (HF directory, hub id, GGUF, embedded name) in place of model.path
+                       whole model on disk (HF directory, GGUF file) in place of model.path (a hub id
+                       or an embedded name goes in --config.model.path)
     --peft DIR         one PEFT LoRA directory, applied to every generated token (variant lora)
     neither            the model of `spec.model.path` (+ `spec.warm_start` when set), no adapters
 
@@ -67,7 +68,7 @@ def remove_adapter(adapters: dict[str, LoraAdapter], name: str) -> dict[str, Lor
 
 def load_eval_policy(spec, mesh, checkpoint: str | None = None, peft: str | None = None,
                      remove: str | None = None, step: int | None = None, seed: int = 0) -> EvalPolicy:
-    """The policy `spec` (a run.spec.RunSpec) describes, with `checkpoint` (any run.source kind) or
+    """The policy `spec` (a run.spec.RunSpec) describes, with `checkpoint` (an existing path of any run.source kind) or
     `peft` (a PEFT LoRA directory) on it."""
     key = jax.random.PRNGKey(seed)
     record: dict = {"model": spec.model.path, "warm_start": spec.warm_start or ""}

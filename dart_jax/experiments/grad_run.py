@@ -97,7 +97,8 @@ class Study(GradSamples, StageLog):
             from dart_jax.eval.policy import load_eval_policy
             from dart_jax.run.policy import run_mesh
             from dart_jax.run.spec import run_spec
-            self._policy = load_eval_policy(run_spec(self.config), run_mesh(self.config), self.checkpoint,
+            spec = run_spec(self.config)
+            self._policy = load_eval_policy(spec, run_mesh(spec), self.checkpoint,
                                             step=self.step, seed=int(self.c.seed))
         return self._policy
 

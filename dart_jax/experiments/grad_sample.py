@@ -120,7 +120,7 @@ class GradSamples:
         agent = Agent(pol.cfg, pol.tokenizer, protocol, build_tool(spec, protocol),
                       SamplingConfig(temperature=float(c.temperature)),
                       dataclasses.replace(spec.rollout, route_mode=pol.route_mode),
-                      pol.router_convention or spec.router_convention, mesh=run_mesh(self.config))
+                      pol.router_convention or spec.router_convention, mesh=run_mesh(spec))
         reward = make_reward(spec.task, spec.reward)
         from tqdm.auto import tqdm
         bar = tqdm(total=int(c.queries), initial=have, desc="mixed groups", unit="query")

@@ -118,7 +118,7 @@ def with_dropout(adapters: Mapping[str, LoraAdapter] | None, key: jax.Array | No
 
 def adapter_names(adapters: Mapping[str, LoraAdapter] | None) -> tuple[str, ...]:
     """Route id i <-> adapter_names(adapters)[i] (the LoRA adapters, sorted; MixLoRA's experts, which
-    a router mixes instead, take no route id)."""
+    a gate mixes instead, take no route id)."""
     return tuple(sorted(n for n, a in adapters.items() if isinstance(a, LoraAdapter))) if adapters else ()
 
 

@@ -57,8 +57,7 @@ def check_mesh(config, processes: int) -> Check:
 
     from dart_jax.run.policy import run_mesh
     try:
-        run_spec(config, processes)
-        mesh = run_mesh(config)
+        mesh = run_mesh(run_spec(config, processes))
     except ValueError as e:
         fix = "set --config.mesh.shape='(DATA,FSDP,TENSOR)' with a product ≤ the devices" if "mesh" in str(e) \
             else "fix the settings named"

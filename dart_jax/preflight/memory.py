@@ -24,8 +24,8 @@ PROMPT_TOKENS = {"qa": 512, "sql": 2048}
 
 
 def mesh_shape(spec: RunSpec, devices: int) -> tuple[int, int, int]:
-    """`mesh.shape`, or every device on the data axis (run.policy.run_mesh's default)."""
-    return tuple(int(s) for s in spec.mesh.shape) if spec.mesh.shape else (devices, 1, 1)
+    """`mesh.shape`, or every device on the data axis (run.spec.MeshSettings.resolved)."""
+    return spec.mesh.resolved(devices)
 
 
 # -- memory ---------------------------------------------------------------------------------------------

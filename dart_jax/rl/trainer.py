@@ -70,11 +70,14 @@ class Trainer:
         self.config = config
         self.on_step = on_step
         self.spec = spec = run_spec(config, jax.process_count())  # every setting parsed and checked, once
+        if spec.sft is not None:  # run_spec checks a config with an sft section as a warm start's
+            raise UserError("launch.train runs GRPO; this config has an sft section (a warm start's config: "
+                            "python -m launch.sft)")
         tc = spec.train
         self.method, self.loss_cfg, self.optim_cfg = spec.method, spec.loss, spec.optim
         self.rollout_cfg, self.sampling, self.plan = spec.rollout, spec.sampling, spec.plan
         self.rows = load_task_rows(spec)  # before the model: a missing data file fails fast
-        self.mesh = run_mesh(config)
+        self.mesh = run_mesh(spec)
         key = jax.random.PRNGKey(tc.seed)
         cfg, base, tok, adapters = load_policy(spec, self.mesh, key)
         self.cfg, self.tok = cfg, tok

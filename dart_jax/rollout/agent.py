@@ -39,7 +39,8 @@ from dart_jax.tokenization.sentinels import sentinel_ids
 from dart_jax.tokenization.tokenizer import encode_text
 
 INVALID_POLICIES = ("search_r1", "none")
-LAYOUT_ONLY = ("decode_layout", "chunk_rows")  # rollout settings that place or split arrays, not trajectories
+# rollout settings that place, split or share arrays, not what the trajectories are
+LAYOUT_ONLY = ("decode_layout", "chunk_rows", "share_prompt_prefill")
 
 
 def trajectory_settings(rollout: dict) -> dict:

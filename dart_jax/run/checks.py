@@ -9,7 +9,7 @@ fails in seconds with what to do, not after model load, compile and 300 s of ret
     weights     `model.path` resolves (a path, an embedded name, a hub id in the local HF cache);
                 `warm_start` / `init_from` exist
 
-The mesh and memory checks, which need the trainer's rules and compiled programs, are in
+The mesh and memory checks, which need the run spec's rules and compiled programs, are in
 dart_jax/preflight/. `architecture` reads the model's config.json, or, when the weights are absent,
 the paper models' architectures shipped in data/model_configs/<Org>/<Name>/config.json.
 """
@@ -27,6 +27,7 @@ from typing import Any
 
 from dart_jax.data.paths import DATA, REPO, repo_path
 from dart_jax.data.settings import prepare_hint
+from dart_jax.errors import UserError
 from dart_jax.run.spec import RunSpec
 
 GIB = 2 ** 30
@@ -226,6 +227,7 @@ def check_weights(spec: RunSpec) -> Check:
     """model.path resolves to weights (models.names.resolve), warm_start / init_from are what they claim."""
     from dart_jax.checkpoints.dart_io import MANIFEST
     from dart_jax.models.names import is_gguf, resolve
+    from dart_jax.run.policy import init_source
     from dart_jax.run.source import classify_source
     try:
         path = resolve(spec.model.path)
@@ -240,12 +242,15 @@ def check_weights(spec: RunSpec) -> Check:
         where = repo_path(value)
         if field == "init_from":
             try:
-                classify_source(where)
-            except FileNotFoundError as e:
+                init_source(spec)
+            except (FileNotFoundError, UserError) as e:
                 return fail("weights", f"{e}; write one with launch.train (adapters/) or fix --config.init_from")
-        elif not os.path.isfile(os.path.join(where, MANIFEST)):
-            return fail("weights", f"warm_start={value} has no {MANIFEST}; write one with python -m launch.sft "
-                                   "or fix --config.warm_start")
+            continue
+        kind = classify_source(where).kind if os.path.isdir(where) and os.path.isfile(
+            os.path.join(where, MANIFEST)) else None
+        if kind != "warm_start":
+            return fail("weights", f"warm_start={value} is not a warm-start directory ({MANIFEST} of kind "
+                                   "warm_start); write one with python -m launch.sft or fix --config.warm_start")
     return ok("weights", f"{spec.model.path} -> {path}", path=path)
 
 

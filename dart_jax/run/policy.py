@@ -39,9 +39,9 @@ from dart_jax.run.source import MODEL_KINDS, Source, classify_source
 log = logging.getLogger(__name__)
 
 
-def run_mesh(config):
-    """The device mesh of `config.mesh.shape` (() = every device on the data axis)."""
-    shape = tuple(config.mesh.shape) if config.mesh.shape else (jax.device_count(), 1, 1)
+def run_mesh(spec):
+    """The device mesh of the spec's `mesh.shape` (() = every device on the data axis)."""
+    shape = spec.mesh.resolved(jax.device_count())
     if math.prod(shape) > jax.device_count():
         raise UserError(f"mesh.shape={shape} needs {math.prod(shape)} devices; {jax.device_count()} available: "
                         "set --config.mesh.shape to a shape whose product fits")
@@ -69,14 +69,27 @@ def _warm_start(warm: str) -> str:
     return src.path
 
 
+INIT_KINDS = ("dart", "authors", "peft", "hf")  # what a run may start from (`init_from`)
+
+
 def init_source(spec) -> Source | None:
-    """What the spec's `init_from` is (None when unset)."""
+    """What the spec's `init_from` is (None when unset): an exported DART adapter directory (or a run
+    directory holding one), a DART authors' checkpoint, a PEFT LoRA directory or an HF model directory.
+    A run's orbax checkpoints and warm starts are refused here: a warm start goes in `warm_start`, and
+    a run's checkpoints are evaluated (`launch.evaluate --checkpoint`) or resumed (`--resume`)."""
     if not spec.init_from:
         return None
     init_from = repo_path(spec.init_from)
-    if not os.path.exists(init_from):
+    if not os.path.isdir(init_from):
         raise FileNotFoundError(f"init_from={init_from!r} is not a directory")
-    return classify_source(init_from)
+    source = classify_source(init_from)
+    if source.kind not in INIT_KINDS:
+        hint = ("set --config.warm_start to it instead" if source.kind == "warm_start" else
+                "resume that run with --resume, or export its adapters (launch.train writes adapters/ at the end)")
+        raise UserError(f"init_from={init_from!r} holds {source.kind!r} ({source.path}); init_from takes an "
+                        f"exported DART adapter directory, a DART authors' checkpoint, a PEFT LoRA directory or an "
+                        f"HF model directory: {hint}")
+    return source
 
 
 def load_policy(spec, mesh, key: jax.Array, source: Source | None = None):

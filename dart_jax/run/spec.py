@@ -107,7 +107,7 @@ class UpdatePlan:
     # run each micro-batch's common prefix once (rl/batch.split_shared_prefix): with micro_batch =
     # group_size the micro-batches are whole GRPO groups (group_order) and the prefix their prompt
     share_prefix: bool = False
-    pad_multiple: int = 64
+    pad_multiple: int = 128  # = TrainSettings.pad_multiple
 
     def __post_init__(self):
         if self.old_logp not in OLD_LOGP:
@@ -122,6 +122,8 @@ class ModelSettings:
     compute_dtype: str = "bfloat16"
     remat_policy: str = "dots"
     scan_layers: bool = True
+    attention_impl: str = "xla"     # "xla" (portable, hand-written GQA) | "cudnn" | "auto" (models/attention.py)
+    causal_block: int = 128         # cache-free "xla" attention: query blocks skip later keys (0: off)
     cache_block: int = 128          # attention over a KV cache reads its written blocks of 128 slots (0: all)
 
     def overrides(self) -> dict:
@@ -158,6 +160,10 @@ class EvalSettings:
 @dataclass(frozen=True)
 class MeshSettings:
     shape: tuple = ()               # (data, fsdp, tensor); () = every device on the data axis
+
+    def resolved(self, devices: int) -> tuple[int, ...]:
+        """The mesh shape over `devices` devices: `shape`, or every device on the data axis."""
+        return tuple(int(s) for s in self.shape) if self.shape else (devices, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -237,7 +243,7 @@ DERIVED = {"loss": ("objective",), "rollout": ("route_mode",)}
 class RunSpec:
     """Everything a run reads from its config, parsed and checked (`run_spec`)."""
     task: str = "qa"                 # qa (Search-R1) | sql (SkyRL-SQL)
-    init_from: str = ""              # a DART adapter directory (or PEFT / HF / authors' checkpoint) to start from
+    init_from: str = ""              # what to start from (run.policy.INIT_KINDS)
     warm_start: str = ""             # a LoRA warm-start directory (launch.sft) merged into the base
     router_convention: str
     norm_adv_by_std: bool

@@ -104,7 +104,7 @@ class SFTTrainer:
         self.method = spec.method
         self.loss_cfg = dataclasses.replace(spec.loss, objective="sft", kl_coef=0.0, entropy_coef=0.0,
                                             temperature=1.0)
-        self.mesh = run_mesh(config)
+        self.mesh = run_mesh(spec)
         key = jax.random.PRNGKey(sc.seed)
         self.cfg, base, self.tok, adapters = load_policy(spec, self.mesh, key)
         self.protocol = PROTOCOLS[spec.task]
@@ -150,7 +150,8 @@ class SFTTrainer:
         self.router = RouterSpec((ids[self.protocol.tool_open],), (ids[self.protocol.tool_close],),
                                  spec.router_convention)
         self.updater = Updater(self.cfg, self.method, self.loss_cfg, self.optim_cfg,
-                               UpdatePlan(sc.batch_size, sc.micro_batch, shuffle_minibatches=False, seed=sc.seed),
+                               UpdatePlan(sc.batch_size, sc.micro_batch, shuffle_minibatches=False, seed=sc.seed,
+                                          pad_multiple=64),
                                self.mesh, self.row_ids)
         score = make_scorer(self.cfg, 1.0, self.loss_cfg.logprob_chunk)
         method, row_ids = self.method, self.row_ids

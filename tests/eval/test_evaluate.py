@@ -52,7 +52,7 @@ def test_greedy_is_argmax_at_every_step_and_ignores_the_seed(tiny_smollm_dir, tm
     assert [r["response"] for r in _records(tmp_path / "a")] == [r["response"] for r in _records(tmp_path / "b")]
     assert a["datasets"]["nq"]["questions"] == 3 and a["setup"]["temperature"] == 0.0 and b["setup"]["seed"] == 123
     # every generated token is the argmax of the teacher-forced logits before it
-    policy = load_eval_policy(run_spec(c), run_mesh(c))
+    policy = load_eval_policy(run_spec(c), run_mesh(run_spec(c)))
     agent = Agent(policy.cfg, policy.tokenizer, QA, build_tool(run_spec(c), QA), SamplingConfig(temperature=0.0),
                   RolloutConfig(max_turns=1, max_tokens_per_turn=12, max_obs_tokens=64, max_response_tokens=128,
                                 invalid_action="search_r1", route_mode="none"))
@@ -127,7 +127,7 @@ def test_orbax_checkpoint_and_exported_adapters_evaluate_identically(tiny_smollm
     with pytest.raises(ValueError, match="compose role"):
         evaluate(c, str(tmp_path / "e5"), ["nq"], opts, compose=("answer", str(tmp_path / "run")))
     # DART-Reas: the tool adapter removed at inference (B = 0), the reasoning adapter untouched
-    mesh = run_mesh(c)
+    mesh = run_mesh(run_spec(c))
     full = load_eval_policy(run_spec(c), mesh, checkpoint=str(tmp_path / "run"))
     reas = load_eval_policy(run_spec(c), mesh, checkpoint=str(tmp_path / "run"), remove="tool")
     assert all(float(jnp.abs(ab["b"]).max()) > 0 for ab in full.adapters["tool"].params.values())
@@ -188,7 +188,7 @@ def test_peft_adapters_apply_to_every_generated_token(tiny_smollm_dir, tmp_path)
     from dart_jax.adapters.method import MethodSpec, init_adapters
     from dart_jax.checkpoints.peft_io import export_peft
     c = _small(eval_config.get_config("qa"), tiny_smollm_dir)
-    base_policy = load_eval_policy(run_spec(c), run_mesh(c))
+    base_policy = load_eval_policy(run_spec(c), run_mesh(run_spec(c)))
     ad = init_adapters(MethodSpec("lora", rank=4, alpha=8.0), base_policy.cfg, jax.random.PRNGKey(1))["shared"]
     ad = ad.replace(params={t: {"a": ab["a"], "b": 0.5 * jax.random.normal(jax.random.PRNGKey(2), ab["b"].shape)}
                             for t, ab in ad.params.items()})
@@ -200,4 +200,4 @@ def test_peft_adapters_apply_to_every_generated_token(tiny_smollm_dir, tmp_path)
     responses = [r["response"] for r in _records(tmp_path / "peft_eval")]
     assert [r["response"] for r in _records(tmp_path / "plain")] != responses
     with pytest.raises(ValueError, match="--checkpoint or --peft, not both"):
-        load_eval_policy(run_spec(c), run_mesh(c), checkpoint="x", peft="y")
+        load_eval_policy(run_spec(c), run_mesh(run_spec(c)), checkpoint="x", peft="y")

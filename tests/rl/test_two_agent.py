@@ -147,7 +147,7 @@ def test_two_identical_models_roll_out_the_single_model_trajectory(tiny_smollm_d
     c.model.path = tiny_smollm_dir
     c.retriever.topk = 1
     c.mesh.shape = (1, 1, 1)
-    policy = load_eval_policy(run_spec(c), run_mesh(c))
+    policy = load_eval_policy(run_spec(c), run_mesh(run_spec(c)))
     cfg, base, tok = policy.cfg, policy.base, policy.tokenizer
     agent = Agent(cfg, tok, QA, build_tool(run_spec(c), QA), SamplingConfig(temperature=1.0),
                   RolloutConfig(max_turns=2, max_tokens_per_turn=12, max_obs_tokens=32, max_response_tokens=64,
