@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import urllib.parse
 from typing import Callable
 
 Mark = Callable[[str], str]  # wraps an untrusted value (tokenization.tokenizer.Untrusted)
@@ -57,7 +58,10 @@ def schema_ddl(db_path: str) -> str:
     """CREATE TABLE statements (with keys) read from the SQLite file itself."""
     if not os.path.isfile(db_path):
         raise FileNotFoundError(f"SQLite database {db_path} not found")
-    conn = sqlite3.connect(f"file:{os.path.abspath(db_path)}?mode=ro", uri=True)
+    # the path percent-quoted as tools.sqlite_exec.readonly_uri does (that file runs its workers in
+    # isolation and imports nothing of dart_jax): `#`, `?` or `%` in a name cannot drop mode=ro
+    uri = f"file:{urllib.parse.quote(os.path.abspath(db_path), safe='/')}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True)
     try:
         rows = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL "
                             "AND name NOT LIKE 'sqlite_%' ORDER BY rowid").fetchall()

@@ -1,7 +1,9 @@
 """Hardened read-only SQLite execution for the NL2SQL tool and the SQL rewards.
 
 Defence in depth, each layer enough on its own for writes:
-- the file is opened with a `mode=ro` URI (the OS-level handle cannot write), `PRAGMA query_only`;
+- the file is opened with a `mode=ro` URI (the OS-level handle cannot write, a missing file is an
+  error, never a new database), `PRAGMA query_only`; the path is percent-quoted into the URI, so a
+  name holding `%`, `#`, `?` or `&` names that file and cannot drop or replace `mode=ro`;
 - an authorizer denies ATTACH / DETACH, every write and schema change, PRAGMA assignments,
   and the load_extension() function (extension loading is also disabled on the connection);
 - exactly one statement per call (sqlite3 refuses a second one);
@@ -12,7 +14,9 @@ Defence in depth, each layer enough on its own for writes:
   materialises more of a value than the cell it fills;
 - every statement runs in a worker process (`SQLitePool`) under an address-space limit, killed at
   deadline + `KILL_GRACE_S`: one SQLite function call (printf padding, a pathological LIKE) cannot
-  be interrupted by the progress handler, a process can. A killed worker is replaced.
+  be interrupted by the progress handler, a process can. A killed worker is replaced. Both the
+  request's write and the reply's read obey the caller's deadline (a stalled worker with a full
+  pipe cannot block the caller).
 Errors come back as results (`error` set), never as exceptions: they become observations.
 
 This file imports only the standard library: the worker runs it as a script (`--worker`).
@@ -34,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from typing import Any
 
 _ALLOWED = {
@@ -84,11 +89,17 @@ def _authorizer(action, arg1, arg2, dbname, source):
     return sqlite3.SQLITE_OK if action in _ALLOWED else sqlite3.SQLITE_DENY
 
 
+def readonly_uri(path: str) -> str:
+    """The `file:` URI that opens `path` read-only: every character of the absolute path other than
+    `/` and unreserved ones is percent-quoted (`%`, `#`, `?`, `&`, spaces, non-ASCII as UTF-8), so
+    the name cannot end the path, start a query or fragment, or decode to another file."""
+    return f"file:{urllib.parse.quote(os.path.abspath(path), safe='/')}?mode=ro"
+
+
 def connect_readonly(path: str) -> sqlite3.Connection:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"SQLite database {path} not found")
-    conn = sqlite3.connect(f"file:{os.path.abspath(path)}?mode=ro", uri=True, check_same_thread=False,
-                           isolation_level=None)
+    conn = sqlite3.connect(readonly_uri(path), uri=True, check_same_thread=False, isolation_level=None)
     conn.execute("PRAGMA query_only = ON")
     if hasattr(conn, "enable_load_extension"):  # absent when Python was built without it
         conn.enable_load_extension(False)
@@ -181,14 +192,32 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), "--worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      close_fds=True, env=env)
+        # requests are written with os.write under the caller's deadline: a worker that stopped
+        # reading (stalled, stopped, still starting) fills the pipe, and a blocking write would wait
+        os.set_blocking(self.proc.stdin.fileno(), False)
+
+    def _send(self, data: bytes, deadline: float) -> bool:
+        """Write all of `data` to the worker by `deadline`; False if it could not (the caller kills)."""
+        fd, view = self.proc.stdin.fileno(), memoryview(data)
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_WRITE)
+            while view:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    return False
+                try:
+                    view = view[os.write(fd, view):]
+                except BlockingIOError:
+                    continue
+                except OSError:  # BrokenPipeError: the worker is gone
+                    return False
+        return True
 
     def ask(self, request: dict, deadline: float) -> tuple | None:
-        """Send one request; the reply, or None if none came by `deadline` (the caller kills)."""
+        """Send one request; the reply, or None if it could not be sent or none came by `deadline`
+        (the caller kills)."""
         payload = pickle.dumps(request)
-        try:
-            self.proc.stdin.write(_HEADER.pack(len(payload)) + payload)
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+        if not self._send(_HEADER.pack(len(payload)) + payload, deadline):
             return None
         fd, buf, need = self.proc.stdout.fileno(), bytearray(), None
         with selectors.DefaultSelector() as sel:  # epoll / poll: no FD_SETSIZE limit
