@@ -10,9 +10,12 @@ wait in a bounded queue and are served by one encoder + index call per batch (at
 `batch_queries` queries, waiting at most `max_wait_ms` for company), so no request holds a lock
 while others queue behind it. Bodies are read with a deadline (a slow client gets 408 and stalls
 no one), oversized bodies / batches / queries get 413 after the body is drained (the client reads
-the reply instead of a broken pipe), malformed JSON or fields 400, a full queue 503, a request not
-served in `request_timeout_s` 504, unknown paths 404. It binds to loopback by default with a listen
-backlog of 1024.
+the reply instead of a broken pipe), malformed bodies 400 with a one-line reason (invalid JSON, nesting
+too deep, numbers past Python's digit limit, a body that does not decode as its Content-Encoding, a
+query that is not valid Unicode, e.g. a lone surrogate), a full queue 503, a request not served in
+`request_timeout_s` 504, unknown paths 404. One request cannot fail its batch: a batch whose search
+fails is split in halves and searched again until the failing request is alone; only it gets the 500.
+It binds to loopback by default with a listen backlog of 1024.
 
 `RemoteRetriever` speaks the same contract (to this server or an existing Search-R1 one) and
 retries connection errors and 502/503/504 with exponential backoff until its deadline.
@@ -33,6 +36,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from dart_jax.tools.retrieval import Searcher
 
@@ -69,6 +73,17 @@ class _Pending:
     queries: list[str]
     topk: int
     future: asyncio.Future
+
+
+def _bad_query(queries: list[str]) -> str | None:
+    """Why a query cannot be encoded (text that is not valid Unicode: a lone surrogate), or None."""
+    for i, q in enumerate(queries):
+        try:
+            q.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return (f"query {i} is not valid Unicode: {q[e.start:e.end]!a} at character {e.start} "
+                    f"(lone surrogates cannot be encoded)")
+    return None
 
 
 def _error(code: int, message: str, **headers) -> web.Response:
@@ -122,10 +137,23 @@ class RetrievalServer:
             self.stats["rejected"] += 1
             drained = request.content.at_eof()
             return _error(413, str(e), **({} if drained else {"Connection": "close"}))
+        except (web.RequestPayloadError, HttpProcessingError) as e:  # e.g. "gzip" that is not gzip
+            self.stats["rejected"] += 1
+            cause = e.__cause__ if isinstance(e.__cause__, HttpProcessingError) else e
+            reason = " ".join(str(getattr(cause, "message", None) or e).split())
+            reply = _error(400, f"the body could not be read: {reason}", Connection="close")
+            await reply.prepare(request)
+            await reply.write_eof()
+            force_close = getattr(request.protocol, "force_close", None)
+            if force_close is not None:  # the rest of a body that does not decode is not read
+                force_close()
+            return reply
         try:
             req = json.loads(raw or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return _error(400, f"invalid JSON: {e}")
+        except RecursionError:  # a nesting bomb ([[[[…]]]]) stops at the interpreter's recursion limit
+            return _error(400, "invalid JSON: nested too deeply")
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer past Python's digit limit
+            return _error(400, "invalid JSON: " + " ".join(str(e).split(";")[0].split()))
         if not isinstance(req, dict) or not isinstance(req.get("queries"), list) \
                 or not all(isinstance(q, str) for q in req["queries"]):
             return _error(400, "field 'queries' must be a list of strings")
@@ -138,6 +166,9 @@ class RetrievalServer:
         longest = max((len(q) for q in queries), default=0)
         if longest > lim.max_query_chars:
             return _error(413, f"a query of {longest} characters exceeds the limit {lim.max_query_chars}")
+        bad = _bad_query(queries)
+        if bad is not None:
+            return _error(400, bad)
         if not queries:
             return web.json_response({"result": []})
         pending = _Pending(queries, topk, asyncio.get_running_loop().create_future())
@@ -191,24 +222,40 @@ class RetrievalServer:
             batch = [p for p in batch if not p.future.done()]  # timed out while waiting
             if not batch:
                 continue
-            queries = [q for p in batch for q in p.queries]
-            topk = max(p.topk for p in batch)
             self._inflight = batch
-            try:
-                hits = await loop.run_in_executor(self._executor, self.searcher.search, queries, topk)
-            except Exception as e:  # noqa: BLE001 — every request of the batch gets the error
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(e)
-                continue
-            self.stats["batches"] += 1
-            self.stats["queries"] += len(queries)
-            start = 0
-            for p in batch:
-                rows = [row[:p.topk] for row in hits[start:start + len(p.queries)]]
-                start += len(p.queries)
-                if not p.future.done():
-                    p.future.set_result(rows)
+            await self._search(batch)
+
+    async def _search(self, batch: list[_Pending]) -> None:
+        """One encoder + index call for the batch. If it fails, the halves are searched apart (again
+        halving those that fail), so the error reaches only the request that causes it when alone;
+        k failing requests among n cost about 2k·log2(n) extra calls, none when nothing fails."""
+        batch = [p for p in batch if not p.future.done()]
+        if not batch:
+            return
+        queries = [q for p in batch for q in p.queries]
+        topk = max(p.topk for p in batch)
+        try:
+            hits = await asyncio.get_running_loop().run_in_executor(self._executor, self.searcher.search,
+                                                                    queries, topk)
+        except Exception as e:  # noqa: BLE001 — alone, the request gets the error; in company, it is isolated
+            if len(batch) == 1:
+                if not batch[0].future.done():
+                    batch[0].future.set_exception(e)
+                return
+            log.warning("a search of %d requests failed (%s: %s); searching them apart", len(batch),
+                        type(e).__name__, e)
+            half = len(batch) // 2
+            await self._search(batch[:half])
+            await self._search(batch[half:])
+            return
+        self.stats["batches"] += 1
+        self.stats["queries"] += len(queries)
+        start = 0
+        for p in batch:
+            rows = [row[:p.topk] for row in hits[start:start + len(p.queries)]]
+            start += len(p.queries)
+            if not p.future.done():
+                p.future.set_result(rows)
 
     # -- life cycle ---------------------------------------------------------------------------------
     def _warm_up(self) -> None:
