@@ -1,10 +1,11 @@
 """Orbax train-state checkpoints: trainable params, optimiser state, step, RNG and data position.
 
 The frozen base is never written (it is reloaded from its own file). Each save is followed by a
-SHA-256 manifest of the step's files (`<dir>/integrity/<step>.json`), written only for a save this
+SHA-256 manifest of every file of the step (`<dir>/integrity/<step>.json`), written only for a save this
 process made (orbax skips a step that already exists: that is an error here, never a new manifest
 over someone else's files). Restoring verifies the manifest; a checkpoint whose files are missing,
-truncated or altered — or that orbax cannot read — is reported and skipped for the previous one, and
+truncated, altered or not listed in it (an empty or partial manifest verifies nothing) — or that orbax
+cannot read — is reported in one line and skipped for the previous one, and
 once an older one restores, the unusable newer ones are moved aside to `<dir>/unusable/` (kept for
 inspection, never loaded again, never overwritten by a later save of the same step).
 keep-last-k through orbax's `max_to_keep`.
@@ -119,12 +120,24 @@ class Checkpointer:
         manifest = os.path.join(self.directory, "integrity", f"{step}.json")
         if not os.path.isfile(manifest):
             raise CorruptCheckpoint(f"checkpoint {step}: no integrity manifest ({manifest}); the save did not finish")
-        with open(manifest) as f:
-            want = json.load(f)
+        try:
+            with open(manifest, "rb") as f:
+                want = json.load(f)
+        except (ValueError, RecursionError) as e:
+            raise CorruptCheckpoint(f"checkpoint {step}: its integrity manifest {manifest} is not valid JSON "
+                                    f"({' '.join(str(e).split())[:120]})") from None
+        if not isinstance(want, dict) or not want or not all(isinstance(v, str) for v in want.values()):
+            raise CorruptCheckpoint(f"checkpoint {step}: its integrity manifest {manifest} lists no files "
+                                    "(every file of a step must be listed with its SHA-256)")
         have = _digest(os.path.join(self.directory, str(step)))
-        bad = sorted(k for k in want if have.get(k) != want[k])
-        if bad:
-            raise CorruptCheckpoint(f"checkpoint {step}: files missing or altered: {bad[:5]}")
+        missing = sorted(k for k in want if k not in have)
+        altered = sorted(k for k in want if k in have and have[k] != want[k])
+        unlisted = sorted(k for k in have if k not in want)
+        if missing or altered or unlisted:
+            why = "; ".join(f"{what}: {names[:5]}" + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+                            for what, names in (("files missing or altered", missing + altered),
+                                                ("files not in its integrity manifest", unlisted)) if names)
+            raise CorruptCheckpoint(f"checkpoint {step}: {why}")
 
     def restore(self, step: int, like: Any, partial: bool = False) -> tuple[Any, dict]:
         """(`like`'s tree with the checkpoint's arrays, placed as `like`'s leaves; meta). `partial`: `like`
@@ -153,7 +166,7 @@ class Checkpointer:
             try:
                 state, meta = self.restore(step, like, partial)
             except Exception as e:  # orbax raises many types for unreadable files
-                why = f"{type(e).__name__}: {str(e)[:300]}"
+                why = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"  # one line, never a traceback
             # multi-host: a step is usable only if every process restored it (one process's unreadable
             # shard fails the step everywhere, so all resume from the same step)
             whys = [w for w in allgather_objects(why) if w is not None]

@@ -69,6 +69,8 @@ class RunLoop:
         ckdir = os.path.join(self.dir, "checkpoints")
         if not resume:  # files: process 0 writes them (its failure reaches every process), all read them
             on_main(run_dir.start_fresh, self.dir, config, checkpoint_steps(ckdir), overwrite)
+        else:  # a damaged run_config.json: refused in one line before any checkpoint is moved aside
+            run_dir.saved_config(self.dir)
         self.ckpt = Checkpointer(ckdir, keep=oc.keep)
         self.start = 0
         self.writer: MetricsWriter | NullWriter | None = None
@@ -89,7 +91,8 @@ class RunLoop:
 
     def begin(self) -> None:
         """After `restore`: warn of the settings a resume changed, drop the records written past the
-        restored step (metrics.jsonl by the writer, rollouts.jsonl), append the provenance line, open
+        restored step (metrics.jsonl by the writer, rollouts.jsonl; a last line cut short by a crash is set
+        aside in `<name>.torn`: `records.rewrite_records`), append the provenance line, open
         the metrics writer (process 0; the others a NullWriter)."""
         if self.resume:
             for diff in run_dir.resumed_differences(self.dir, self.config):

@@ -7,21 +7,22 @@ import math
 import os
 from typing import Iterable
 
+from dart_jax.run.records import read_records, rewrite_records
+
 PLOT_KEYS = ("reward/mean", "eval/reward", "protocol/answer_rate", "actor/kl", "actor/entropy")
 
 
 class MetricsWriter:
     """Appends to <dir>/metrics.jsonl and TensorBoard events in <dir>/tb. On resume, lines after the
-    restored step are dropped first, so the file always describes the parameters on disk; otherwise
+    restored step are dropped first, so the file always describes the parameters on disk (a last line
+    cut short by a crash is set aside in metrics.jsonl.torn: `records.rewrite_records`); otherwise
     nothing is removed (a fresh run into a directory with records is refused before: `run_dir`)."""
 
     def __init__(self, directory: str, resume_step: int | None = None, tensorboard: bool = True):
         os.makedirs(directory, exist_ok=True)
         self.path = os.path.join(directory, "metrics.jsonl")
         if resume_step is not None and os.path.isfile(self.path):
-            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-            with open(self.path, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
+            rewrite_records(self.path, lambda r: r.get("step", 0) <= resume_step)
         self.tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -49,8 +50,8 @@ def _py(v):
 
 
 def read_metrics(path: str) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of a metrics.jsonl (a last line cut short by a crash skipped, logged)."""
+    return read_records(path)
 
 
 def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

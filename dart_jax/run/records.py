@@ -1,15 +1,97 @@
 """A run's trajectory records: every trajectory of every step in `rollouts.jsonl`, as text pieces
 (written: loss 1, observations: 0) with its score — the input of self-distillation
-(`sft.demos.distill_demos`) and of fixed-retrieval replay (`eval.fixed`)."""
+(`sft.demos.distill_demos`) and of fixed-retrieval replay (`eval.fixed`).
+
+Reading a run's jsonl records (`rollouts.jsonl`, `metrics.jsonl`): a crash mid-write leaves a last line
+cut short. Readers skip it (`read_records`); a resume sets it aside into `<name>.torn` beside the file
+(`rewrite_records`) and keeps every complete record. A line that is not a record *followed by records*
+is damage, not a cut-short write: `DamagedRecords`, one line naming the file and line."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+from typing import Callable, Iterator
 
 import numpy as np
 
+log = logging.getLogger(__name__)
+
 ROLLOUTS = "rollouts.jsonl"
+TORN = ".torn"  # suffix of the file beside a record file that holds its cut-short last lines
+
+
+class DamagedRecords(ValueError):
+    pass
+
+
+def _record(raw: bytes) -> dict | None:
+    try:
+        rec = json.loads(raw)
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError: a line cut short
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def iter_records(path: str, tail: list[bytes] | None = None) -> Iterator[tuple[bytes, dict]]:
+    """(line without its newline, record) of each complete record of a jsonl file, in order; blank lines
+    skipped. A last line that is not a JSON object (a write cut short) is not yielded: its bytes go to
+    `tail` when given. A line that is not one, with records after it: `DamagedRecords`."""
+    pending = None  # (line number, bytes) of a line that did not parse: a torn tail if only blanks follow
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                if pending is not None:
+                    pending = (pending[0], pending[1] + raw)
+                continue
+            if pending is not None:
+                raise DamagedRecords(f"{path}: line {pending[0]} is not a JSON record and records follow it (damage, "
+                                     "not a write cut short): repair or remove that line, or move the file aside")
+            rec = _record(raw)
+            if rec is None:
+                pending = (n, raw)
+                continue
+            yield raw.rstrip(b"\r\n"), rec
+    if pending is not None and tail is not None:
+        tail.append(pending[1])
+
+
+def read_records(path: str) -> list[dict]:
+    """The complete records of a jsonl record file; a cut-short last line is skipped (logged)."""
+    tail: list[bytes] = []
+    out = [rec for _, rec in iter_records(path, tail)]
+    if tail:
+        log.warning("%s: skipped its last line, a record cut short (%d bytes)", path, len(tail[0]))
+    return out
+
+
+def rewrite_records(path: str, keep: Callable[[dict], bool] = lambda rec: True) -> tuple[int, int]:
+    """Rewrite `path` with its complete records that `keep` accepts (atomically: a temporary file
+    replaces it). A cut-short last line is appended to `<path>.torn` and logged in one line.
+    -> (records kept, records dropped)."""
+    tail: list[bytes] = []
+    kept = dropped = 0
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as out:
+        for raw, rec in iter_records(path, tail):
+            if keep(rec):
+                out.write(raw + b"\n")
+                kept += 1
+            else:
+                dropped += 1
+    if tail:
+        with open(path + TORN, "ab") as f:
+            f.write(tail[0].rstrip(b"\r\n") + b"\n")
+        log.warning("%s: its last line is a record cut short (%d bytes, a crash mid-write): set aside in %s; "
+                    "%d complete records kept", path, len(tail[0]), path + TORN, kept)
+    os.replace(tmp, path)
+    return kept, dropped
+
+
+def read_rollouts(path: str) -> list[dict]:
+    """The trajectories of a run's rollouts.jsonl (a cut-short last line skipped)."""
+    return read_records(path)
 
 
 def append_rollouts(out_dir: str, step: int, tb, rows: list[dict], scores: np.ndarray, accuracy: np.ndarray,
@@ -39,11 +121,8 @@ def append_rollouts(out_dir: str, step: int, tb, rows: list[dict], scores: np.nd
 
 def trim_rollouts(out_dir: str, step: int) -> None:
     """After a successful resume: keep only trajectories of steps ≤ `step` (drop what the interrupted
-    run wrote past its checkpoint)."""
+    run wrote past its checkpoint); a record cut short by a crash is set aside (`rewrite_records`)."""
     path = os.path.join(out_dir, ROLLOUTS)
     if not os.path.isfile(path):
         return
-    with open(path) as f:
-        keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-    with open(path, "w") as f:
-        f.writelines(keep)
+    rewrite_records(path, lambda rec: rec.get("step", 0) <= step)

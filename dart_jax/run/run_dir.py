@@ -92,7 +92,7 @@ def start_fresh(out_dir: str, config, checkpoint_steps: list[int], overwrite: bo
         raise RunDirError(f"output.dir {out_dir} already holds a run ({', '.join(held)}): pass --resume to "
                           "continue it, --overwrite to replace it, or choose another --config.output.dir")
     if held:
-        for name in RECORDS + (RUN_CONFIG,):
+        for name in RECORDS + tuple(r + ".torn" for r in RECORDS) + (RUN_CONFIG,):
             if os.path.isfile(os.path.join(out_dir, name)):
                 os.remove(os.path.join(out_dir, name))
         for name in RECORD_DIRS:
@@ -109,11 +109,24 @@ def write_config(out_dir: str, config) -> None:
 
 
 def saved_config(out_dir: str) -> dict | None:
+    """run_config.json of `out_dir` (None when absent); damaged: a one-line RunDirError saying what to do."""
     path = os.path.join(out_dir, RUN_CONFIG)
     if not os.path.isfile(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        saved = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError
+        why = " ".join(str(e).split())[:200]
+        saved, what = None, f"is not valid JSON ({why})"
+    else:
+        what = f"holds a {type(saved).__name__}, not a configuration"
+    if not isinstance(saved, dict):
+        raise RunDirError(f"{path} {what}: the record of the run's configuration is damaged. Restore it from a "
+                          f"copy, or move it aside (a resume then compares no configuration), or start again with "
+                          "--overwrite")
+    return saved
 
 
 def resume_failure(out_dir: str, config, failures: dict[int, str]) -> RunDirError:
