@@ -34,7 +34,7 @@ ALLOWED = {
     # architecture, params, KV cache, LoRA delta, model names
     "models": {"parallel"},
     # tokenizers, sentinel tags and their rows
-    "tokenization": {"models", "roles"},
+    "tokenization": {"data", "models", "roles"},
     # HF / GGUF / PEFT / DART / authors' files
     "checkpoints": {"models", "parallel", "roles", "tokenization"},
     # method variants and isolation

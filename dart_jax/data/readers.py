@@ -8,7 +8,9 @@ FlashRAG jsonl (`id`, `question`, `golden_answers`), question/answer json lists,
 Spider and BIRD json, and optionally tensorflow-datasets builders. The uid is
 "{data_source}-{row id}": Search-R1's merged NQ + HotpotQA set reuses row indices per dataset, so a
 bare index would merge unrelated questions into one GRPO group. Missing files and fields raise an
-error naming the file, the row and the field.
+error naming the file, the row and the field. Text fields holding code points UTF-8 cannot encode
+(lone surrogates, which valid JSON can carry) are made valid, each such code point U+FFFD
+(`valid_rows`), and counted in one warning per file.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, Iterable, Sequence
 
 from dart_jax.data.corpus import read_jsonl
 from dart_jax.data.settings import prepare_hint
-from dart_jax.data.text import normalize_answer
+from dart_jax.data.text import normalize_answer, valid_text
 from dart_jax.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,36 @@ def _exists(path: str) -> str:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"dataset file {path} not found")
     return path
+
+
+TEXT_FIELDS = ("id", "question", "golden_answers", "query", "evidence", "data_source")
+
+
+def valid_rows(rows: list[dict], path: str) -> list[dict]:
+    """`rows` with every code point of their `TEXT_FIELDS` that UTF-8 cannot encode (a lone
+    surrogate) replaced by U+FFFD (`data.text.valid_text`); valid rows are returned as they are. The
+    replacements are counted in one warning naming the file."""
+    replaced = touched = 0
+    out = []
+    for r in rows:
+        n = 0
+        fixed = {}
+        for f in TEXT_FIELDS:
+            v = r.get(f)
+            if isinstance(v, str):
+                fixed[f], k = valid_text(v)
+                n += k
+            elif isinstance(v, list) and all(isinstance(x, str) for x in v):
+                pairs = [valid_text(x) for x in v]
+                fixed[f] = [x for x, _ in pairs]
+                n += sum(k for _, k in pairs)
+        out.append({**r, **fixed} if n else r)
+        replaced += n
+        touched += bool(n)
+    if replaced:
+        log.warning("%s: %d invalid code points (lone surrogates) replaced by U+FFFD in %d rows",
+                    path, replaced, touched)
+    return out
 
 
 def _answers(value, path: str, k: int) -> list[str]:
@@ -101,7 +133,7 @@ def read_search_r1_parquet(path: str, data_source: str | None = None) -> list[di
 
     table = pq.read_table(_exists(path)).to_pylist()
     rows = [search_r1_row(r, path, k, data_source) for k, r in enumerate(table)]
-    return _unique(rows, path)
+    return _unique(valid_rows(rows, path), path)
 
 
 def read_flashrag_jsonl(path: str, data_source: str | None = None) -> list[dict]:
@@ -115,7 +147,7 @@ def read_flashrag_jsonl(path: str, data_source: str | None = None) -> list[dict]
         uid = rid if rid.startswith(f"{r.get('data_source', source)}-") else f"{r.get('data_source', source)}-{rid}"
         rows.append({"id": uid, "question": q, "golden_answers": gold,
                      "data_source": r.get("data_source", source)})
-    return _unique(rows, path)
+    return _unique(valid_rows(rows, path), path)
 
 
 def read_qa_json(path: str, data_source: str) -> list[dict]:
@@ -126,7 +158,7 @@ def read_qa_json(path: str, data_source: str) -> list[dict]:
     for k, r in enumerate(data):
         rows.append({"id": f"{data_source}-{k}", "question": _need(r, "question", path, k),
                      "golden_answers": _answers(_need(r, "answer", path, k), path, k), "data_source": data_source})
-    return rows
+    return valid_rows(rows, path)
 
 
 def _json_records(path: str) -> list[dict]:
@@ -179,7 +211,7 @@ def _sql_rows(records: Iterable[dict], path: str, db_root: str, source: str, sql
                      "question": _need(r, question_field, path, k), "query": sql,
                      "db_id": db_id, "db_path": db, "evidence": r.get("evidence") or "", "data_source": source})
     _log_skipped(path, missing, "their database is not under the database root", example)
-    return rows, missing
+    return valid_rows(rows, path), missing
 
 
 def _log_skipped(path: str, n: int, why: str, example: str = "") -> None:
@@ -276,7 +308,7 @@ def read_skyrl_sql(path: str, db_root, data_source: str = "skyrl_sql", require_d
             continue
         rows.append(row)
     _log_skipped(path, missing, "their database is not under the database root", example)
-    return _unique(rows, path), missing
+    return _unique(valid_rows(rows, path), path), missing
 
 
 def read_tfds(name: str, split: str, data_source: str, data_dir: str | None = None,
@@ -295,7 +327,7 @@ def read_tfds(name: str, split: str, data_source: str, data_dir: str | None = No
         q = ex[question_key]
         rows.append({"id": f"{data_source}-{k}", "question": q.decode() if isinstance(q, bytes) else str(q),
                      "golden_answers": ans, "data_source": data_source})
-    return rows
+    return valid_rows(rows, f"tfds {name}/{split}")
 
 
 def _unique(rows: list[dict], path: str) -> list[dict]:

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dart_jax.data.text import valid_text
 from dart_jax.models.generate import left_pad
 from dart_jax.roles.router import RouterSpec
 from dart_jax.rollout.placement import DECODE_LAYOUTS, RolloutMesh, decode_params, new_cache
@@ -213,8 +214,13 @@ class Agent:
                 bodies = self.tool(queries, [meta[i] for i in q_rows])
                 for i, body in zip(q_rows, bodies):
                     left = rc.max_turns - int(calls[i])
+                    # a passage or SQL cell may hold lone surrogates: made valid (U+FFFD) and
+                    # counted in the turn record before it is rendered, stored or tokenised
+                    body, replaced = valid_text(body)
                     obs_texts[i] = self.protocol.render_observation(body, left)
                     turns[i][-1]["observation"] = body
+                    if replaced:
+                        turns[i][-1]["invalid_text"] = replaced
             self._observe(decoder, obs_texts, resp, finish)
         finish = [f or "budget" for f in finish]
         texts = [self.tok.decode(r["ids"], skip_special_tokens=True) for r in resp]

@@ -7,17 +7,26 @@ retrieved passages and SQL results are encoded as ordinary text (`plain_ids`), w
 around them keeps its tags atomic. `Untrusted` marks such values inside a prompt; `encode_chat`
 and `encode_text` honour the marks. Text without any added token inside a mark encodes exactly as
 `tokenizer.encode` does.
+
+Invalid text. A str may hold code points UTF-8 cannot encode (lone surrogates: valid JSON carries
+them as "\\ud800"), which the tokenizer refuses with a TypeError. `encode_text` (and so
+`encode_chat` and every observation) encodes each as U+FFFD (`data.text.valid_text`), one code point
+for one so the untrusted spans still hold, and logs how many it replaced; valid text is untouched.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Sequence
 
 import transformers
 
+from dart_jax.data.text import valid_text
 from dart_jax.models.names import is_gguf, resolve
+
+log = logging.getLogger(__name__)
 
 
 def load_tokenizer(name_or_path: str):
@@ -97,7 +106,11 @@ def split_encode(tokenizer, text: str, spans: Sequence[tuple[int, int]] = ()) ->
 
 def encode_text(tokenizer, text: str, spans: Sequence[tuple[int, int]] = ()) -> list[int]:
     """`tokenizer.encode(text)` unless an added token occurs inside one of the untrusted `spans`;
-    then those occurrences are encoded as ordinary text (`split_encode`)."""
+    then those occurrences are encoded as ordinary text (`split_encode`). Code points UTF-8 cannot
+    encode (lone surrogates) are encoded as U+FFFD and counted in a warning."""
+    text, replaced = valid_text(text)
+    if replaced:
+        log.warning("%d invalid code points (lone surrogates) in text to encode replaced by U+FFFD", replaced)
     pattern, vocab = _added_pattern(tokenizer)
     if not vocab or not any(pattern.search(text, a, b) for a, b in spans):
         return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
