@@ -279,13 +279,23 @@ def _walk(config, path: str) -> Any:
 
 
 def _overrides(argv: list[str]) -> list[tuple[str, str]]:
-    """(path, value) of each --config.PATH=VALUE in argv, in order."""
+    """(path, value) of each --config.PATH=VALUE in argv, in order; `--config.PATH VALUE` (absl's
+    spaced form) too, its value the next argument."""
     out = []
-    for a in argv:
-        m = re.match(r"-{1,2}(?:no)?config\.([^=]+)(?:=(.*))?$", a)
-        if m:
-            out.append((m.group(1), m.group(2) if m.group(2) is not None else ""))
+    for i, a in enumerate(argv):
+        m = re.match(r"-{1,2}(no)?config\.([^=]+)(?:=(.*))?$", a)
+        if not m:
+            continue
+        value = m.group(3)
+        if value is None and not m.group(1) and i + 1 < len(argv) and _is_value(argv[i + 1]):
+            value = argv[i + 1]
+        out.append((m.group(2), value if value is not None else ""))
     return out
+
+
+def _is_value(arg: str) -> bool:
+    """Whether `arg`, after a `--config.PATH` with no `=`, is its value rather than the next flag."""
+    return not arg.startswith("-") or re.fullmatch(r"-[\d.,()\[\] e+-]*", arg) is not None
 
 
 def _override_problem(spec: str | None, argv: list[str]) -> str | None:
@@ -319,6 +329,43 @@ def _repeated_tuple(config, argv: list[str]) -> str | None:
             return (f"--config.{path} given {len(values)} times ({' and '.join(values)}): the tuples would be "
                     f"joined into one; give the whole tuple once, e.g. --config.{path}={values[-1]}")
     return None
+
+
+def check_settings(cmd: Command) -> None:
+    """The run's settings parsed as the trainers parse them (run.spec.run_spec: every field's range and
+    the rules between fields) right after the command line, so a bad value is one line (exit 2) before
+    any model loads or any file of output.dir is written."""
+    import jax
+
+    from dart_jax.run.spec import run_spec
+    try:
+        run_spec(cmd.config.value, jax.process_count())
+    except ValueError as e:
+        cmd.fail(describe(e), e)
+
+
+def check_port(host: str, port: int, flag: str = "--port") -> None:
+    """Refuse, before anything loads, a port that cannot be bound: out of range, or in use (an OSError
+    with EADDRINUSE naming host:port, which `describe` turns into one line). The probe binds as the
+    servers do (SO_REUSEADDR: a port in TIME_WAIT is free) and releases the port at once."""
+    import socket
+    if not 0 <= port <= 65535:
+        raise SystemExit(f"{flag}={port}: a port is 0 to 65535 (0: any free one)")
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise SystemExit(f"--host={host}: {e.strerror or e}; give an address such as 127.0.0.1") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise OSError(errno.EADDRINUSE, f"address already in use: {host}:{port}") from None
+            raise
 
 
 def _type_words(value: Any) -> str:

@@ -53,7 +53,8 @@ REMOVE = flags.DEFINE_enum("remove-adapter", None, ["reasoning", "tool"], "zero 
                            "(tool: DART-Reas, reasoning: DART-Tool)", flag_values=F)
 DATASET = flags.DEFINE_multi_string("dataset", [], "evaluation sets (comma-separated or repeated); default all of "
                                     "the task's that can run here", flag_values=F)
-LIMIT = flags.DEFINE_integer("limit", None, "first N questions of each set (the paper uses 1,000)", flag_values=F)
+LIMIT = flags.DEFINE_integer("limit", None, "first N questions of each set (≥ 0; 0 or unset: all; the "
+                            "paper uses 1,000)", flag_values=F)
 N_SAMPLES = flags.DEFINE_integer("n-samples", 1, "samples per question (> 1: per-question accuracy, CEA's input)",
                                  flag_values=F)
 TEMPERATURE = flags.DEFINE_float("temperature", None, "sampling temperature (default 0 = greedy; 1 with "
@@ -138,11 +139,23 @@ def build_config(argv: list[str]):
     return config, {"run": run.run_dir or run.manifest_dir, "records": run.records, "overrides": changed}
 
 
+def check_flags() -> None:
+    """The numeric flags' ranges, checked before anything is loaded or written (one line, exit 2)."""
+    rules = [(LIMIT, 0, "0 or unset: every question"), (N_SAMPLES, 1, None), (BATCH, 1, None),
+             (STEP, 0, None), (TOP_K, 0, "0: off"), (TEMPERATURE, 0, "0: greedy")]
+    for flag, least, note in rules:
+        if flag.value is not None and flag.value < least:
+            raise SystemExit(f"--{flag.name}={flag.value}: must be ≥ {least}" + (f" ({note})" if note else ""))
+    if not 0 < TOP_P.value <= 1:
+        raise SystemExit(f"--top-p={TOP_P.value}: must be in (0, 1] (1: off)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # --config.x=y needs a config to parse against: without --config, the evaluation defaults' fields
     # (build_config starts from the run's settings or the defaults and applies only what was given)
     CLI.parse(argv if config_arg(argv) is not None else [f"--config={EVAL_CONFIG}"] + argv)
+    check_flags()
     START()
     config, trained = build_config(argv)
     if config.task == "qa" and not FIXED.value:  # a dead retriever.url: one line now, not after the model loads

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from launch._cli import Command
+from launch._cli import Command, check_port
 
 CLI = Command("launch.serve_retriever", __doc__)
 F = CLI.flags
@@ -37,6 +37,12 @@ FAISS_GPU = flags.DEFINE_enum("faiss-gpu", "auto", ["auto", "on", "off"], "put t
 
 def main(argv: list[str] | None = None) -> int:
     CLI.parse(argv)
+    check_port(HOST.value, PORT.value)  # a port in use: one line now, not after the index and encoder load
+    for flag in (MAX_BATCH, BATCH_QUERIES):
+        if flag.value < 1:
+            raise SystemExit(f"--{flag.name}={flag.value}: must be ≥ 1")
+    if MAX_WAIT_MS.value < 0:
+        raise SystemExit(f"--max-wait-ms={MAX_WAIT_MS.value}: must be ≥ 0")
     from dart_jax.tools.retrieval import Retriever, ensure_index
     from dart_jax.tools.retrieval_server import RetrievalServer, ServerLimits
     limits = ServerLimits(max_batch=MAX_BATCH.value, batch_queries=BATCH_QUERIES.value, max_wait_ms=MAX_WAIT_MS.value)

@@ -8,7 +8,7 @@ into its base with `--config.warm_start=DIR` (dart_jax/sft/trainer.py).
 
 from __future__ import annotations
 
-from launch._cli import Command, define_run_flags
+from launch._cli import Command, check_settings, define_run_flags
 
 CLI = Command("launch.sft", __doc__, config=True, config_required=True)
 RESUME, OVERWRITE = define_run_flags(CLI)
@@ -16,6 +16,7 @@ RESUME, OVERWRITE = define_run_flags(CLI)
 
 def main(argv: list[str] | None = None) -> int:
     CLI.parse(argv)
+    check_settings(CLI)  # every setting's range and rule, in one line, before anything loads or is written
     from dart_jax.sft.trainer import SFTTrainer, sft_summary
     print(sft_summary(SFTTrainer(CLI.config.value).run(resume=RESUME.value, overwrite=OVERWRITE.value)))
     return 0

@@ -22,7 +22,7 @@ import sys
 
 from absl import flags
 
-from launch._cli import Command, define_distributed_flags, define_run_flags
+from launch._cli import Command, check_settings, define_distributed_flags, define_run_flags
 
 CLI = Command("launch.train", __doc__, config=True, config_required=True)
 RESUME, OVERWRITE = define_run_flags(CLI)
@@ -50,6 +50,7 @@ def preflight_or_exit(config) -> None:
 def main(argv: list[str] | None = None) -> int:
     CLI.parse(argv)
     START()
+    check_settings(CLI)  # every setting's range and rule, in one line, before anything loads or is written
     if not SKIP_PREFLIGHT.value:
         preflight_or_exit(CLI.config.value)
     from dart_jax.rl.trainer import Trainer, summary

@@ -92,6 +92,9 @@ CONFIG_MISTAKES = [
     (["--config=configs/quickstart.py", "--config.mesh.shape=1,2,1", "--config.mesh.shape=2,1,1"],
      "launch.train: --config.mesh.shape given 2 times (1,2,1 and 2,1,1): the tuples would be joined into one; "
      "give the whole tuple once, e.g. --config.mesh.shape=2,1,1"),
+    (["--config=configs/quickstart.py", "--config.mesh.shape", "1,1,1", "--config.mesh.shape", "3,1,1"],
+     "launch.train: --config.mesh.shape given 2 times (1,1,1 and 3,1,1): the tuples would be joined into one; "
+     "give the whole tuple once, e.g. --config.mesh.shape=3,1,1"),
     (["--config=configs/quickstart.py", "--config.data.train[3].path=x.parquet"],
      "launch.train: --config.data.train[3].path=x.parquet: data.train has 1 entry, no [3]; indices run from 0 to 0"),
     (["--config.train.steps=3"],
@@ -104,7 +107,8 @@ CONFIG_MISTAKES = [
 
 
 @pytest.mark.parametrize("argv,line", CONFIG_MISTAKES,
-                         ids=["file", "key", "section", "int", "float", "tuple", "index", "no-config", "two-configs"])
+                         ids=["file", "key", "section", "int", "float", "tuple", "tuple-spaced", "index", "no-config",
+                              "two-configs"])
 def test_config_mistakes_are_one_line_exit_2_and_write_nothing(argv, line, tmp_path, capsys):
     from launch import train
     out = tmp_path / "run"
@@ -209,6 +213,81 @@ def test_a_port_in_use_is_one_line(tiny_index, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("launch.")]
     assert e.value.code == 2 and len(err) == 1, err
     assert "address already in use" in err[0] and str(port) in err[0] and "--port" in err[0]
+
+
+def _shell(module: str, *argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"launch.{module}", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# a setting out of its range (run.spec's checks), from the real command line: one line, status 2, before any
+# file of output.dir is written (train.steps=-3 used to run zero steps and write a whole run directory)
+SETTING_MISTAKES = [
+    ("train", ["--config=configs/quickstart.py", "--config.train.steps=-3"],
+     "launch.train: train.steps=-3 must be ≥ 1; set --config.train.steps"),
+    ("train", ["--config=configs/quickstart.py", "--config.train.steps=-3", "--skip-preflight"],
+     "launch.train: train.steps=-3 must be ≥ 1; set --config.train.steps"),
+    ("train", ["--config=configs/quickstart.py", "--config.train.group_size=0", "--skip-preflight"],
+     "launch.train: train.group_size=0 must be ≥ 1; set --config.train.group_size"),
+    ("train", ["--config=configs/quickstart.py", "--config.output.keep=0"],
+     "launch.train: output.keep=0 must be ≥ 1; set --config.output.keep"),
+    ("train", ["--config=configs/quickstart.py", "--config.optim.lr=-1.0"],
+     "launch.train: optim.lr (-1.0) and optim.warmup_steps (0) must be ≥ 0"),
+    ("sft", ["--config=configs/sft_quickstart.py", "--config.sft.epochs=0"],
+     "launch.sft: sft.epochs=0 must be ≥ 1; set --config.sft.epochs"),
+]
+
+
+@pytest.mark.parametrize("module,argv,line", SETTING_MISTAKES,
+                         ids=["steps", "steps-skip-preflight", "group-size", "keep", "lr", "sft-epochs"])
+def test_a_setting_out_of_range_is_one_line_before_anything_is_written(module, argv, line, tmp_path):
+    out = tmp_path / "run"
+    run = _shell(module, *argv, f"--config.output.dir={out}")
+    assert (run.returncode, run.stderr) == (2, line + "\n")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag,line", [
+    ("--limit=-5", "launch.evaluate: --limit=-5: must be ≥ 0 (0 or unset: every question)"),
+    ("--n-samples=0", "launch.evaluate: --n-samples=0: must be ≥ 1"),
+    ("--batch=-1", "launch.evaluate: --batch=-1: must be ≥ 1"),
+    ("--top-k=-2", "launch.evaluate: --top-k=-2: must be ≥ 0 (0: off)"),
+    ("--temperature=-0.5", "launch.evaluate: --temperature=-0.5: must be ≥ 0 (0: greedy)"),
+    ("--top-p=1.5", "launch.evaluate: --top-p=1.5: must be in (0, 1] (1: off)"),
+], ids=["limit", "n-samples", "batch", "top-k", "temperature", "top-p"])
+def test_evaluate_refuses_a_flag_out_of_range(flag, line, tmp_path, capsys):
+    """--limit=-5 used to evaluate all but five questions of each set; 0 (or no --limit) is every question."""
+    from launch import evaluate
+    out = tmp_path / "eval"
+    with pytest.raises(SystemExit) as e:
+        evaluate.CLI.run(evaluate.main, [flag, f"--out={out}"])
+    assert (e.value.code, capsys.readouterr().err) == (2, line + "\n")
+    assert not out.exists()
+    assert "0 or unset: all" in evaluate.CLI.flags["limit"].help
+
+
+def test_evaluate_negative_limit_from_the_shell(tmp_path):
+    out = tmp_path / "eval"
+    run = _shell("evaluate", "--limit=-5", f"--out={out}")
+    line = "launch.evaluate: --limit=-5: must be ≥ 0 (0 or unset: every question)"
+    assert (run.returncode, run.stderr) == (2, line + "\n")
+    assert not out.exists()
+
+
+def test_a_port_in_use_is_refused_before_anything_loads():
+    """The port is probed first: with an index that does not exist, the port is still what is reported,
+    at once (it used to be found after the index and encoder had loaded, ~15 s)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        run = _shell("serve_retriever", "--index=/nonexistent/no-index", f"--port={port}", timeout=120)
+    assert run.returncode == 2 and run.stderr == (f"launch.serve_retriever: address already in use: 127.0.0.1:{port}; "
+                                                  "the port is taken: stop what listens on it, or pick another "
+                                                  "--port\n")
+    run = _shell("serve_retriever", "--index=/nonexistent/no-index", "--port=70000", timeout=120)
+    assert (run.returncode, run.stderr) == (2, "launch.serve_retriever: --port=70000: a port is 0 to 65535 "
+                                               "(0: any free one)\n")
 
 
 def test_a_bug_keeps_its_traceback():

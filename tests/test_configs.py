@@ -2,6 +2,7 @@
 command-line style overrides reach them."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -98,6 +99,34 @@ def test_unknown_settings_fail_naming_the_field():
     c = base.get()
     c.rollout.route_mode = "role"
     with pytest.raises(UserError, match=r"rollout\.route_mode.*derived"):
+        run_spec(c)
+
+
+# (section.field, a value out of its range): counts that must be ≥ 1 (a run of -3 steps ran nothing and
+# wrote a run directory), counts that may be 0 but not negative
+OUT_OF_RANGE = [("train.steps", -3), ("train.steps", 0), ("train.prompts_per_step", 0), ("train.group_size", 0),
+                ("train.mini_batch", -8), ("train.micro_batch", 0), ("train.ppo_epochs", 0),
+                ("output.checkpoint_every", 0), ("output.keep", 0), ("eval.n", -1), ("eval.every", -2),
+                ("retriever.topk", 0), ("optim.weight_decay", -0.1)]
+
+
+@pytest.mark.parametrize("path,value", OUT_OF_RANGE, ids=[f"{p}={v}" for p, v in OUT_OF_RANGE])
+def test_settings_out_of_range_fail_naming_the_field_and_value(path, value):
+    c = quickstart.get_config()
+    section_name, name = path.split(".")
+    c[section_name][name] = value
+    with pytest.raises(UserError, match=rf"^{re.escape(path)}={re.escape(str(value))} must be ≥ \d"):
+        run_spec(c)
+
+
+@pytest.mark.parametrize("path,value", [("sft.epochs", 0), ("sft.batch_size", -8), ("sft.micro_batch", 0),
+                                        ("sft.max_length", 0), ("sft.eval_every", 0), ("sft.val_size", -1),
+                                        ("sft.protocol_check", -1)])
+def test_sft_settings_out_of_range_fail_naming_the_field_and_value(path, value):
+    from configs import sft_quickstart
+    c = sft_quickstart.get_config()
+    c.sft[path.split(".")[1]] = value
+    with pytest.raises(UserError, match=rf"^{re.escape(path)}={re.escape(str(value))} must be ≥ \d"):
         run_spec(c)
 
 

@@ -45,6 +45,15 @@ TASKS = ("qa", "sql")
 AS_LIST = {"config": list}
 
 
+def at_least(section: str, settings, least, *names: str) -> None:
+    """Each named field of `settings` is ≥ `least`; else a UserError naming section.field and its value
+    (a count of steps, prompts or checkpoints below 1 would run nothing, or wrongly, without a word)."""
+    for name in names:
+        value = getattr(settings, name)
+        if value is not None and not isinstance(value, bool) and isinstance(value, (int, float)) and value < least:
+            raise UserError(f"{section}.{name}={value} must be ≥ {least}; set --config.{section}.{name}")
+
+
 # -- the trainer's dataclasses (rl/ acts on them) -------------------------------------------------------
 @dataclass(frozen=True)
 class LossConfig:
@@ -93,6 +102,7 @@ class OptimConfig:
             raise ValueError(f"optim.schedule_clock={self.schedule_clock!r}; expected one of {CLOCKS}")
         if self.lr < 0 or self.warmup_steps < 0:
             raise ValueError(f"optim.lr ({self.lr}) and optim.warmup_steps ({self.warmup_steps}) must be ≥ 0")
+        at_least("optim", self, 0, "weight_decay", "min_lr_ratio", "eps")
 
 
 @dataclass(frozen=True)
@@ -147,6 +157,10 @@ class TrainSettings:
     release_host_memory: bool = True   # hand free pages back between stages (run.host_memory)
     share_prefix: bool = False
 
+    def __post_init__(self):
+        at_least("train", self, 1, "steps", "prompts_per_step", "group_size", "mini_batch", "micro_batch",
+                 "ppo_epochs", "pad_multiple")
+
 
 @dataclass(frozen=True)
 class EvalSettings:
@@ -155,6 +169,9 @@ class EvalSettings:
     n: int = 0
     every: int = 0                  # plus the first (step 0) and the last step
     temperature: float = 0.0
+
+    def __post_init__(self):
+        at_least("eval", self, 0, "n", "every", "temperature")
 
 
 @dataclass(frozen=True)
@@ -176,6 +193,9 @@ class OutputSettings:
     export_adapters: bool = True
     save_rollouts: bool = False
 
+    def __post_init__(self):
+        at_least("output", self, 1, "checkpoint_every", "keep")
+
 
 @dataclass(frozen=True)
 class RetrieverSettings:
@@ -189,6 +209,9 @@ class RetrieverSettings:
     topk: int = 3
     query_prefix: str = ""
     passage_prefix: str = ""
+
+    def __post_init__(self):
+        at_least("retriever", self, 1, "topk")
 
 
 @dataclass(frozen=True)
@@ -228,6 +251,10 @@ class SFTSettings:
     export_dtype: str = "float32"
     train_tag_rows: bool = True      # the added tags' embedding rows train with the adapters
     sampled_check: bool = True       # the protocol check also sampled at sampling.temperature
+
+    def __post_init__(self):
+        at_least("sft", self, 1, "epochs", "batch_size", "micro_batch", "max_length", "eval_every")
+        at_least("sft", self, 0, "val_size", "protocol_check")
 
 
 SECTIONS: dict[str, type] = {
