@@ -17,6 +17,13 @@ Defence in depth, each layer enough on its own for writes:
   be interrupted by the progress handler, a process can. A killed worker is replaced. Both the
   request's write and the reply's read obey the caller's deadline (a stalled worker with a full
   pipe cannot block the caller).
+- no statement uses disk: `PRAGMA temp_store = MEMORY` keeps the sorter (ORDER BY / GROUP BY /
+  DISTINCT) and every temp b-tree (DISTINCT, UNION, recursive-CTE queues, materialised subqueries)
+  in the worker's memory, where SQLite's heap limit (`SQLITE_HEAP_MB`, inside the address-space
+  limit) makes a runaway one an "out of memory" error, and a kill frees it. (With file temp storage
+  a recursive DISTINCT ... ORDER BY held 1.6 GiB of unlinked temp files in 5 s.) The worker's
+  RLIMIT_FSIZE / RLIMIT_NOFILE (`WORKER_FILE_MB` per file, `WORKER_FILES` open) bound what any file
+  write could still take; SIGXFSZ is ignored, so a write past it is an error, not a kill.
 Errors come back as results (`error` set), never as exceptions: they become observations.
 
 This file imports only the standard library: the worker runs it as a script (`--worker`).
@@ -32,6 +39,7 @@ import pickle
 import queue
 import resource
 import selectors
+import signal
 import sqlite3
 import struct
 import subprocess
@@ -63,6 +71,13 @@ MAX_RESULT_BYTES = 16 << 20  # what one call may fetch (values + per-row overhea
 # address-space limit of a worker process (its own baseline is ~20 MB); DART_JAX_SQL_WORKER_MB overrides
 WORKER_MEMORY_MB = int(os.environ.get("DART_JAX_SQL_WORKER_MB", "200"))
 KILL_GRACE_S = 0.3           # a worker still busy this long after the deadline is killed
+# SQLite's own heap in a worker (page cache, sorter, in-memory temp b-trees): a statement past it fails
+# with "out of memory" while the worker keeps the rest of its address space for Python
+SQLITE_HEAP_MB = WORKER_MEMORY_MB // 2
+# disk backstop in a worker: no file it writes grows past WORKER_FILE_MB (a WAL database's -shm index
+# is 32 kB), and it holds at most WORKER_FILES descriptors; temp storage is in memory, so this is unused
+WORKER_FILE_MB = 1
+WORKER_FILES = 64
 
 
 @dataclasses.dataclass
@@ -101,6 +116,8 @@ def connect_readonly(path: str) -> sqlite3.Connection:
         raise FileNotFoundError(f"SQLite database {path} not found")
     conn = sqlite3.connect(readonly_uri(path), uri=True, check_same_thread=False, isolation_level=None)
     conn.execute("PRAGMA query_only = ON")
+    # sorter spills and temp b-trees stay in memory (bounded by the heap / address-space limit), never on disk
+    conn.execute("PRAGMA temp_store = MEMORY")
     if hasattr(conn, "enable_load_extension"):  # absent when Python was built without it
         conn.enable_load_extension(False)
     if hasattr(conn, "setlimit"):  # Python >= 3.11
@@ -144,7 +161,10 @@ def execute_local(path: str, sql: str, timeout_s: float = 5.0, max_rows: int = 1
     except sqlite3.OperationalError as e:
         msg = "query timed out" if "interrupted" in str(e) else str(e)
         return QueryResult([], [], error=msg, seconds=time.monotonic() - t0)
-    except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError) as e:
+    except MemoryError:  # in a worker: SQLite's heap limit (sorts and temp tables are in memory) or RLIMIT_AS
+        return QueryResult([], [], error="out of memory: the statement's sorts, temporary tables or rows outgrew "
+                                         "the SQL worker's memory cap", seconds=time.monotonic() - t0)
+    except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError) as e:
         return QueryResult([], [], error=f"{type(e).__name__}: {e}", seconds=time.monotonic() - t0)
     finally:
         try:
@@ -165,9 +185,22 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"SQL worker reply names {module}.{name}; only plain values are allowed")
 
 
+def _lower_limit(which: int, value: int) -> None:
+    """Set soft and hard `which` to `value`, or keep a hard limit that is already lower."""
+    hard = resource.getrlimit(which)[1]
+    value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+    resource.setrlimit(which, (value, value))
+
+
 def _worker_main() -> None:
     limit = WORKER_MEMORY_MB << 20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past RLIMIT_FSIZE fails (EFBIG) instead of killing
+    _lower_limit(resource.RLIMIT_FSIZE, WORKER_FILE_MB << 20)
+    _lower_limit(resource.RLIMIT_NOFILE, WORKER_FILES)
+    conn = sqlite3.connect(":memory:")
+    conn.execute(f"PRAGMA hard_heap_limit = {SQLITE_HEAP_MB << 20}")  # process-wide (sqlite3_hard_heap_limit64)
+    conn.close()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
         header = stdin.read(_HEADER.size)

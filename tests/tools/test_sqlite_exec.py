@@ -83,7 +83,9 @@ def test_huge_sorted_cross_join_returns_in_time(db):
     res = execute(db, "SELECT a.Name, i.Name FROM singer a, singer b, singer c, singer d, singer e, singer f, "
                       "singer g, singer h, singer i ORDER BY random()", timeout_s=TIMEOUT, max_rows=10)
     assert time.monotonic() - t < TIMEOUT + 0.5
-    assert res.error == "query timed out" or (res.truncated and len(res.rows) == 10)
+    # a sort outgrowing the worker's in-memory temp storage is an "out of memory" error (never a disk spill)
+    assert res.error == "query timed out" or (res.error or "").startswith("out of memory") or \
+        (res.truncated and len(res.rows) == 10)
 
 
 def test_tool_batch_and_missing_database(db, tmp_path):
