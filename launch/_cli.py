@@ -416,9 +416,33 @@ def define_distributed_flags(cmd: Command):
 
 
 def define_run_flags(cmd: Command):
-    """--resume / --overwrite of the commands that write a run directory (train, sft)."""
+    """--resume / --overwrite / --allow-change of the commands that write a run directory (train, sft)."""
     resume = flags.DEFINE_bool("resume", False, "continue from the newest usable checkpoint in output.dir (fails, "
-                                                "saying why, when none can be restored)", flag_values=cmd.flags)
+                                                "saying why, when none can be restored); settings that differ from "
+                                                "the run's run_config.json are refused, each named old → new, "
+                                                "unless --allow-change names them", flag_values=cmd.flags)
     overwrite = flags.DEFINE_bool("overwrite", False, "start afresh in an output.dir that already holds a run, "
                                                       "removing its checkpoints and records", flag_values=cmd.flags)
-    return resume, overwrite
+    allow = flags.DEFINE_list("allow-change", [], "with --resume: settings (section.field, or a whole section) "
+                              "the resumed run may change, e.g. --allow-change=optim.lr,train.seed; recorded in "
+                              "output.dir/provenance.jsonl. Never needed for train.steps / sft.epochs, output "
+                              "paths and cadences, or layout (mesh.shape, rollout.chunk_rows, ...): "
+                              "run/run_dir.py lists them with why", flag_values=cmd.flags)
+    return resume, overwrite, allow
+
+
+def check_resume_changes(cmd: Command, resume, allow) -> None:
+    """--allow-change names settings that exist and comes with --resume; a resume's settings that differ
+    from its run_config.json are refused unless allowed (run.run_dir.check_resume, read-only): each a
+    one-line mistake (exit 2) before any model loads. The trainers check again as they start."""
+    if allow.value and not resume.value:
+        cmd.fail(f"--allow-change={','.join(allow.value)} accepts changed settings of a resumed run: add --resume "
+                 "(a fresh run takes any settings)")
+    if not resume.value:
+        return
+    from dart_jax.errors import UserError
+    from dart_jax.run.run_dir import RunDirError, check_resume
+    try:
+        check_resume(cmd.config.value.output.dir, cmd.config.value, allow.value)
+    except (UserError, RunDirError) as e:
+        cmd.fail(describe(e), e)

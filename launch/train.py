@@ -2,10 +2,14 @@
 
     python -m launch.train --config=configs/quickstart.py
     python -m launch.train --config=configs/quickstart.py --resume --config.train.steps=32
+    python -m launch.train --config=configs/quickstart.py --resume --config.optim.lr=5e-6 --allow-change=optim.lr
     python -m launch.train --config=configs/paper_qa.py:dart,qwen2.5-3b-base --config.model.path=DIR \\
         --config.data.train[0].path=train.parquet --config.retriever.url=http://127.0.0.1:8000/retrieve
 
 A new run refuses an output.dir that holds a run (--resume continues it, --overwrite replaces it).
+--resume runs the settings that wrote the run: one that differs from its run_config.json (a seed, a
+learning rate, ...) is refused, named old → new, unless --allow-change names it (then recorded in
+provenance.jsonl); the run's length, output paths, cadences and layout may change freely.
 Before any model loads it runs launch.preflight's checks (retriever, databases, datasets, weights, the
 mesh against the devices, the memory per device on an accelerator) and stops with exit status 2 on a
 failure; --skip-preflight skips them.
@@ -22,10 +26,10 @@ import sys
 
 from absl import flags
 
-from launch._cli import Command, check_settings, define_distributed_flags, define_run_flags
+from launch._cli import Command, check_resume_changes, check_settings, define_distributed_flags, define_run_flags
 
 CLI = Command("launch.train", __doc__, config=True, config_required=True)
-RESUME, OVERWRITE = define_run_flags(CLI)
+RESUME, OVERWRITE, ALLOW_CHANGE = define_run_flags(CLI)
 START = define_distributed_flags(CLI)
 SKIP_PREFLIGHT = flags.DEFINE_bool("skip-preflight", False, "start without the preflight checks (launch.preflight)",
                                    flag_values=CLI.flags)
@@ -51,12 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     CLI.parse(argv)
     START()
     check_settings(CLI)  # every setting's range and rule, in one line, before anything loads or is written
+    check_resume_changes(CLI, RESUME, ALLOW_CHANGE)  # changed settings of a resumed run, before anything loads
     if not SKIP_PREFLIGHT.value:
         preflight_or_exit(CLI.config.value)
     from dart_jax.rl.trainer import Trainer, summary
     from dart_jax.run.run_dir import RunDirError
     try:
-        print(summary(Trainer(CLI.config.value).run(resume=RESUME.value, overwrite=OVERWRITE.value)))
+        print(summary(Trainer(CLI.config.value).run(resume=RESUME.value, overwrite=OVERWRITE.value,
+                                                    allow_change=ALLOW_CHANGE.value)))
     except RunDirError as e:
         raise SystemExit(f"launch.train: {e}") from None
     return 0

@@ -5,7 +5,8 @@ The recorded run is a trajectory file: `per_question.jsonl` of `launch.evaluate`
 `tool_calls[k].observation`) or a training run's `rollouts.jsonl` (the observation pieces). The
 k-th tool call of a question receives the recorded run's k-th observation for that question; calls
 past the recorded ones receive its last one; a question the recorded run never searched for gets an
-empty observation. Each case is counted and reported.
+empty observation. Each case is counted and reported. A last line cut short by a crash mid-write is
+skipped (logged: `run.records.read_records`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from dart_jax.data.corpus import read_jsonl
 from dart_jax.data.readers import question_key
 from dart_jax.rollout.protocol import Protocol
+from dart_jax.run.records import read_records
 
 
 def recorded_observations(path: str, protocol: Protocol) -> tuple[dict, dict]:
@@ -25,7 +26,7 @@ def recorded_observations(path: str, protocol: Protocol) -> tuple[dict, dict]:
     by_uid: dict[str, list[str]] = {}
     by_question: dict = {}
     from_sample0 = {id(by_uid): set(), id(by_question): set()}  # keys whose record is a sample 0
-    for k, rec in enumerate(read_jsonl(path)):
+    for k, rec in enumerate(read_records(path)):
         uid = rec.get("id", rec.get("uid"))
         if uid is None or "question" not in rec:
             raise ValueError(f"{path}: record {k} has no id/uid or question: not a trajectory file")

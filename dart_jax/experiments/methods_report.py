@@ -9,7 +9,6 @@ binomial test on the discordant questions)."""
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 import os
 import statistics
@@ -19,21 +18,19 @@ import numpy as np
 from dart_jax.analysis.tables import markdown_table
 from dart_jax.eval.paper import METHOD_NAMES, PAPER_QA
 from dart_jax.run.metrics import read_metrics, wilson_interval
+from dart_jax.run.records import read_records
 
 PAPER_KEY = {"dart": "dart", "lora16": "lora16", "full": "search_r1", "mixlora": "mixlora", "2agent": "2agent"}
 
 
 def _outcomes(eval_dir: str, datasets: list[str]) -> dict:
     """{(dataset, question id): correct} from an evaluation's per_question.jsonl (greedy: one record each;
-    per_question.jsonl.gz in an archived evaluation)."""
+    per_question.jsonl.gz in an archived evaluation; a last line cut short by a crash skipped, logged)."""
     out = {}
     path = os.path.join(eval_dir, "per_question.jsonl")
-    with (open(path) if os.path.isfile(path) else gzip.open(path + ".gz", "rt")) as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                if r["dataset"] in datasets:
-                    out[(r["dataset"], str(r["id"]))] = bool(r["score"] > 0)
+    for r in read_records(path if os.path.isfile(path) else path + ".gz"):
+        if r["dataset"] in datasets:
+            out[(r["dataset"], str(r["id"]))] = bool(r["score"] > 0)
     return out
 
 

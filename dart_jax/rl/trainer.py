@@ -169,11 +169,12 @@ class Trainer:
         """What a checkpoint holds (run.loop.checkpoint_tree): the RNG key replicated on the run's mesh."""
         return checkpoint_tree(self.state, self.key, self.mesh)
 
-    def run(self, resume: bool = False, overwrite: bool = False) -> dict:
+    def run(self, resume: bool = False, overwrite: bool = False, allow_change=()) -> dict:
         """Train to `train.steps`. A fresh run refuses an output.dir that holds a run unless `overwrite`;
-        `resume` continues from the newest usable checkpoint or fails saying why (`run.loop`)."""
+        `resume` continues from the newest usable checkpoint or fails saying why, refusing changed settings
+        that `allow_change` does not name (`run.loop`)."""
         oc, tc = self.spec.output, self.spec.train
-        loop = RunLoop(self.config, tc.steps, "GRPO", resume, overwrite, self.mesh)
+        loop = RunLoop(self.config, tc.steps, "GRPO", resume, overwrite, self.mesh, allow_change)
         self.state, self.key, meta = loop.restore(self.state, self.key)
         if resume:
             self.stream.position = int(meta["data_position"])

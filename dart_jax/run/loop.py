@@ -1,9 +1,10 @@
 """The run skeleton both trainers share (GRPO: rl/trainer, SFT: sft/trainer): the files around the steps.
 
-    loop = RunLoop(config, total, "GRPO", resume, overwrite, mesh)  # fresh: the run_dir rules
+    loop = RunLoop(config, total, "GRPO", resume, overwrite, mesh, allow_change)  # the run_dir rules:
+                                                  # fresh; resume: changed settings refused unless allowed
     state, key, meta = loop.restore(state, key)   # resume: the newest usable checkpoint, or fail saying why
-    loop.begin()                                  # changed settings warned, records past the restored step
-                                                  # dropped, a provenance line, the metrics writer
+    loop.begin()                                  # accepted changes logged, records past the restored step
+                                                  # dropped, a provenance line (with them), the metrics writer
     for step in loop.steps():                     # the progress bar
         ...the trainer's step...
         loop.write(step + 1, metrics, **postfix)  # metrics.jsonl + TensorBoard, the bar's postfix
@@ -23,6 +24,7 @@ from typing import Any, Iterable, Iterator
 
 import jax
 
+from dart_jax.errors import UserError
 from dart_jax.parallel.distributed import barrier, is_main, on_main
 from dart_jax.run import provenance, run_dir
 from dart_jax.run.checkpoint import Checkpointer, checkpoint_steps
@@ -58,19 +60,27 @@ class RunLoop:
 
     `config`: the run's configuration (its `output` section; recorded in and compared with
     run_config.json). A fresh run refuses an output.dir that holds a run unless `overwrite`; `resume`
-    continues from the newest usable checkpoint or fails saying why (`run_dir`). `mesh`: the RNG key
-    is saved replicated on it (`checkpoint_tree`); None: as it is."""
+    continues from the newest usable checkpoint or fails saying why (`run_dir`), and refuses settings
+    that differ from run_config.json unless `allow_change` names them (`run_dir.check_resume`; the
+    accepted changes go to provenance.jsonl). `mesh`: the RNG key is saved replicated on it
+    (`checkpoint_tree`); None: as it is."""
 
-    def __init__(self, config, total: int, desc: str, resume: bool = False, overwrite: bool = False, mesh=None):
+    def __init__(self, config, total: int, desc: str, resume: bool = False, overwrite: bool = False, mesh=None,
+                 allow_change=()):
         self.config, self.total, self.desc, self.resume, self.mesh = config, total, desc, resume, mesh
         oc = config.output
         self.dir, self.every, self.progress, self.tensorboard = oc.dir, oc.checkpoint_every, oc.progress, oc.tensorboard
+        allow = run_dir.allow_list(allow_change, config)
+        if allow and not resume:
+            raise UserError(f"--allow-change={','.join(allow)} accepts changed settings of a resumed run: give it "
+                            "with --resume")
         os.makedirs(self.dir, exist_ok=True)
         ckdir = os.path.join(self.dir, "checkpoints")
+        self.changes: list[dict] = []
         if not resume:  # files: process 0 writes them (its failure reaches every process), all read them
             on_main(run_dir.start_fresh, self.dir, config, checkpoint_steps(ckdir), overwrite)
-        else:  # a damaged run_config.json: refused in one line before any checkpoint is moved aside
-            run_dir.saved_config(self.dir)
+        else:  # a damaged run_config.json or a refused change: one line before any checkpoint is moved aside
+            self.changes = run_dir.check_resume(self.dir, config, allow)
         self.ckpt = Checkpointer(ckdir, keep=oc.keep)
         self.start = 0
         self.writer: MetricsWriter | NullWriter | None = None
@@ -95,16 +105,32 @@ class RunLoop:
         aside in `<name>.torn`: `records.rewrite_records`), append the provenance line, open
         the metrics writer (process 0; the others a NullWriter)."""
         if self.resume:
-            for diff in run_dir.resumed_differences(self.dir, self.config):
-                log.warning("resumed with a changed setting: %s", diff)
+            self._log_changes()
             if is_main():
                 trim_rollouts(self.dir, self.start)
         if is_main():
-            provenance.record(self.dir, self.start, self.resume)
+            provenance.record(self.dir, self.start, self.resume, self.changes)
             self.writer = MetricsWriter(self.dir, resume_step=self.start if self.resume else None,
                                         tensorboard=self.tensorboard)
         else:
             self.writer = NullWriter(os.path.join(self.dir, "metrics.jsonl"))
+
+    def _log_changes(self) -> None:
+        """One line per setting this resume changed (run_dir.check_resume accepted it)."""
+        for c in self.changes:
+            line = run_dir.change_line(c["key"], c["old"], c["new"])
+            if c["by"] == "--allow-change":
+                log.warning("resumed with a changed setting (--allow-change): %s", line)
+            elif c["by"] == "layout":
+                log.info("resumed with another layout: %s (same maths; reductions may run in another order)", line)
+            else:
+                log.info("resumed with %s", line)
+        optim = self.config.get("optim", {})
+        if any(c["key"] == "sft.epochs" for c in self.changes) and not optim.get("total_steps", 1) \
+                and optim.get("schedule", "constant") != "constant":
+            log.warning("sft.epochs changed with optim.total_steps=0: the %s lr schedule now spans %d steps, so the "
+                        "steps after %d follow another learning rate than the original run's",
+                        optim.get("schedule"), self.total, self.start)
 
     def steps(self) -> Iterator[int]:
         """The steps still to run, through the progress bar (process 0, `output.progress`)."""

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
-import json
 import logging
 import os
 import platform
 import subprocess
 import sys
 
+from dart_jax.run.records import append_record, read_records
 from dart_jax.run.run_dir import PROVENANCE as FILE
 
 log = logging.getLogger(__name__)
@@ -69,24 +69,27 @@ def machine() -> dict:
     return out
 
 
-def record(out_dir: str, start_step: int, resumed: bool) -> dict:
-    """Append this start's line to `out_dir/provenance.jsonl` and return it. A record of the run, never a
-    reason to stop it: a write that fails is logged."""
+def record(out_dir: str, start_step: int, resumed: bool, changes: list[dict] | None = None) -> dict:
+    """Append this start's line to `out_dir/provenance.jsonl` and return it; `changes`: the settings a
+    resume changed ({"key", "old", "new", "by"}: run_dir.check_resume). A last line cut short by a crash
+    is set aside first (`records.mend_tail`). A record of the run, never a reason to stop it: a write
+    that fails is logged."""
     line = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "start_step": int(start_step), "resumed": bool(resumed), "argv": list(sys.argv),
             **code(), "versions": versions(), "machine": machine()}
+    if changes:
+        line["changes"] = list(changes)
     try:
         os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, FILE), "a") as f:
-            f.write(json.dumps(line) + "\n")
+        append_record(os.path.join(out_dir, FILE), line)
     except OSError as e:
         log.warning("provenance not recorded in %s: %s", out_dir, e)
     return line
 
 
 def read(out_dir: str) -> list[dict]:
+    """The lines of `out_dir/provenance.jsonl` (a last line cut short by a crash skipped, logged)."""
     path = os.path.join(out_dir, FILE)
     if not os.path.isfile(path):
         return []
-    with open(path) as f:
-        return [json.loads(s) for s in f if s.strip()]
+    return read_records(path)

@@ -5,10 +5,12 @@
 Reading a run's jsonl records (`rollouts.jsonl`, `metrics.jsonl`): a crash mid-write leaves a last line
 cut short. Readers skip it (`read_records`); a resume sets it aside into `<name>.torn` beside the file
 (`rewrite_records`) and keeps every complete record. A line that is not a record *followed by records*
-is damage, not a cut-short write: `DamagedRecords`, one line naming the file and line."""
+is damage, not a cut-short write: `DamagedRecords`, one line naming the file and line. A file appended to
+across starts (`provenance.jsonl`) is mended first (`mend_tail`), so a new record never joins a torn one."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
@@ -39,7 +41,7 @@ def iter_records(path: str, tail: list[bytes] | None = None) -> Iterator[tuple[b
     skipped. A last line that is not a JSON object (a write cut short) is not yielded: its bytes go to
     `tail` when given. A line that is not one, with records after it: `DamagedRecords`."""
     pending = None  # (line number, bytes) of a line that did not parse: a torn tail if only blanks follow
-    with open(path, "rb") as f:
+    with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
         for n, raw in enumerate(f, 1):
             if not raw.strip():
                 if pending is not None:
@@ -87,6 +89,46 @@ def rewrite_records(path: str, keep: Callable[[dict], bool] = lambda rec: True) 
                     "%d complete records kept", path, len(tail[0]), path + TORN, kept)
     os.replace(tmp, path)
     return kept, dropped
+
+
+def mend_tail(path: str) -> None:
+    """Before appending to jsonl record file `path`: a last line without its newline is a complete record
+    (its newline is added) or one cut short by a crash (moved to `<path>.torn`, logged), so that the
+    appended record starts a line of its own. Reads only the last line."""
+    if not os.path.isfile(path) or not os.path.getsize(path):
+        return
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return
+        pos = start = f.tell()
+        while pos > 0:
+            size = min(1 << 16, pos)
+            pos -= size
+            f.seek(pos)
+            cut = f.read(size).rfind(b"\n")
+            if cut >= 0:
+                start = pos + cut + 1
+                break
+            start = pos
+        f.seek(start)
+        last = f.read()
+        if not last.strip() or _record(last) is not None:
+            f.seek(0, os.SEEK_END)
+            f.write(b"\n")
+            return
+        with open(path + TORN, "ab") as torn:
+            torn.write(last.rstrip(b"\r\n") + b"\n")
+        f.truncate(start)
+    log.warning("%s: its last line is a record cut short (%d bytes, a crash mid-write): set aside in %s before "
+                "appending", path, len(last), path + TORN)
+
+
+def append_record(path: str, record: dict) -> None:
+    """Append one record to a jsonl file that outlives a process (`mend_tail` first)."""
+    mend_tail(path)
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def read_rollouts(path: str) -> list[dict]:

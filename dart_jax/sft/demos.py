@@ -38,6 +38,7 @@ from dart_jax.rewards.sql import execution_match
 from dart_jax.rollout.agent import observation_ids
 from dart_jax.rollout.protocol import PROTOCOLS, QA, SQL, Protocol
 from dart_jax.rollout.tasks import encode_prompt
+from dart_jax.run.records import read_rollouts
 from dart_jax.tokenization.tokenizer import encode_text
 
 _DOC = re.compile(r"Doc (\d+)\(Title:")
@@ -191,30 +192,27 @@ def distill_demos(path: str, min_score: float = 1.0, per_question: int = 1) -> t
         raise FileNotFoundError(f"rollout file {path} not found (written by a run with output.save_rollouts)")
     stats = {"rows": 0, "kept": 0, "wrong": 0, "unfinished": 0, "unbalanced": 0, "duplicate": 0}
     demos, seen = [], {}
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            stats["rows"] += 1
-            protocol = PROTOCOLS[r["task"]]
-            written = "".join(p["text"] for p in r["pieces"] if p["loss"])
-            if r["finish"] != "answer":
-                stats["unfinished"] += 1
-            elif float(r["score"]) < min_score:
-                stats["wrong"] += 1
-            elif not balanced(written, protocol):
-                stats["unbalanced"] += 1
-            elif seen.get(r["uid"], 0) >= per_question:
-                stats["duplicate"] += 1
-            else:
-                seen[r["uid"]] = seen.get(r["uid"], 0) + 1
-                d = {k: r[k] for k in ("data_source", "task", "question", "pieces") if k in r}
-                d.update(id=r["uid"], origin="distill", step=r.get("step"))
-                for k in ("db_path", "db_id", "golden_answers", "query"):
-                    if k in r:
-                        d[k] = r[k]
-                demos.append(d)
+    # a last line cut short by a crash mid-write is skipped (logged): records.read_rollouts
+    for r in read_rollouts(path):
+        stats["rows"] += 1
+        protocol = PROTOCOLS[r["task"]]
+        written = "".join(p["text"] for p in r["pieces"] if p["loss"])
+        if r["finish"] != "answer":
+            stats["unfinished"] += 1
+        elif float(r["score"]) < min_score:
+            stats["wrong"] += 1
+        elif not balanced(written, protocol):
+            stats["unbalanced"] += 1
+        elif seen.get(r["uid"], 0) >= per_question:
+            stats["duplicate"] += 1
+        else:
+            seen[r["uid"]] = seen.get(r["uid"], 0) + 1
+            d = {k: r[k] for k in ("data_source", "task", "question", "pieces") if k in r}
+            d.update(id=r["uid"], origin="distill", step=r.get("step"))
+            for k in ("db_path", "db_id", "golden_answers", "query"):
+                if k in r:
+                    d[k] = r[k]
+            demos.append(d)
     stats["kept"] = len(demos)
     return demos, stats
 

@@ -210,10 +210,10 @@ class SFTTrainer:
                             mesh=self.mesh)
 
     # -- the loop ------------------------------------------------------------------------------------
-    def run(self, resume: bool = False, overwrite: bool = False) -> dict:
-        """SFT to the configured length; output.dir rules as for GRPO (`run.loop`)."""
+    def run(self, resume: bool = False, overwrite: bool = False, allow_change=()) -> dict:
+        """SFT to the configured length; output.dir and resume rules as for GRPO (`run.loop`)."""
         sc, oc = self.spec.sft, self.spec.output
-        loop = RunLoop(self.config, self.total_steps, "SFT", resume, overwrite)
+        loop = RunLoop(self.config, self.total_steps, "SFT", resume, overwrite, allow_change=allow_change)
         self.state, self.key, _ = loop.restore(self.state, self.key)
         if resume:
             log.info("resumed SFT from checkpoint %d", loop.start)
