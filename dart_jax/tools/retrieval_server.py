@@ -17,6 +17,14 @@ query that is not valid Unicode, e.g. a lone surrogate), a full queue 503, a req
 fails is split in halves and searched again until the failing request is alone; only it gets the 500.
 It binds to loopback by default with a listen backlog of 1024.
 
+Work is bounded per request and shared fairly (hardening): a request's work — its queries' encoder
+tokens (each capped at the encoder's max length) plus its passages (queries × top-k) / 16 — above
+`max_work` is refused up front with 413 naming the figures. Admitted requests are cut into pieces
+(queries sorted by length, so a piece pads little) and a batch takes at most one piece from each
+request, round-robin, up to `batch_tokens` padded token slots: a small request waits behind at most
+one piece of a big one. Between pieces, a request whose client got its 504 or went away is dropped
+with its partial results (no compute after the 504).
+
 `RemoteRetriever` speaks the same contract (to this server or an existing Search-R1 one) and
 retries connection errors and 502/503/504 with exponential backoff until its deadline.
 """
@@ -24,6 +32,8 @@ retries connection errors and 502/503/504 with exponential backoff until its dea
 from __future__ import annotations
 
 import asyncio
+import collections
+import copy
 import dataclasses
 import http.client
 import json
@@ -57,6 +67,8 @@ class ServerLimits:
     body_timeout_s: float = 10.0    # a body that has not arrived by then gets 408
     backlog: int = 1024             # listen backlog (the kernel caps it at net.core.somaxconn)
     warm_batch: int = 64            # warm-up compiles batches of up to this many queries before serving
+    max_work: int = 16384           # a request's work: Σ query tokens + queries × top-k / PASSAGES_PER_UNIT; 413 beyond
+    batch_tokens: int = 2048        # padded token slots (rows × length, the encoder's buckets) in one encoder call
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -64,15 +76,80 @@ class ServerLimits:
                 raise ValueError(f"ServerLimits.{f.name}={getattr(self, f.name)} must be > 0")
 
 
+PASSAGES_PER_UNIT = 16  # a passage read and rendered costs ~8 µs, a padded token slot encoded ~300 µs (2 CPU cores)
+
+
 class _TooLarge(Exception):
     pass
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _Pending:
+    """An admitted request: its queries are served in pieces, shortest first; `rows` fills in by index."""
     queries: list[str]
     topk: int
     future: asyncio.Future
+    tokens: list[int] = dataclasses.field(default_factory=list)  # encoder tokens of each query
+    deadline: float = float("inf")                                # loop time of its 504
+    order: list[int] = dataclasses.field(default_factory=list)   # query indices, fewest tokens first
+    served: int = 0                                               # queries of `order` taken into pieces
+    done: int = 0                                                 # queries answered
+    rows: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        self.tokens = self.tokens or [1] * len(self.queries)
+        self.order = sorted(range(len(self.queries)), key=self.tokens.__getitem__)
+        self.rows = [None] * len(self.queries)
+
+
+@dataclasses.dataclass(eq=False)
+class _Piece:
+    pending: _Pending
+    idx: list[int]  # indices into pending.queries
+
+    @property
+    def queries(self) -> list[str]:
+        return [self.pending.queries[i] for i in self.idx]
+
+    @property
+    def future(self) -> asyncio.Future:
+        return self.pending.future
+
+
+def _padded(rows: int, longest: int, max_len: int) -> int:
+    """Token slots the encoder computes for `rows` queries of at most `longest` tokens: it pads rows to
+    8 or a multiple of 64 and lengths to a power of two ≥ 16 (mirrors `Encoder.encode`'s buckets)."""
+    return (8 if rows <= 8 else 64 * -(-rows // 64)) * _length(longest, max_len)
+
+
+def _length(tokens: int, max_len: int) -> int:
+    return min(max_len, max(16, 1 << max(0, tokens - 1).bit_length()))
+
+
+def _token_counter(searcher: Searcher):
+    """(max_len, count): the encoder's token count of each query, as `Encoder.encode` tokenizes it
+    (prefix, truncation), with a private copy of its tokenizer (the search thread's own is not shared
+    across threads); a searcher without a local encoder is counted by characters, an upper bound."""
+    enc = getattr(searcher, "encoder", None)
+    tok = getattr(enc, "tokenizer", None)
+    max_len = int(getattr(enc, "max_length", 256))
+    if tok is None:
+        return max_len, lambda qs: [min(len(q) + 2, max_len) for q in qs]
+    tok, prefix = copy.deepcopy(tok), getattr(enc, "query_prefix", "") or ""
+
+    def tokens(texts: list[str]) -> list[int]:
+        return [len(ids) for ids in tok([prefix + t for t in texts], truncation=True, max_length=max_len)["input_ids"]]
+
+    def count(qs: list[str]) -> list[int]:
+        """Each query's first 8 characters a token are counted first (the tokenizer reads the whole text
+        before truncating); only one that falls short of `max_len` there is counted in full."""
+        cut = 8 * max_len
+        n = tokens([q[:cut] for q in qs])
+        short = [i for i, q in enumerate(qs) if len(q) > cut and n[i] < max_len]
+        for i, m in zip(short, tokens([qs[i] for i in short]) if short else []):
+            n[i] = m
+        return n
+    return max_len, count
 
 
 def _bad_query(queries: list[str]) -> str | None:
@@ -97,8 +174,12 @@ class RetrievalServer:
     def __init__(self, searcher: Searcher, host: str = "127.0.0.1", port: int = 8000,
                  limits: ServerLimits = ServerLimits()):
         self.searcher, self.host, self.port, self.limits = searcher, host, port, limits
-        self.stats = {"batches": 0, "queries": 0, "requests": 0, "rejected": 0}
+        self.stats = {"batches": 0, "queries": 0, "requests": 0, "rejected": 0, "abandoned": 0,
+                      "abandoned_queries": 0}
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="retrieval-search")  # the encoder is not re-entrant
+        self._count_executor = ThreadPoolExecutor(1, thread_name_prefix="retrieval-count")  # owns the tokenizer copy
+        self._max_len, self._count = _token_counter(searcher)
+        self._count_here = _token_counter(searcher)[1]  # its own tokenizer copy, for the event loop thread
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped: asyncio.Event | None = None
@@ -171,8 +252,25 @@ class RetrievalServer:
             return _error(400, bad)
         if not queries:
             return web.json_response({"result": []})
-        pending = _Pending(queries, topk, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
         try:
+            if sum(map(len, queries)) <= 16384:  # a few queries are counted at once, on the event loop
+                tokens = self._count_here(queries)
+            else:
+                tokens = await loop.run_in_executor(self._count_executor, self._count, queries)
+        except Exception as e:  # noqa: BLE001 — a query the tokenizer cannot take is counted by characters
+            log.warning("counting query tokens failed (%s: %s); counting characters", type(e).__name__, e)
+            tokens = [min(len(q) + 2, self._max_len) for q in queries]
+        work = sum(tokens) + -(-len(queries) * topk // PASSAGES_PER_UNIT)
+        if work > lim.max_work:
+            self.stats["rejected"] += 1
+            return _error(413, f"the request's work {work} (query tokens {sum(tokens)} + {len(queries)} queries × "
+                               f"top-{topk} / {PASSAGES_PER_UNIT}) exceeds the limit {lim.max_work}; "
+                               f"send fewer, shorter queries or a smaller topk per request")
+        pending = _Pending(queries, topk, loop.create_future(), tokens, loop.time() + lim.request_timeout_s)
+        try:
+            if self._queue.qsize() + len(self._active) >= lim.queue_size:
+                raise asyncio.QueueFull
             self._queue.put_nowait(pending)
         except asyncio.QueueFull:
             self.stats["rejected"] += 1
@@ -199,33 +297,74 @@ class RetrievalServer:
         return web.Response(body=body, content_type="application/json")
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "pending": self._queue.qsize(), **self.stats})
+        return web.json_response({"status": "ok", "pending": self._queue.qsize() + len(self._active), **self.stats})
 
     async def not_found(self, request: web.Request) -> web.Response:
         return _error(404, f"unknown path {request.method} {request.path}; use POST /retrieve")
 
     # -- batching -----------------------------------------------------------------------------------
+    def _drop_abandoned(self, now: float) -> None:
+        """Requests whose client got its 504 or went away leave the round, with their partial results."""
+        keep = collections.deque()
+        for p in self._active:
+            if p.future.done() or now >= p.deadline:
+                self.stats["abandoned"] += 1
+                self.stats["abandoned_queries"] += len(p.queries) - p.served
+            else:
+                keep.append(p)
+        self._active = keep
+
+    def _next_batch(self) -> list[_Piece]:
+        """One piece from each request in round-robin order, while the batch's padded token slots stay
+        within `batch_tokens` (and its passages within `batch_tokens` work units) and no query would pad
+        the batch to more than twice the first query's length; the first query always goes. Requests
+        that gave a piece and have more move to the back of the round, behind those that arrive meanwhile."""
+        budget, rows, longest, passages, first = self.limits.batch_tokens, 0, 0, 0, 0
+        pieces, served = [], []
+        for p in list(self._active):
+            idx = []
+            while p.served + len(idx) < len(p.queries):
+                i = p.order[p.served + len(idx)]
+                slots = _padded(rows + 1, max(longest, p.tokens[i]), self._max_len)
+                if rows and (slots > budget or rows >= self.limits.batch_queries
+                             or (passages + p.topk) > budget * PASSAGES_PER_UNIT
+                             or _length(p.tokens[i], self._max_len) > 2 * first):  # no short query padded long
+                    break
+                first = first or _length(p.tokens[i], self._max_len)
+                idx.append(i)
+                rows, longest, passages = rows + 1, max(longest, p.tokens[i]), passages + p.topk
+            if idx:
+                p.served += len(idx)
+                pieces.append(_Piece(p, idx))
+                served.append(p)
+        gave = {id(p) for p in served}
+        rest = [p for p in self._active if id(p) not in gave]
+        self._active = collections.deque(rest + [p for p in served if p.served < len(p.queries)])
+        self._newcomers_at = len(rest)  # arrivals go ahead of the requests this batch served
+        return pieces
+
     async def _batcher(self) -> None:
         lim, loop = self.limits, asyncio.get_running_loop()
         while True:
-            batch = [await self._queue.get()]
-            n = len(batch[0].queries)
-            until = loop.time() + lim.max_wait_ms / 1000
-            while n < lim.batch_queries:
-                try:
-                    nxt = self._queue.get_nowait() if loop.time() >= until else \
-                        await asyncio.wait_for(self._queue.get(), until - loop.time())
-                except (TimeoutError, asyncio.QueueEmpty):
-                    break
-                batch.append(nxt)
-                n += len(nxt.queries)
-            batch = [p for p in batch if not p.future.done()]  # timed out while waiting
-            if not batch:
-                continue
-            self._inflight = batch
-            await self._search(batch)
+            if not self._active:
+                self._newcomers_at = 0
+                self._active.append(await self._queue.get())
+                until = loop.time() + lim.max_wait_ms / 1000
+                while loop.time() < until:  # a moment for company
+                    try:
+                        self._active.append(await asyncio.wait_for(self._queue.get(), until - loop.time()))
+                    except TimeoutError:
+                        break
+            while not self._queue.empty():
+                self._active.insert(min(self._newcomers_at, len(self._active)), self._queue.get_nowait())
+                self._newcomers_at += 1
+            self._drop_abandoned(loop.time())
+            batch = self._next_batch()
+            self._inflight = [piece.pending for piece in batch]
+            if batch:
+                await self._search(batch)
 
-    async def _search(self, batch: list[_Pending]) -> None:
+    async def _search(self, batch: list[_Piece]) -> None:
         """One encoder + index call for the batch. If it fails, the halves are searched apart (again
         halving those that fail), so the error reaches only the request that causes it when alone;
         k failing requests among n cost about 2k·log2(n) extra calls, none when nothing fails."""
@@ -233,7 +372,7 @@ class RetrievalServer:
         if not batch:
             return
         queries = [q for p in batch for q in p.queries]
-        topk = max(p.topk for p in batch)
+        topk = max(p.pending.topk for p in batch)
         try:
             hits = await asyncio.get_running_loop().run_in_executor(self._executor, self.searcher.search,
                                                                     queries, topk)
@@ -251,11 +390,14 @@ class RetrievalServer:
         self.stats["batches"] += 1
         self.stats["queries"] += len(queries)
         start = 0
-        for p in batch:
-            rows = [row[:p.topk] for row in hits[start:start + len(p.queries)]]
-            start += len(p.queries)
-            if not p.future.done():
-                p.future.set_result(rows)
+        for piece in batch:
+            p = piece.pending
+            for i, row in zip(piece.idx, hits[start:start + len(piece.idx)]):
+                p.rows[i] = row[:p.topk]
+            start += len(piece.idx)
+            p.done += len(piece.idx)
+            if p.done == len(p.queries) and not p.future.done():
+                p.future.set_result(p.rows)
 
     # -- life cycle ---------------------------------------------------------------------------------
     def _warm_up(self) -> None:
@@ -264,10 +406,13 @@ class RetrievalServer:
         for n in sorted({1, self.limits.warm_batch}):
             for words in (4, 20):
                 self.searcher.search(["warm up " * (words // 2)] * n, 1)
+        self.searcher.search(["warm up " * self._max_len], 1)  # a piece of the longest queries (8 rows)
 
     async def _serve(self, ready: threading.Event | None = None) -> None:
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue(self.limits.queue_size)
+        self._active: collections.deque[_Pending] = collections.deque()  # admitted, in round-robin order
         self._inflight: list[_Pending] = []
+        self._newcomers_at = 0
         try:  # compile the encoder's common query shapes now, not on a client's clock
             await asyncio.get_running_loop().run_in_executor(self._executor, self._warm_up)
         except Exception as e:  # noqa: BLE001 — a broken searcher still serves its errors as 500s
@@ -289,7 +434,7 @@ class RetrievalServer:
             await self._stopped.wait()
         finally:
             batcher.cancel()
-            waiting = list(self._inflight)
+            waiting = list(self._inflight) + list(self._active)
             while not self._queue.empty():
                 waiting.append(self._queue.get_nowait())
             for p in waiting:  # requests in flight or queued get an answer (500), not a hang
@@ -330,6 +475,7 @@ class RetrievalServer:
         if self._thread is not None:
             self._thread.join(30)
         self._executor.shutdown(wait=False)
+        self._count_executor.shutdown(wait=False)
 
     def serve_forever(self, on_ready=None) -> None:
         async def main():
