@@ -5,8 +5,17 @@ Untrusted text. The sentinel tags and chat markers are added tokens, so any text
 sampled ids and the protocol's own framing may produce them: questions, schemas, evidence,
 retrieved passages and SQL results are encoded as ordinary text (`plain_ids`), while the template
 around them keeps its tags atomic. `Untrusted` marks such values inside a prompt; `encode_chat`
-and `encode_text` honour the marks. Text without any added token inside a mark encodes exactly as
+and `encode_text` honour the marks. Text whose marks yield no added-token id encodes exactly as
 `tokenizer.encode` does.
+
+Normalisers. A tokenizer matches an added token flagged `normalized=True` in the *normalised* text:
+under NFKC the full-width "＜search＞" becomes "<search>" and so the tag's id, though the raw text holds
+no tag. So the rule is checked on the ids, not the text: `encode_text` encodes with offsets and
+falls back to `split_encode` when any added-token id comes from characters inside an untrusted span,
+whatever normaliser, pre-tokenizer or token flags produced it; and `plain_ids` never returns an
+added-token id (`forbidden_ids`; a piece the model itself would encode as one is re-encoded character
+by character). Both tokenizer families load as `tokenizers`-backed tokenizers (a GGUF's vocabulary is converted to
+one by transformers), so the same rule holds for an HF directory and a GGUF file.
 
 Invalid text. A str may hold code points UTF-8 cannot encode (lone surrogates: valid JSON carries
 them as "\\ud800"), which the tokenizer refuses with a TypeError. `encode_text` (and so
@@ -69,12 +78,31 @@ class Untrusted:
 
 def plain_ids(tokenizer, text: str) -> list[int]:
     """`text` as ordinary text: the tokenizer's normalizer, pre-tokenizer and model, with no added
-    token (sentinel tag, chat marker) matched. Equals `tokenizer.encode(text)` for text holding none."""
+    token (sentinel tag, chat marker) matched. Equals `tokenizer.encode(text)` for text holding none.
+    Never an added-token id: a piece the model would encode as one (a vocabulary that also holds the
+    added token, as a GGUF's does) is encoded character by character instead."""
     bt = tokenizer.backend_tokenizer
     if bt.normalizer is not None:
         text = bt.normalizer.normalize_str(text)
     pieces = bt.pre_tokenizer.pre_tokenize_str(text) if bt.pre_tokenizer is not None else [(text, None)]
-    return [t.id for piece, _ in pieces for t in bt.model.tokenize(piece)]
+    forbidden = forbidden_ids(tokenizer)
+    out = []
+    for piece, _ in pieces:
+        ids = [t.id for t in bt.model.tokenize(piece)]
+        if forbidden.intersection(ids):
+            ids = [t.id for ch in piece for t in bt.model.tokenize(ch)]
+            if forbidden.intersection(ids):  # a single character the vocabulary holds only as an added token
+                log.warning("dropped %d added-token ids the tokenizer's model gives for the characters of %r",
+                            sum(i in forbidden for i in ids), piece)
+                ids = [i for i in ids if i not in forbidden]
+        out += ids
+    return out
+
+
+def forbidden_ids(tokenizer) -> set[int]:
+    """Ids that ordinary text must never produce: every added token's (sentinel tags, chat markers,
+    special tokens) except the unknown token's, which stands for text the vocabulary cannot spell."""
+    return set(_added_pattern(tokenizer)[1].values()) - {tokenizer.unk_token_id}
 
 
 def _added_pattern(tokenizer) -> tuple[re.Pattern, dict[str, int]]:
@@ -105,15 +133,22 @@ def split_encode(tokenizer, text: str, spans: Sequence[tuple[int, int]] = ()) ->
 
 
 def encode_text(tokenizer, text: str, spans: Sequence[tuple[int, int]] = ()) -> list[int]:
-    """`tokenizer.encode(text)` unless an added token occurs inside one of the untrusted `spans`;
-    then those occurrences are encoded as ordinary text (`split_encode`). Code points UTF-8 cannot
-    encode (lone surrogates) are encoded as U+FFFD and counted in a warning."""
+    """`tokenizer.encode(text)` unless the tokenizer turns characters inside one of the untrusted
+    `spans` into an added-token id; then the text is encoded with every span as ordinary text
+    (`split_encode`). The check is on the ids and their character offsets, so an added token matched
+    only after normalisation (NFKC: "＜search＞" → "<search>") counts too (module doc). Code points
+    UTF-8 cannot encode (lone surrogates) are encoded as U+FFFD and counted in a warning."""
     text, replaced = valid_text(text)
     if replaced:
         log.warning("%d invalid code points (lone surrogates) in text to encode replaced by U+FFFD", replaced)
-    pattern, vocab = _added_pattern(tokenizer)
-    if not vocab or not any(pattern.search(text, a, b) for a, b in spans):
+    if not spans:
         return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
+    forbidden = forbidden_ids(tokenizer)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = [int(i) for i in enc["input_ids"]]
+    inside = lambda s, e: any(a < e and s < b for a, b in spans)  # noqa: E731
+    if not any(i in forbidden and inside(s, e) for i, (s, e) in zip(ids, enc["offset_mapping"])):
+        return ids
     return split_encode(tokenizer, text, spans)
 
 
