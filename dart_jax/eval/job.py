@@ -125,7 +125,10 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
              **({"as_trained": as_trained} if as_trained else {}),
              "db_root": options.db_root or "", "sql_timeout_s": options.sql_timeout_s,
              **({} if options.keep_distinct or task != "sql" else {"keep_distinct": False}),
-             "files": resume.stamps(policy.source, fixed_retrieval)}
+             "files": resume.stamps(policy.source, fixed_retrieval),
+             # rewards read the model's spans only (rollout.trajectory.reward_views): records scored
+             # before that read observation text too, and are not reused
+             "scoring": "model_spans"}
     if compose:
         setup["composition"] = {"role": compose[0], "checkpoint": compose[1], "step": other.source.get("step"),
                                 "variant": other.source.get("variant"), "other_role_by": setup["policy"],

@@ -1,7 +1,8 @@
 """The evaluation loop: the training agent, tools and rewards, on the paper's evaluation sets.
 
     for each dataset: the first `limit` questions (SQL: those whose database exists; the others are
-    counted as skipped, never scored 0; gold queries that fail are skipped and counted too)
+    counted as skipped, never scored 0; gold queries that fail are skipped and counted too, and so
+    are questions whose prompt leaves less than one turn of the model's context: rollout.tasks.overlong)
         n samples per question (greedy: 1, temperature 0 → argmax at every step)
         batched rollouts through Agent (sampler + KV-cache resume + retrieval / SQLite)
         score each trajectory: QA EM of the last <answer> + retrieval accuracy; SQL EX of the last
@@ -20,12 +21,12 @@ import jax
 import numpy as np
 
 from dart_jax.eval.datasets import EVAL_SETS, GROUPS, EvalSet, load_set
-from dart_jax.rewards.qa import em, extract_answer, retrieval_correct
+from dart_jax.rewards.qa import em, extract_answer, retrieval_correct, retrieval_hit
 from dart_jax.rewards.sql import execution_match, extract_solution, remove_distinct
 from dart_jax.rollout.agent import Agent, RolloutConfig
 from dart_jax.rollout.compose import compose_rollout, rollout_policy
 from dart_jax.rollout.sampling import SamplingConfig
-from dart_jax.rollout.tasks import qa_task, sql_task
+from dart_jax.rollout.tasks import fitting_rows, qa_task, sql_task
 from dart_jax.tools.sqlite_exec import execute
 
 SQL_MEAN = "Avg (these sets)"
@@ -55,9 +56,12 @@ class EvalOptions:
             raise ValueError(f"batch must be ≥ 1, got {self.batch}")
 
 
-def score_qa(text: str, golds: list[str]) -> dict:
+def score_qa(text: str, golds: list[str], observed: list[str] | None = None) -> dict:
+    """`text`: a trajectory's reward text (observation bodies blanked); `observed`: the bodies it received,
+    which retrieval accuracy reads (None: the text's own <information> blocks)."""
     answer = extract_answer(text)
-    return {"answer": answer, "score": em(answer, golds), "retrieval_hit": bool(retrieval_correct(text, golds))}
+    hit = retrieval_correct(text, golds) if observed is None else retrieval_hit(observed, golds)
+    return {"answer": answer, "score": em(answer, golds), "retrieval_hit": bool(hit)}
 
 
 def distinct_kept(keep_distinct: bool, semantics: str) -> bool:
@@ -98,6 +102,12 @@ class Evaluator:
                 else:
                     counts["skipped_gold_error"] += 1
             rows = good
+            counts["questions"] = len(rows)
+        # a question whose prompt leaves less than one turn of the model's context (rollout.tasks.overlong)
+        # is skipped before any forward and counted
+        context = self.agent.spec.model.max_position_embeddings
+        rows, counts["skipped_overlong"] = fitting_rows(self.tok, s.task, rows, context, self.agent.rc)
+        if counts["skipped_overlong"]:
             counts["questions"] = len(rows)
         return rows, counts
 
@@ -180,18 +190,18 @@ class Evaluator:
         return [self._record(s, row, k, tb, i) for i, (row, k) in enumerate(chunk)]
 
     def _record(self, s: EvalSet, row: dict, sample: int, tb, i: int) -> dict:
-        text = tb.response_text[i]
+        text = tb.reward_text[i]  # scored: the model's own spans (rollout.trajectory); the record keeps it all
         calls = [{"query": t["query"], "observation": t["observation"]} for t in tb.turns[i] if t["action"] == "tool"]
         rec = {"dataset": s.name, "id": row["id"], "sample": sample, "question": row["question"]}
         if s.task == "qa":
             rec["golden_answers"] = row["golden_answers"]
-            rec.update(score_qa(text, row["golden_answers"]))
+            rec.update(score_qa(text, row["golden_answers"], tb.observed[i]))
         else:
             rec.update(db_id=row["db_id"], gold_sql=row["query"])
             rec.update(score_sql(text, row["db_path"], row["query"], s.semantics, self.options.sql_timeout_s,
                                  self.options.keep_distinct))
         rec.update(finish=tb.finish_reason[i], tool_calls=calls, turns=len(tb.turns[i]),
-                   response_tokens=int(tb.length[i] - tb.prompt_len[i]), response=text)
+                   response_tokens=int(tb.length[i] - tb.prompt_len[i]), response=tb.response_text[i])
         return rec
 
 
@@ -211,7 +221,8 @@ def summarize(s: EvalSet, rows: list[dict], recs: list[dict], counts: dict, n: i
            "tool_calls": float(np.mean([len(r["tool_calls"]) for r in recs])) if recs else float("nan"),
            "response_tokens": float(np.mean([r["response_tokens"] for r in recs])) if recs else float("nan"),
            "skipped_no_db": int(counts.get("skipped_no_db", 0)),
-           "skipped_gold_error": int(counts.get("skipped_gold_error", 0)), "seconds": round(seconds, 1)}
+           "skipped_gold_error": int(counts.get("skipped_gold_error", 0)),
+           "skipped_overlong": int(counts.get("skipped_overlong", 0)), "seconds": round(seconds, 1)}
     if s.task == "qa":
         out["retrieval_acc"] = float(np.mean([r["retrieval_hit"] for r in recs])) if recs else float("nan")
     if s.task == "sql":

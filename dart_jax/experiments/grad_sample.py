@@ -130,8 +130,8 @@ class GradSamples:
             part = rows[start:start + int(c.chunk)]
             seed = int(c.seed) * 1_000_003 + k
             ro = rl_stages.rollout(agent, (pol.base, pol.adapters), part, int(c.group_size), seed)
-            sc = reward.score(ro.tb.response_text, ro.metas)
-            acc = task_accuracy(self.config.task, ro.tb.response_text, ro.metas, sc.scores)
+            sc = reward.score(ro.tb.reward_text, ro.metas, ro.tb.observed)
+            acc = task_accuracy(self.config.task, ro.tb.reward_text, ro.metas, sc.scores)
             tb = ro.tb
             path = os.path.join(d, f"chunk_{k:03d}.npz")
             with open(os.path.join(d, f"chunk_{k:03d}.jsonl"), "w") as f:

@@ -1,5 +1,7 @@
 """A run's training reward in batch form: response texts + per-row metadata -> scores, and which rows
-may enter the update.
+may enter the update. The texts are a rollout's `reward_text` (rollout.trajectory: observation bodies
+blanked, so no passage, SQL cell or column name can earn or cost a reward) and, for QA's retrieval
+credit, its `observed` bodies.
 
     QA:  EM of the response's last <answer> (`em`, DART and Search-R1's main reward) or Search-R1's
          `qa_em_format` partial credit for structure and retrieval (`em_format`).
@@ -63,18 +65,31 @@ class Scored:
     counts: dict         # outcome counts for the metrics
 
 
+def check_texts(texts: list) -> None:
+    """A row without a reward text (a hand-built batch with observations: rollout.trajectory.assemble)
+    cannot be scored: refused, never read as its full response."""
+    missing = [i for i, t in enumerate(texts) if not isinstance(t, str)]
+    if missing:
+        raise ValueError(f"rows {missing[:8]} have no reward text (observation bodies must be blanked: "
+                         "rollout.trajectory.reward_views)")
+
+
 class QAReward:
     def __init__(self, rc: RewardConfig = RewardConfig()):
         self.rc = rc
 
-    def one(self, text: str, meta: dict) -> float:
+    def one(self, text: str, meta: dict, observed: list[str] | None = None) -> float:
         if self.rc.qa == "em":
             return em_reward(text, meta["golden_answers"])
         return em_format_reward(text, meta["golden_answers"], self.rc.structure_format_score,
-                                self.rc.final_format_score, self.rc.retrieval_score)
+                                self.rc.final_format_score, self.rc.retrieval_score, observations=observed)
 
-    def score(self, texts: list[str], metas: list[dict]) -> Scored:
-        scores = np.asarray([self.one(t, m) for t, m in zip(texts, metas)], np.float32)
+    def score(self, texts: list[str], metas: list[dict], observed: list[list[str]] | None = None) -> Scored:
+        """`texts`: reward texts (`TrajectoryBatch.reward_text`); `observed`: the rows' observation bodies
+        (`TrajectoryBatch.observed`), which the em_format retrieval credit reads."""
+        check_texts(texts)
+        observed = observed if observed is not None else [None] * len(texts)
+        scores = np.asarray([self.one(t, m, o) for t, m, o in zip(texts, metas, observed)], np.float32)
         return Scored(scores, np.ones(len(texts), bool), {})
 
 
@@ -104,7 +119,10 @@ class SQLReward:
         res = execute(db_path, solution, self.rc.sql_timeout_s, self.rc.sql_max_rows)
         return True, (res.rows if res.ok and not res.truncated else (res.error or "too many rows"))
 
-    def score(self, texts: list[str], metas: list[dict]) -> Scored:
+    def score(self, texts: list[str], metas: list[dict], observed: list[list[str]] | None = None) -> Scored:
+        """`texts`: reward texts (`TrajectoryBatch.reward_text`); `observed` is accepted for the same call
+        as QA's and not read (no SQL reward reads observations)."""
+        check_texts(texts)
         keys = sorted({(m["db_path"], m["gold_sql"]) for m in metas})
         with ThreadPoolExecutor(max_workers=max(1, self.rc.workers)) as pool:
             golds = dict(zip(keys, pool.map(lambda k: self.gold(*k), keys)))

@@ -18,6 +18,7 @@ import math
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -33,11 +34,11 @@ from dart_jax.rl.step import (
     make_scorer,
     make_train_step,
 )
-from dart_jax.roles.router import REASONING, TOOL, RouterSpec
+from dart_jax.roles.router import REASONING, TOOL, RouterSpec, route_roles
 from dart_jax.rollout.agent import Agent
 from dart_jax.rollout.compose import rollout_policy
-from dart_jax.rollout.tasks import qa_task, sql_task
-from dart_jax.rollout.trajectory import TrajectoryBatch
+from dart_jax.rollout.tasks import overlong, qa_task, sql_task
+from dart_jax.rollout.trajectory import TrajectoryBatch, assemble
 from dart_jax.run.held_out import task_accuracy
 from dart_jax.run.spec import LossConfig, OptimConfig, UpdatePlan, groups_per_chunk
 
@@ -50,6 +51,11 @@ class Rollouts:
     tb: TrajectoryBatch
     rows: list[dict]    # the task row of each trajectory (G consecutive copies per prompt)
     metas: list[dict]   # what the reward reads, plus data_source
+    overlong: np.ndarray | None = None  # bool[N]: the prompt was refused by the context rule (`refused_rows`)
+
+    def __post_init__(self):
+        if self.overlong is None:
+            self.overlong = np.zeros(len(self.rows), bool)
 
 
 def rollout(agent: Agent, trees: tuple[Any, Any], rows: list[dict], group_size: int, seed: int,
@@ -59,20 +65,52 @@ def rollout(agent: Agent, trees: tuple[Any, Any], rows: list[dict], group_size: 
     (a process's share in a multi-process run). With `rollout.chunk_rows` the share is decoded in
     chunks of at most that many trajectories (whole groups), one after the other, so the KV cache holds
     a chunk's rows, not the share's; each chunk samples with its rows' offset in the batch, so the
-    draws, and the trajectories, are the one-batch rollout's."""
+    draws, and the trajectories, are the one-batch rollout's.
+
+    Context: a prompt the context rule refuses (rollout.tasks.overlong: len(prompt) + one full turn >
+    the model's max_position_embeddings) is never run: its group becomes `refused_rows` (one-token
+    rows, no loss), so the batch layout (and mini-batch divisibility) stays the same; the prompts
+    around it roll out in runs, each with its own offset, so their draws are unchanged."""
     g = group_size
     per_chunk = groups_per_chunk(agent.rc.chunk_rows, g) or max(len(rows), 1)
     task_fn = qa_task if agent.protocol.name == "qa" else sql_task
+    context = agent.spec.model.max_position_embeddings
     parts = []
     for start in range(0, len(rows), per_chunk):
         part = rows[start:start + per_chunk]
         prompts, uids, metas = task_fn(agent.tok, part, agent.rc.prompt_tags)
-        prompts, uids = [p for p in prompts for _ in range(g)], [u for u in uids for _ in range(g)]
-        metas = [dict(m, data_source=r.get("data_source", "data")) for m, r in zip(metas, part) for _ in range(g)]
-        tb = rollout_policy(agent, trees[0], trees[1], prompts, uids, metas, seed=seed,
-                            row_offset=row_offset + start * g)
-        parts.append(Rollouts(tb, [r for r in part for _ in range(g)], metas))
+        over = overlong(prompts, context, agent.rc)
+        for a, b in runs(over):  # consecutive prompts on the same side of the rule
+            rep = lambda xs: [x for x in xs[a:b] for _ in range(g)]  # noqa: E731 (each prompt G times)
+            ms = [dict(m, data_source=r.get("data_source", "data")) for m, r in zip(rep(metas), rep(part))]
+            if over[a]:
+                tb = refused_rows(agent, rep(prompts), rep(uids))
+            else:
+                tb = rollout_policy(agent, trees[0], trees[1], rep(prompts), rep(uids), ms, seed=seed,
+                                    row_offset=row_offset + (start + a) * g)
+            parts.append(Rollouts(tb, rep(part), ms, np.full(tb.batch_size, over[a])))
     return parts[0] if len(parts) == 1 else concat_rollouts(parts)
+
+
+def runs(flags: list[bool]) -> list[tuple[int, int]]:
+    """[a, b) ranges of consecutive equal `flags`, in order."""
+    out, a = [], 0
+    for i in range(1, len(flags) + 1):
+        if i == len(flags) or flags[i] != flags[a]:
+            out.append((a, i))
+            a = i
+    return out
+
+
+def refused_rows(agent: Agent, prompts: list[list[int]], uids: list) -> TrajectoryBatch:
+    """Stand-ins for prompts the context rule refused, built without any forward: each row is its
+    prompt's first token alone (routed as the sampler routes it), no response, finish "overlong".
+    They keep the refused group's place in the step's batch; scoring gives them no loss."""
+    first = [list(p[:1]) for p in prompts]
+    routes = np.asarray(agent.spec.routes(route_roles(jnp.asarray(first, jnp.int32), agent.spec.router))).tolist()
+    empty = [{"ids": [], "mask": [], "logprobs": [], "routes": []} for _ in prompts]
+    return assemble(first, routes, empty, uids, ["overlong"] * len(prompts), [[] for _ in prompts],
+                    [""] * len(prompts))
 
 
 def concat_rollouts(parts: list[Rollouts]) -> Rollouts:
@@ -86,8 +124,9 @@ def concat_rollouts(parts: list[Rollouts]) -> Rollouts:
     tb = TrajectoryBatch(**arrays, prompt_len=np.concatenate([p.tb.prompt_len for p in parts]),
                          length=np.concatenate([p.tb.length for p in parts]), uids=cat(lambda p: p.tb.uids),
                          finish_reason=cat(lambda p: p.tb.finish_reason), turns=cat(lambda p: p.tb.turns),
-                         response_text=cat(lambda p: p.tb.response_text))
-    return Rollouts(tb, cat(lambda p: p.rows), cat(lambda p: p.metas))
+                         response_text=cat(lambda p: p.tb.response_text), reward_text=cat(lambda p: p.tb.reward_text),
+                         observed=cat(lambda p: p.tb.observed))
+    return Rollouts(tb, cat(lambda p: p.rows), cat(lambda p: p.metas), np.concatenate([p.overlong for p in parts]))
 
 
 def gather_rollouts(ro: Rollouts) -> Rollouts:
@@ -109,11 +148,12 @@ class Scored:
 
 def score(ro: Rollouts, reward: QAReward | SQLReward, method: MethodSpec, router: RouterSpec,
           pad_multiple: int, norm_adv_by_std: bool = True, answer_tags=None) -> Scored:
-    s = reward.score(ro.tb.response_text, ro.metas)
-    acc = task_accuracy("qa" if isinstance(reward, QAReward) else "sql", ro.tb.response_text, ro.metas, s.scores)
-    batch = batch_lib.build_batch(ro.tb, s.scores, method, router, pad_multiple, norm_adv_by_std, s.valid,
+    s = reward.score(ro.tb.reward_text, ro.metas, ro.tb.observed)
+    acc = task_accuracy("qa" if isinstance(reward, QAReward) else "sql", ro.tb.reward_text, ro.metas, s.scores)
+    valid = s.valid & ~ro.overlong  # a prompt the context rule refused carries no loss (rollout)
+    batch = batch_lib.build_batch(ro.tb, s.scores, method, router, pad_multiple, norm_adv_by_std, valid,
                                   answer_tags)
-    return Scored(s.scores, s.valid, acc, s.counts, batch)
+    return Scored(s.scores, valid, acc, s.counts, batch)
 
 
 # -- update -------------------------------------------------------------------------------------------
@@ -218,14 +258,17 @@ def step_metrics(ro: Rollouts, sc: Scored, upd: list[dict], task: str, with_kl: 
         idx = np.asarray([i for i, x in enumerate(ro.metas) if x["data_source"] == src and ok[i]], int)
         m[f"reward/{src}"] = mean(scores[idx])
         m[f"accuracy/{src}"] = mean(sc.accuracy[idx])
-    finish = np.asarray(tb.finish_reason)
-    m["protocol/answer_rate"] = float(np.mean(finish == "answer"))
+    # prompts the context rule refused (rollout.tasks.overlong) ran nothing: the rates are over the rows that ran
+    ran = ~np.asarray(ro.overlong, bool)
+    m["rollout/prompts_overlong"] = float(len({tb.uids[i] for i in np.flatnonzero(~ran)}))
+    finish = np.asarray(tb.finish_reason)[ran]
+    m["protocol/answer_rate"] = mean(finish == "answer")
     for reason in ("invalid", "length", "budget"):
-        m[f"protocol/finish_{reason}"] = float(np.mean(finish == reason))
-    m["rollout/tool_calls"] = float(tb.tool_calls().mean())
-    m["rollout/turns"] = float(np.mean([len(t) for t in tb.turns]))
-    m["rollout/response_tokens"] = float(np.mean(tb.length - tb.prompt_len))
-    m["rollout/sampled_tokens"] = float(tb.loss_mask.sum(-1).mean())
+        m[f"protocol/finish_{reason}"] = mean(finish == reason)
+    m["rollout/tool_calls"] = mean(tb.tool_calls()[ran])
+    m["rollout/turns"] = mean(np.asarray([len(t) for t in tb.turns])[ran])
+    m["rollout/response_tokens"] = mean((tb.length - tb.prompt_len)[ran])
+    m["rollout/sampled_tokens"] = mean(tb.loss_mask.sum(-1)[ran])
     mask = batch["loss_mask"]
     m["tokens/reasoning"] = float(np.sum(mask * (batch["loss_roles"] == REASONING)))
     m["tokens/tool"] = float(np.sum(mask * (batch["loss_roles"] == TOOL)))

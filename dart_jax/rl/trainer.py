@@ -34,6 +34,7 @@ from dart_jax.rl.optim import make_optimizer
 from dart_jax.rl.placement import place_state, state_bytes_per_device
 from dart_jax.rollout.agent import Agent
 from dart_jax.rollout.protocol import PROTOCOLS, tag_variants
+from dart_jax.rollout.tasks import fitting_rows, response_room
 from dart_jax.run import host_memory
 from dart_jax.run.held_out import rollout_eval
 from dart_jax.run.loop import RunLoop, checkpoint_tree
@@ -105,6 +106,13 @@ class Trainer:
         if leaked:
             raise UserError(f"config.eval.data shares {len(leaked)} questions with config.data.train "
                              f"(e.g. {leaked[:3]}): held-out evaluation must be held out")
+        # held-out questions whose prompt the context rule refuses are skipped, counted in eval/skipped_overlong
+        self.eval_rows, self.eval_overlong = fitting_rows(tok, spec.task, self.eval_rows, cfg.max_position_embeddings,
+                                                          self.rollout_cfg)
+        if self.eval_overlong:
+            log.warning("%d held-out questions skipped: their prompts leave less than %d response tokens of the "
+                        "model's context (%d positions)", self.eval_overlong, response_room(self.rollout_cfg),
+                        cfg.max_position_embeddings)
         self.updater = stages.Updater(cfg, self.method, self.loss_cfg, self.optim_cfg, self.plan, self.mesh)
 
     def rollout_trees(self):
@@ -123,6 +131,11 @@ class Trainer:
                             tc.group_size, seed, row_offset=self.pid * share * tc.group_size)
         if self.nproc > 1:
             ro = stages.gather_rollouts(ro)
+        if ro.overlong.all():  # nothing ran (rollout.tasks.overlong): there is nothing to train on
+            raise UserError(f"step {step + 1}: all {len(set(ro.tb.uids))} prompts leave less than "
+                            f"{response_room(self.rollout_cfg)} response tokens of the model's context "
+                            f"({self.cfg.max_position_embeddings} positions); shorten the prompts or lower "
+                            "rollout.max_tokens_per_turn / rollout.max_response_tokens")
         release_s = self._release()
         t1 = time.perf_counter()
         sc = stages.score(ro, self.reward, self.method, self.router, tc.pad_multiple, self.spec.norm_adv_by_std,
@@ -162,6 +175,7 @@ class Trainer:
                            reward=self.reward, mesh=self.local_mesh)
         out = {f"eval/{k}": v for k, v in res.items() if k != "example"}
         out["eval/temperature"] = float(self.spec.eval.temperature)
+        out["eval/skipped_overlong"] = float(self.eval_overlong)
         return out
 
     # -- the loop: files, checkpoints, hooks -----------------------------------------------------------

@@ -34,7 +34,7 @@ from dart_jax.rollout.sampler import (
     prefill,
 )
 from dart_jax.rollout.sampling import SamplingConfig
-from dart_jax.rollout.trajectory import TrajectoryBatch, assemble
+from dart_jax.rollout.trajectory import TrajectoryBatch, assemble, reward_views
 from dart_jax.rollout.turn import SegmentEnd, decide_turn, observation_fits
 from dart_jax.tokenization.sentinels import sentinel_ids
 from dart_jax.tokenization.tokenizer import encode_text
@@ -173,9 +173,12 @@ class Agent:
         meta = meta or [{} for _ in range(b)]
         resp = [{"ids": [], "mask": [], "logprobs": [], "routes": []} for _ in range(b)]
         turns: list[list[dict]] = [[] for _ in range(b)]
+        spans: list[list[tuple[int, int, bool]]] = [[] for _ in range(b)]  # observations: (start, length, tool)
         finish: list[str | None] = [None] * b
         calls = np.zeros(b, np.int32)
         n_stops = len(self.spec.stops)
+        # each row's response budget ends at the model's context (then "length"): rollout.tasks.overlong
+        limit = [min(rc.max_response_tokens, self.spec.model.max_position_embeddings - len(p)) for p in prompts]
         seg_bucket = bucket(rc.max_tokens_per_turn)
         for turn in range(rc.max_turns + (2 if rc.final_answer_segment else 1)):
             active = np.asarray([f is None for f in finish])
@@ -184,7 +187,7 @@ class Agent:
             final = calls >= rc.max_turns
             enabled = np.ones((b, n_stops), bool)
             enabled[np.ix_(final, self.stop_groups["tool"])] = False
-            room = np.asarray([rc.max_response_tokens - len(r["ids"]) for r in resp])
+            room = np.asarray([limit[i] - len(r["ids"]) for i, r in enumerate(resp)])
             budget = np.clip(np.minimum(room, rc.max_tokens_per_turn), 1, seg_bucket)
             seg = decoder.segment(active, enabled, budget.astype(np.int32), resp)
             queries, q_rows, obs_texts = [], [], {}
@@ -199,7 +202,7 @@ class Agent:
                 end = SegmentEnd(stop, self._query(ids) if stop == "tool" else None,
                                  self._has_answer(self.tok.decode(ids, skip_special_tokens=True)),
                                  len(resp[i]["ids"]), int(calls[i]))
-                d = decide_turn(end, rc.max_turns, rc.max_response_tokens, rc.invalid_action)
+                d = decide_turn(end, rc.max_turns, limit[i], rc.invalid_action)
                 finish[i] = d.finish
                 if d.action == "tool":
                     calls[i] += 1
@@ -221,20 +224,26 @@ class Agent:
                     turns[i][-1]["observation"] = body
                     if replaced:
                         turns[i][-1]["invalid_text"] = replaced
-            self._observe(decoder, obs_texts, resp, finish)
+            self._observe(decoder, obs_texts, resp, finish, spans, tool_rows={int(i) for i in q_rows}, limit=limit)
         finish = [f or "budget" for f in finish]
-        texts = [self.tok.decode(r["ids"], skip_special_tokens=True) for r in resp]
+        decode = lambda ids: self.tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+        texts = [decode(r["ids"]) for r in resp]
+        views = [reward_views(decode, self.protocol, r["ids"], sp) for r, sp in zip(resp, spans)]
         p_routes, resp = decoder.final_routes(prompts, resp)
-        return assemble(prompts, p_routes, resp, uids, finish, turns, texts)
+        return assemble(prompts, p_routes, resp, uids, finish, turns, texts, reward_texts=[v[0] for v in views],
+                        observed=[v[1] for v in views])
 
-    def _observe(self, decoder: Decoder, obs_texts: dict[int, str], resp: list[dict], finish: list) -> None:
+    def _observe(self, decoder: Decoder, obs_texts: dict[int, str], resp: list[dict], finish: list,
+                 spans: list[list], tool_rows: set, limit: list[int] | None = None) -> None:
         """Append each row's observation text (tokenised alone, capped) to its response through the
-        decoder; a row it leaves no room in finishes with "length" instead."""
+        decoder; a row it leaves no room in finishes with "length" instead. Each appended observation
+        is recorded in `spans[row]` as (start, length, row in `tool_rows`: a tool result, not a
+        corrective message), what `reward_views` blanks."""
         rc, b = self.rc, len(resp)
         fits = {}
         for i, text in obs_texts.items():
             ids = self._obs_ids(text)
-            if observation_fits(len(resp[i]["ids"]), len(ids), rc.max_response_tokens):
+            if observation_fits(len(resp[i]["ids"]), len(ids), rc.max_response_tokens if limit is None else limit[i]):
                 fits[i] = ids
             else:
                 finish[i] = "length"
@@ -251,6 +260,7 @@ class Agent:
             obs[i, :len(ids)], obs_len[i], do[i] = ids, len(ids), True
         obs_routes = decoder.observe(obs, obs_len, do, resp)
         for i in np.nonzero(do)[0]:
+            spans[i].append((len(resp[i]["ids"]), len(fits[i]), int(i) in tool_rows))
             resp[i]["ids"] += fits[i]
             resp[i]["mask"] += [0.0] * len(fits[i])
             resp[i]["logprobs"] += [0.0] * len(fits[i])

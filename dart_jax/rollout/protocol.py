@@ -39,6 +39,14 @@ class Protocol:
             return f"\n\n{self.obs_open}{body}{left}{self.obs_close}\n\n"
         return f"\n\n{self.obs_open}{body}{self.obs_close}\n\n"
 
+    def reward_observation(self, tool: bool = True) -> str:
+        """What a reward reads in place of an observation the model received (`TrajectoryBatch.reward_text`):
+        a tool result is its wrapper tags around an empty body, so Search-R1's and SkyRL's format checks see
+        the structure the tool inserted and nothing a passage, cell or column name says; a corrective
+        message (`tool=False`: the invalid-action text, which itself spells <answer> / <solution>) is a
+        line break."""
+        return self.render_observation("") if tool else "\n"
+
 
 QA = Protocol("qa", "<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>",
               SEARCH_R1_INVALID)

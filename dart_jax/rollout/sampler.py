@@ -146,7 +146,14 @@ def prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache: 
             rng: jax.Array, rows: jnp.ndarray | None = None, row_offset=0, *, spec: SamplerSpec,
             hold_last: bool = False) -> tuple[DecodeState, jnp.ndarray]:
     """See `_prefill`. The fresh cache is donated when it becomes the state's cache (no `rows`); with
-    `rows` the state's cache is a new, larger array, so nothing is donated."""
+    `rows` the state's cache is a new, larger array, so nothing is donated. A prompt that leaves no
+    position of the model's context (max_position_embeddings) for a response is refused (ValueError)
+    before the forward: the rollouts refuse such prompts earlier, by rollout.tasks.overlong."""
+    if not isinstance(positions, jax.core.Tracer):
+        longest, context = int(jnp.max(positions)) + 1, spec.model.max_position_embeddings
+        if longest >= context:
+            raise ValueError(f"a prompt of {longest} tokens leaves no room for a response in the model's context of "
+                             f"{context} positions")
     if rows is None:
         return _prefill_in_place(base, adapters, tokens, positions, cache, rng, None, row_offset, spec=spec,
                                  hold_last=hold_last)

@@ -22,6 +22,23 @@ def encode_prompt(tokenizer, build, prompt_tags: str = "atomic") -> list[int]:
     return encode_chat(tokenizer, [{"role": "user", "content": content}], untrusted=untrusted)
 
 
+def response_room(rc) -> int:
+    """The fewest response tokens a prompt must leave in the model's context: one full turn
+    (`min(max_response_tokens, max_tokens_per_turn)` of a rollout.agent.RolloutConfig)."""
+    return min(int(rc.max_response_tokens), int(rc.max_tokens_per_turn))
+
+
+def overlong(prompts: list[list[int]], context: int, rc) -> list[bool]:
+    """The context rule, checked before any forward: a prompt is refused when
+    len(prompt) + response_room(rc) > context (the model's max_position_embeddings), i.e. when it
+    leaves less than one full turn of the context for the response. A prompt that fits decodes at most
+    context − len(prompt) response tokens (the agent loop caps each row there: finish "length").
+    Training drops a refused prompt's group from the step's loss (rl.stages.rollout, counted as
+    `rollout/prompts_overlong`); evaluation skips the question and counts it (`skipped_overlong`)."""
+    need = response_room(rc)
+    return [len(p) + need > int(context) for p in prompts]
+
+
 def qa_rows(path: str | None = None, n: int = 4, offset: int = 0) -> list[dict]:
     path = path or os.path.join(DATA, "qa", "nq_oracle.jsonl")
     rows = list(read_jsonl(path))[offset:offset + n]
@@ -66,3 +83,11 @@ def sql_task(tokenizer, rows: list[dict], prompt_tags: str = "atomic") -> tuple[
     return prompts, [r["id"] for r in rows], metas
 
 
+def fitting_rows(tokenizer, task: str, rows: list[dict], context: int, rc) -> tuple[list[dict], int]:
+    """-> (the rows whose prompts the context rule (`overlong`) accepts, how many it refused). Rows
+    without the task's reference (held-out evaluation skips them itself) are kept, not encoded."""
+    need = ("db_path", "query") if task == "sql" else ("golden_answers",)
+    idx = [i for i, r in enumerate(rows) if all(r.get(k) for k in need)]
+    prompts = (sql_task if task == "sql" else qa_task)(tokenizer, [rows[i] for i in idx], rc.prompt_tags)[0]
+    refused = {i for i, o in zip(idx, overlong(prompts, context, rc)) if o}
+    return [r for i, r in enumerate(rows) if i not in refused], len(refused)

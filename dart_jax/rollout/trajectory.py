@@ -6,6 +6,14 @@ adapter route of each position the sampler's forward used (−1 on padding; a tw
 records ψ's roles: rollout.compose); the trainer's forward uses them after checking they equal the
 method's routes of ψ over the ids (rl.batch.recorded_routes). sampler_logprobs is the log-prob each
 sampled token had when it was drawn (0 elsewhere).
+
+Rewards read only what the model wrote: `reward_text` is the response with each observation's body
+replaced by the protocol's neutral rendering (`Protocol.reward_observation`: the wrapper tags the tool
+inserted, nothing between), the model's spans decoded from its own ids; `observed` keeps, per row, the
+bodies of the tool observations the model received (as appended, capped), which only retrieval
+accuracy reads. So an <answer> inside a passage, a </observation> or <solution> inside a SQL cell or
+column name can neither earn nor cost a reward. `response_text` (everything, observations included)
+is for display and records only.
 """
 
 from __future__ import annotations
@@ -27,7 +35,9 @@ class TrajectoryBatch:
     uids: list                    # prompt uid per row (GRPO groups)
     finish_reason: list           # "answer" | "invalid" | "length" | "budget"
     turns: list                   # per row: list of per-turn dicts (action, query, observation, tokens)
-    response_text: list           # decoded response (for rewards and display only)
+    response_text: list           # decoded response, observations included (display and records only)
+    reward_text: list             # the response as rewards read it: observation bodies blanked (module doc)
+    observed: list                # per row: bodies of the tool observations received (retrieval accuracy)
 
     @property
     def batch_size(self) -> int:
@@ -37,9 +47,35 @@ class TrajectoryBatch:
         return np.asarray([sum(t["action"] == "tool" for t in row) for row in self.turns])
 
 
+def reward_views(decode, protocol, ids: list[int], spans: list[tuple[int, int, bool]]) -> tuple[str, list[str]]:
+    """-> (reward text, observed bodies) of one response: `ids` its ids, `spans` its observations as
+    (start, length, is a tool result) in order; `decode(ids) -> str`. Model spans are decoded from their
+    own ids; each observation becomes `protocol.reward_observation`; the body of a tool result (between
+    its first opening and last closing tag, as `rollout.agent.observation_ids` framed it) goes to
+    `observed`."""
+    text, observed, at = [], [], 0
+    for start, n, tool in spans:
+        text += [decode(ids[at:start]), protocol.reward_observation(tool)]
+        if tool:
+            seen = decode(ids[start:start + n])
+            a, e = seen.find(protocol.obs_open), seen.rfind(protocol.obs_close)
+            observed.append(seen[a + len(protocol.obs_open):e] if 0 <= a and a + len(protocol.obs_open) <= e
+                            else seen)
+        at = start + n
+    text.append(decode(ids[at:]))
+    return "".join(text), observed
+
+
 def assemble(prompts: list[list[int]], prompt_routes: list[list[int]], responses: list[dict], uids: list,
-             finish: list, turns: list, texts: list, pad_to: int | None = None) -> TrajectoryBatch:
-    """responses[b]: {"ids", "mask", "logprobs", "routes"} lists for the response part."""
+             finish: list, turns: list, texts: list, pad_to: int | None = None, reward_texts: list | None = None,
+             observed: list | None = None) -> TrajectoryBatch:
+    """responses[b]: {"ids", "mask", "logprobs", "routes"} lists for the response part. `reward_texts`,
+    `observed`: `reward_views` of each row (the agent loop passes them); left out (batches built by
+    hand), a row without observation tokens (mask all 1) reads its text and any other row has None,
+    which a reward refuses (rewards.training)."""
+    if reward_texts is None:
+        reward_texts = [None if 0 in r["mask"] else t for r, t in zip(responses, texts)]
+        observed = [[] for _ in texts]
     lengths = [len(p) + len(r["ids"]) for p, r in zip(prompts, responses)]
     width = max(lengths) if pad_to is None else max(pad_to, max(lengths))
     b = len(prompts)
@@ -56,4 +92,5 @@ def assemble(prompts: list[list[int]], prompt_routes: list[list[int]], responses
         routes[i, :n] = list(pr) + r["routes"]
         lps[i, len(p):n] = r["logprobs"]
     return TrajectoryBatch(ids, pos, mask, routes, lps, np.asarray([len(p) for p in prompts], np.int32),
-                           np.asarray(lengths, np.int32), list(uids), list(finish), turns, texts)
+                           np.asarray(lengths, np.int32), list(uids), list(finish), turns, texts, list(reward_texts),
+                           list(observed if observed is not None else [[] for _ in texts]))

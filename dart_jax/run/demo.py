@@ -57,7 +57,7 @@ def run_rollout_demo(model: str, task: str = "qa", n: int = 4, adapters: str | N
                        invalid_action="search_r1", route_mode="role" if ads else "none")
     agent = Agent(cfg, tok, protocol, tool, SamplingConfig(temperature=temperature), rc)
     tb = agent.rollout(base, ads, prompts, uids, metas, seed=seed)
-    return tb, [float(x) for x in make_reward(task).score(tb.response_text, metas).scores]
+    return tb, [float(x) for x in make_reward(task).score(tb.reward_text, metas, tb.observed).scores]
 
 
 def describe(tb, rewards) -> str:

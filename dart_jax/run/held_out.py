@@ -15,13 +15,13 @@ from dart_jax.rewards.training import make_reward
 from dart_jax.rollout.agent import Agent, RolloutConfig
 from dart_jax.rollout.compose import rollout_policy
 from dart_jax.rollout.sampling import SamplingConfig
-from dart_jax.rollout.tasks import qa_task, sql_task
+from dart_jax.rollout.tasks import overlong, qa_task, sql_task
 
 
 def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, router_convention: str, base, adapters,
                  rows: list[dict], temperature: float = 0.0, batch: int = 8, seed: int = 0, reward=None,
                  mesh=None) -> dict:
-    """-> {n, answer_rate, invalid_rate, tool_calls, reward, correct, example} over `rows` (task rows;
+    """-> {n, skipped_overlong, answer_rate, invalid_rate, tool_calls, reward, correct, example} over `rows` (task rows;
     rows without a reference — demonstrations from a file may have none — are skipped). `reward`: the
     run's training reward (`rewards.training`; default the task's paper reward); rows whose reference
     fails (a broken gold query) leave the reward mean. `correct` counts EM = 1 / an execution match.
@@ -33,6 +33,15 @@ def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, rout
         return {}
     task_fn = sql_task if protocol.name == "sql" else qa_task
     prompts, uids, metas = task_fn(tokenizer, rows, rollout.prompt_tags)
+    # the context rule (rollout.tasks.overlong): a prompt that leaves less than one turn is skipped, counted
+    refused = overlong(prompts, cfg.max_position_embeddings, rollout)
+    skipped = sum(refused)
+    if skipped:
+        keep = [i for i, r in enumerate(refused) if not r]
+        rows, prompts = [rows[i] for i in keep], [prompts[i] for i in keep]
+        uids, metas = [uids[i] for i in keep], [metas[i] for i in keep]
+        if not rows:
+            return {"skipped_overlong": skipped}
     # batches of similar prompt length (a batch prefills its longest prompt's width: SQL schema prompts
     # range from 500 to 1,600 tokens); greedy results do not depend on the order (up to float rounding)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -44,8 +53,8 @@ def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, rout
     def batch_sums(s: int) -> dict:
         sl = slice(s, s + batch)
         tb = rollout_policy(agent, base, adapters, prompts[sl], uids[sl], metas[sl], seed=seed + s)
-        scored = reward.score(tb.response_text, metas[sl])
-        correct = task_accuracy(protocol.name, tb.response_text, metas[sl], scored.scores)[scored.valid]
+        scored = reward.score(tb.reward_text, metas[sl], tb.observed)
+        correct = task_accuracy(protocol.name, tb.reward_text, metas[sl], scored.scores)[scored.valid]
         return {"answer_rate": sum(f == "answer" for f in tb.finish_reason),
                 "invalid_rate": sum(f == "invalid" for f in tb.finish_reason),
                 "tool_calls": float(tb.tool_calls().sum()), "reward": float(scored.scores[scored.valid].sum()),
@@ -57,7 +66,8 @@ def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, rout
              for p in gather_results(lambda r=round_: None if mine(r) is None else batch_sums(mine(r)))
              if p is not None]
     out = {"n": len(rows), **{k: sum(p[k] for p in parts) for k in ("answer_rate", "invalid_rate", "tool_calls",
-                                                                   "reward", "scored", "correct")}}
+                                                                   "reward", "scored", "correct")},
+           "skipped_overlong": skipped}
     out["example"] = next(p["example"] for p in parts if "example" in p)
     for k in ("answer_rate", "invalid_rate", "tool_calls"):
         out[k] /= len(rows)
@@ -66,8 +76,9 @@ def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, rout
 
 
 def task_accuracy(task: str, texts: list[str], metas: list[dict], scores: np.ndarray) -> np.ndarray:
-    """Per-trajectory accuracy, whatever the reward shaping: QA = EM of the response's last <answer>
-    (Search-R1), SQL = execution match (every SQL shaping gives its maximum, +1, exactly then)."""
+    """Per-trajectory accuracy, whatever the reward shaping: QA = EM of the last <answer> of `texts` (reward
+    texts: TrajectoryBatch.reward_text), SQL = execution match (every SQL shaping gives its maximum, +1,
+    exactly then)."""
     if task == "qa":
         return np.asarray([em_reward(t, m["golden_answers"]) for t, m in zip(texts, metas)], np.float32)
     return (np.asarray(scores) > 0).astype(np.float32)

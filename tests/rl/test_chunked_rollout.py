@@ -60,7 +60,7 @@ def test_chunked_rollout_is_the_one_batch_rollout(policy):
     for k in ("ids", "positions", "loss_mask", "route_ids", "prompt_len", "length"):
         np.testing.assert_array_equal(getattr(chunked.tb, k), getattr(one.tb, k), err_msg=k)
     np.testing.assert_allclose(chunked.tb.sampler_logprobs, one.tb.sampler_logprobs, atol=1e-5, rtol=0)
-    for k in ("uids", "finish_reason", "turns", "response_text"):
+    for k in ("uids", "finish_reason", "turns", "response_text", "reward_text", "observed"):
         assert getattr(chunked.tb, k) == getattr(one.tb, k), k
     assert chunked.rows == one.rows and chunked.metas == one.metas
 
