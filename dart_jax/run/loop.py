@@ -102,13 +102,16 @@ class RunLoop:
     def begin(self) -> None:
         """After `restore`: warn of the settings a resume changed, drop the records written past the
         restored step (metrics.jsonl by the writer, rollouts.jsonl; a last line cut short by a crash is set
-        aside in `<name>.torn`: `records.rewrite_records`), append the provenance line, open
+        aside in `<name>.torn`: `records.rewrite_records`), rewrite run_config.json with the accepted
+        changes (the next resume compares with them), append the provenance line, open
         the metrics writer (process 0; the others a NullWriter)."""
         if self.resume:
             self._log_changes()
             if is_main():
                 trim_rollouts(self.dir, self.start)
         if is_main():
+            if self.resume and self.changes:  # the changed values are the run's settings from here on
+                run_dir.write_config(self.dir, self.config)
             provenance.record(self.dir, self.start, self.resume, self.changes)
             self.writer = MetricsWriter(self.dir, resume_step=self.start if self.resume else None,
                                         tensorboard=self.tensorboard)

@@ -228,9 +228,14 @@ def start_fresh(out_dir: str, config, checkpoint_steps: list[int], overwrite: bo
 
 
 def write_config(out_dir: str, config) -> None:
+    """run_config.json: the settings the run's next steps train with (written whole, then renamed: a crash
+    leaves the previous one). A resume that changed settings writes it again, so the next resume compares
+    with the values the latest steps used."""
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, RUN_CONFIG), "w") as f:
+    path = os.path.join(out_dir, RUN_CONFIG)
+    with open(path + ".tmp", "w") as f:
         json.dump(config_dict(config), f, indent=1, sort_keys=True)
+    os.replace(path + ".tmp", path)
 
 
 def saved_config(out_dir: str) -> dict | None:

@@ -86,6 +86,15 @@ def test_an_allowed_change_goes_ahead_and_is_recorded_in_provenance(tmp_path, ca
     assert last["changes"] == [{"key": "optim.lr", "old": 1e-5, "new": 2e-5, "by": "--allow-change"},
                                {"key": "train.seed", "old": 0, "new": 1, "by": "--allow-change"}]
     assert any("--allow-change" in r.getMessage() and "train.seed: 0 → 1" in r.getMessage() for r in caplog.records)
+    # the allowed values are the run's settings from then on: going back is a change again, staying is none
+    further = _run_config(tmp_path / "run", steps=7, seed=1, lr=2e-5)
+    loop, state, _ = _train(further, resume=True)
+    loop.close("curve.png", ("loss",))
+    assert loop.start == 5 and int(state["n"]) == 7
+    assert [c["key"] for c in provenance.read(str(tmp_path / "run"))[-1]["changes"]] == ["train.steps"]
+    back = _run_config(tmp_path / "run", steps=8, seed=0, lr=1e-5)
+    with pytest.raises(ChangedSettings, match=r"optim.lr: 2e-05 → 1e-05; train.seed: 1 → 0"):
+        _train(back, resume=True)
 
 
 def test_length_cadence_and_layout_need_no_allowance(tmp_path):
