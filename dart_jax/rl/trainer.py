@@ -99,6 +99,18 @@ class Trainer:
         self.router = self.agent.spec.router
         self.answer_tags = (tuple(tag_variants(tok, self.protocol.answer_open)),
                             tuple(tag_variants(tok, self.protocol.answer_close)))
+        # training questions whose prompt the context rule refuses never enter the stream (a step cannot be
+        # all refused by chance); counted once here. Nothing refused: the stream is the one it always was
+        self.rows, self.train_overlong = fitting_rows(tok, spec.task, self.rows, cfg.max_position_embeddings,
+                                                      self.rollout_cfg)
+        if self.train_overlong:
+            log.warning("%d training questions left out: their prompts leave less than %d response tokens of the "
+                        "model's context (%d positions)", self.train_overlong, response_room(self.rollout_cfg),
+                        cfg.max_position_embeddings)
+        if not self.rows:
+            raise UserError(f"every training question's prompt leaves less than {response_room(self.rollout_cfg)} "
+                            f"response tokens of the model's context ({cfg.max_position_embeddings} positions); "
+                            "shorten the prompts or lower rollout.max_tokens_per_turn / rollout.max_response_tokens")
         self.stream = DataStream(len(self.rows), tc.seed, tc.shuffle)
         self.eval_rows = load_eval_rows(spec)
         train_keys = {question_key(r) for r in self.rows}
@@ -131,7 +143,7 @@ class Trainer:
                             tc.group_size, seed, row_offset=self.pid * share * tc.group_size)
         if self.nproc > 1:
             ro = stages.gather_rollouts(ro)
-        if ro.overlong.all():  # nothing ran (rollout.tasks.overlong): there is nothing to train on
+        if ro.overlong.all():  # nothing ran (rollout.tasks.overlong; training rows are filtered at start): a backstop
             raise UserError(f"step {step + 1}: all {len(set(ro.tb.uids))} prompts leave less than "
                             f"{response_room(self.rollout_cfg)} response tokens of the model's context "
                             f"({self.cfg.max_position_embeddings} positions); shorten the prompts or lower "
@@ -152,6 +164,7 @@ class Trainer:
         m = stages.step_metrics(ro, sc, upd, self.protocol.name, bool(self.loss_cfg.kl_coef),
                                 self.updater.plan.old_logp == "recompute",
                                 {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2})
+        m["rollout/train_questions_overlong"] = float(self.train_overlong)  # left out at start (context rule)
         m["time/release_s"] = release_s  # inside rollout_s and update_s: the calls alone, not re-faulting pages
         m.update(memory_metrics(self.state, self.base))
         return m

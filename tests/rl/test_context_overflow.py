@@ -161,25 +161,26 @@ def small_context_dir(tiny_smollm_dir, model, tmp_path_factory):
 
 
 def test_training_counts_refused_prompts_and_stops_when_all_are(small_context_dir, tmp_path):
+    """The trainer leaves refused training and held-out questions out at start, counted in the metrics;
+    a data set with no question that fits is one line before any step."""
     held_out = [{"id": "e1", "question": "who painted the mona lisa?", "golden_answers": ["Leonardo"]},
                 dict(LONG, id="e2", question="who painted the mona lisa? " + "and what next " * 60)]
     c = _config(small_context_dir, tmp_path / "run", [SHORT[0], LONG], held_out)
     c.output.save_rollouts = True
     tr = Trainer(c)
     assert tr.eval_overlong == 1 and [r["id"] for r in tr.eval_rows] == ["nq-e1"]
+    assert tr.train_overlong == 1 and [r["id"] for r in tr.rows] == ["nq-s1"]
     rows = [r for r in read_metrics(tr.run()["metrics"]) if "reward/mean" in r]
-    assert rows[-1]["rollout/prompts_overlong"] == 1.0 and rows[-1]["reward/dropped_prompts"] == 1.0
+    assert rows[-1]["rollout/train_questions_overlong"] == 1.0 and rows[-1]["rollout/prompts_overlong"] == 0.0
     assert rows[-1]["eval/skipped_overlong"] == 1.0
     assert np.isfinite(rows[-1]["actor/loss"])
     saved = [json.loads(line) for line in open(tmp_path / "run" / "rollouts.jsonl")]
-    assert sorted((r["uid"], r["finish"] == "overlong", r["in_update"]) for r in saved) == \
-        [("nq-l1", True, False)] * G + [("nq-s1", False, True)] * G
+    assert {(r["uid"], r["in_update"]) for r in saved} == {("nq-s1", True)}
+    assert len(saved) == G * c.train.prompts_per_step * len(rows)  # the one question that fits, every time
 
-    tr = Trainer(_config(small_context_dir, tmp_path / "all", [LONG, dict(LONG, id="l2", question="x " * 400)],
-                         held_out[:1]))
-    with pytest.raises(UserError, match=r"step 1: all 2 prompts leave less than 16 response tokens"):
-        tr.train_step(0)
-    assert int(jax.device_get(tr.state.step)) == 0  # nothing was updated
+    with pytest.raises(UserError, match=r"every training question's prompt leaves less than 16 response tokens"):
+        Trainer(_config(small_context_dir, tmp_path / "all", [LONG, dict(LONG, id="l2", question="x " * 400)],
+                        held_out[:1]))
 
 
 def test_evaluation_skips_and_counts_overlong_questions(tiny_smollm_dir, model, tmp_path):
