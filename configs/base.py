@@ -27,7 +27,7 @@ parses the sections back into them:
     retriever       the <search> tool: a Search-R1 retrieval server at `url`, else the index directory
                     `index_dir` (launch.build_index), else an index of `corpus` by `encoder` built on first
                     use. Prefixes "" take the index's meta.json (detected from the encoder: "query: " /
-                    "passage: " for E5)
+                    "passage: " for E5). kind: "dense" (faiss) | "lexical" (SQLite FTS5 BM25)
     tool            the SQL tool's timeout
     reward          training reward (dart_jax/rewards/training.py): QA em | em_format (Search-R1's partial
                     format credit); SQL shaping paper (+1 / −1) | skyrl (+1 / 0 wrong / −1 format), empty

@@ -98,6 +98,8 @@ def check_retriever(spec: RunSpec) -> Check:
     if not os.path.isfile(corpus):
         return fail("retriever", f"retriever.corpus={rc.corpus} not found; set --config.retriever.corpus to a "
                                  "jsonl corpus, or serve an index and set --config.retriever.url")
+    if rc.kind == "lexical":
+        return ok("retriever", f"the local lexical index of {rc.corpus} (built on first use)")
     return ok("retriever", f"the local index of {rc.corpus} with encoder {rc.encoder} (built on first use)")
 
 
@@ -144,6 +146,12 @@ def check_index_dir(index_dir: str) -> Check:
             meta = json.load(f)
     except (OSError, ValueError) as e:
         return fail("retriever", f"{meta_path} cannot be read ({e}); {fix}")
+    if meta.get("retriever") == "lexical":
+        from dart_jax.tools.lexical import DB
+        if not os.path.isfile(os.path.join(index_dir, DB)):
+            return fail("retriever", f"retriever.index_dir={index_dir} lacks {DB}; build it again with python -m "
+                                     "launch.build_index --kind=lexical")
+        return ok("retriever", f"lexical index {index_dir}: {meta.get('count', '?')} passages", index_dir=index_dir)
     if meta.get("layout") != LAYOUT:
         return fail("retriever", f"retriever.index_dir={index_dir} was written by an older launch.build_index (no "
                                  f"passage offset table); {fix}")

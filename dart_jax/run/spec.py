@@ -40,6 +40,7 @@ CLOCKS = ("rl_step", "update")
 OLD_LOGP = ("recompute", "sampler")
 SFT_VARIANTS = ("lora", "dart", "full")
 TASKS = ("qa", "sql")
+RETRIEVER_KINDS = ("dense", "lexical")  # tools/retrieval.py (faiss) | tools/lexical.py (SQLite FTS5 BM25)
 
 # a field whose config value is a list (configs extend it: dataset entries); the spec holds a tuple
 AS_LIST = {"config": list}
@@ -201,7 +202,8 @@ class OutputSettings:
 class RetrieverSettings:
     """The <search> tool: a Search-R1 retrieval server at `url`, else the index directory `index_dir`
     (launch.build_index), else an index of `corpus` by `encoder` built on first use. Prefixes "" take
-    the index's meta.json (detected from the encoder: "query: " / "passage: " for E5)."""
+    the index's meta.json (detected from the encoder: "query: " / "passage: " for E5). `kind`: the local
+    index's retriever, "dense" (faiss, `encoder`) or "lexical" (SQLite FTS5 BM25: tools/lexical.py)."""
     url: str = ""
     index_dir: str = ""
     corpus: str = "data/corpus/wiki_sample.jsonl"
@@ -209,9 +211,15 @@ class RetrieverSettings:
     topk: int = 3
     query_prefix: str = ""
     passage_prefix: str = ""
+    kind: str = "dense"
 
     def __post_init__(self):
         at_least("retriever", self, 1, "topk")
+        if self.kind not in RETRIEVER_KINDS:
+            raise UserError(f"retriever.kind={self.kind!r}; expected one of {', '.join(RETRIEVER_KINDS)}")
+        if self.kind == "lexical" and (self.query_prefix or self.passage_prefix):
+            raise UserError("retriever.query_prefix / passage_prefix are the dense encoder's; a lexical index has "
+                            "none: drop them or set retriever.kind=dense")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ def build_tool(spec: RunSpec, protocol):
 
 
 def make_tool(spec: RunSpec, protocol):
-    """The raw tool: a SQLiteTool, or a RetrievalTool over the local index / a retrieval server."""
+    """The raw tool: a SQLiteTool, or a RetrievalTool over the local index (dense or lexical:
+    retriever.kind) / a retrieval server."""
     if protocol.name == "sql":
         from dart_jax.tools.sqlite_exec import SQLiteTool
         return SQLiteTool(timeout_s=float(spec.tool.sql_timeout_s))
@@ -24,6 +25,10 @@ def make_tool(spec: RunSpec, protocol):
     if rc.url:
         from dart_jax.tools.retrieval_server import RemoteRetriever
         searcher = RemoteRetriever(rc.url)
+    elif rc.kind == "lexical":
+        from dart_jax.tools.lexical import LexicalRetriever, ensure_lexical_index
+        index = repo_path(rc.index_dir) if rc.index_dir else ensure_lexical_index(repo_path(rc.corpus))
+        searcher = LexicalRetriever(index)
     else:
         index = repo_path(rc.index_dir) if rc.index_dir else ensure_index(repo_path(rc.corpus), rc.encoder)
         searcher = Retriever(index, query_prefix=rc.query_prefix or None, passage_prefix=rc.passage_prefix or None)

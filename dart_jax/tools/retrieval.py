@@ -292,6 +292,9 @@ class Retriever:
             raise FileNotFoundError(f"{meta_path} not found: build one with python -m launch.build_index "
                                     "(--adopt=e5_Flat.index --corpus=wiki-18.jsonl for Search-R1's)")
         self.meta = _read_meta(meta_path)
+        if self.meta.get("retriever") == "lexical":
+            raise UserError(f"{index_dir} is a lexical (SQLite FTS5) index: set retriever.kind=lexical "
+                            "(launch.serve_retriever serves either kind)")
         if self.meta.get("layout") != LAYOUT:
             raise UserError(f"{index_dir} was written by an older launch.build_index (no passage offset table): "
                             f"run python -m launch.build_index --adopt={index_dir}/{INDEX} "
