@@ -45,13 +45,15 @@ ALLOWED = {
     "rewards": {"data", "tools"},
     # sampler, agent loop, protocol, tasks
     "rollout": {"adapters", "data", "models", "parallel", "roles", "tokenization"},
+    # the lab: a generated multi-hop world, its questions, demonstrations from gold chains, role skill metrics
+    "lab": {"data", "rewards", "rollout"},
     # what a run is: its spec, policy on a mesh, task tool and rows, run directory, loop, records
     "run": {"adapters", "checkpoints", "data", "models", "parallel", "rewards", "rollout", "tools"},
     # GRPO: losses, step, stages, the trainer
     "rl": {"adapters", "checkpoints", "data", "models", "parallel", "rewards", "roles", "rollout", "run",
            "tokenization"},
     # warm start
-    "sft": {"checkpoints", "data", "rewards", "rl", "roles", "rollout", "run", "tokenization", "tools"},
+    "sft": {"checkpoints", "data", "lab", "rewards", "rl", "roles", "rollout", "run", "tokenization", "tools"},
     # evaluation (never the trainer's internals)
     "eval": {"adapters", "analysis", "checkpoints", "data", "models", "parallel", "rewards", "rollout", "run",
              "tools"},
@@ -69,8 +71,8 @@ ALLOWED = {
     # methods study's per-method settings
     "configs": {"data", "eval", "experiments", "run"},
     # command lines
-    "launch": {"adapters", "analysis", "bench", "configs", "data", "eval", "experiments", "parallel", "parity",
-               "preflight", "rl", "run", "sft", "tools"},
+    "launch": {"adapters", "analysis", "bench", "configs", "data", "eval", "experiments", "lab", "parallel",
+               "parity", "preflight", "rl", "run", "sft", "tools"},
 }
 LIBRARY = [node for node in ALLOWED if node not in TOP]
 

@@ -31,6 +31,7 @@ from dart_jax.checkpoints.dart_io import export_dart
 from dart_jax.data.paths import DATA, repo_path
 from dart_jax.data.readers import exclude_questions, load_rows
 from dart_jax.errors import UserError
+from dart_jax.lab import demos as lab_demos
 from dart_jax.rewards.training import make_reward
 from dart_jax.rl import batch as batch_lib
 from dart_jax.rl.optim import make_optimizer
@@ -50,7 +51,7 @@ from dart_jax.sft import demos as demo_lib
 from dart_jax.tokenization.sentinels import row_params, sentinel_ids
 
 log = logging.getLogger(__name__)
-BUILDERS = ("qa_retrieval", "sql_exploration", "distill", "file")
+BUILDERS = ("qa_retrieval", "sql_exploration", "distill", "file", "lab")
 
 
 def build_demos(run: RunSpec, tokenizer, get_tool=None) -> tuple[list[dict], dict]:
@@ -64,7 +65,7 @@ def build_demos(run: RunSpec, tokenizer, get_tool=None) -> tuple[list[dict], dic
         builder = spec.pop("builder", "")
         if builder not in BUILDERS:
             raise ValueError(f"sft.data[{k}].builder={builder!r}; expected one of {BUILDERS}")
-        if builder in ("qa_retrieval", "sql_exploration") and tool is None:
+        if builder in ("qa_retrieval", "sql_exploration", "lab") and tool is None:
             tool = get_tool() if get_tool else make_tool(run, protocol)
         if builder == "qa_retrieval":
             rows = load_rows(spec, base_dir)
@@ -73,6 +74,8 @@ def build_demos(run: RunSpec, tokenizer, get_tool=None) -> tuple[list[dict], dic
         elif builder == "sql_exploration":
             rows = load_rows(spec, base_dir)
             got, st = demo_lib.sql_demos(rows, tool, run.rollout.max_turns, protocol)
+        elif builder == "lab":  # multi-hop demonstrations over a generated world (lab.demos)
+            got, st = lab_demos.lab_source(spec, tool, tokenizer, run.rollout.max_obs_tokens, protocol, base_dir)
         elif builder == "distill":
             got, st = demo_lib.distill_demos(repo_path(spec["path"]), float(spec.get("min_score", 1.0)),
                                              int(spec.get("per_question", 1)))
