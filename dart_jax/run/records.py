@@ -14,6 +14,7 @@ import gzip
 import json
 import logging
 import os
+import zlib
 from typing import Callable, Iterator
 
 import numpy as np
@@ -36,13 +37,22 @@ def _record(raw: bytes) -> dict | None:
     return rec if isinstance(rec, dict) else None
 
 
+def _lines(f, path: str) -> Iterator[bytes]:
+    """The lines of `f`; a .gz stream cut short (a crash while it was written) ends where its data ends,
+    its last partial line then read as a torn tail."""
+    try:
+        yield from f
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        log.warning("%s: the compressed stream is cut short (%s): reading the records before it", path, e)
+
+
 def iter_records(path: str, tail: list[bytes] | None = None) -> Iterator[tuple[bytes, dict]]:
     """(line without its newline, record) of each complete record of a jsonl file, in order; blank lines
     skipped. A last line that is not a JSON object (a write cut short) is not yielded: its bytes go to
     `tail` when given. A line that is not one, with records after it: `DamagedRecords`."""
     pending = None  # (line number, bytes) of a line that did not parse: a torn tail if only blanks follow
     with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
-        for n, raw in enumerate(f, 1):
+        for n, raw in enumerate(_lines(f, path), 1):
             if not raw.strip():
                 if pending is not None:
                     pending = (pending[0], pending[1] + raw)

@@ -18,12 +18,13 @@ fails is split in halves and searched again until the failing request is alone; 
 It binds to loopback by default with a listen backlog of 1024.
 
 Work is bounded per request and shared fairly (hardening): a request's work — its queries' encoder
-tokens (each capped at the encoder's max length) plus its passages (queries × top-k) / 16 — above
-`max_work` is refused up front with 413 naming the figures. Admitted requests are cut into pieces
-(queries sorted by length, so a piece pads little) and a batch takes at most one piece from each
-request, round-robin, up to `batch_tokens` padded token slots: a small request waits behind at most
-one piece of a big one. Between pieces, a request whose client got its 504 or went away is dropped
-with its partial results (no compute after the 504).
+tokens as the encoder pads them (a power of two ≥ 16, capped at its max length) plus its passages
+(queries × top-k) / 16 — above `max_work` is refused up front with 413 naming the figures. Admitted
+requests are cut into pieces (queries sorted by length, so a piece pads little) and a batch takes at
+most one piece from each request, round-robin, up to `batch_tokens` padded token slots: a small
+request waits behind at most one piece of a big one. Between pieces, a request whose client got its
+504 or went away is dropped with its partial results: no piece starts after the 504 (the one
+already encoding finishes).
 
 `RemoteRetriever` speaks the same contract (to this server or an existing Search-R1 one) and
 retries connection errors and 502/503/504 with exponential backoff until its deadline.
@@ -254,17 +255,18 @@ class RetrievalServer:
             return web.json_response({"result": []})
         loop = asyncio.get_running_loop()
         try:
-            if sum(map(len, queries)) <= 16384:  # a few queries are counted at once, on the event loop
+            if sum(map(len, queries)) <= 2048:  # a few short queries are counted at once, on the event loop
                 tokens = self._count_here(queries)
             else:
                 tokens = await loop.run_in_executor(self._count_executor, self._count, queries)
         except Exception as e:  # noqa: BLE001 — a query the tokenizer cannot take is counted by characters
             log.warning("counting query tokens failed (%s: %s); counting characters", type(e).__name__, e)
             tokens = [min(len(q) + 2, self._max_len) for q in queries]
-        work = sum(tokens) + -(-len(queries) * topk // PASSAGES_PER_UNIT)
+        slots = sum(_length(t, self._max_len) for t in tokens)  # what the encoder computes: padded lengths
+        work = slots + -(-len(queries) * topk // PASSAGES_PER_UNIT)
         if work > lim.max_work:
             self.stats["rejected"] += 1
-            return _error(413, f"the request's work {work} (query tokens {sum(tokens)} + {len(queries)} queries × "
+            return _error(413, f"the request's work {work} (padded query tokens {slots} + {len(queries)} queries × "
                                f"top-{topk} / {PASSAGES_PER_UNIT}) exceeds the limit {lim.max_work}; "
                                f"send fewer, shorter queries or a smaller topk per request")
         pending = _Pending(queries, topk, loop.create_future(), tokens, loop.time() + lim.request_timeout_s)

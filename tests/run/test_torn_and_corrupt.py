@@ -133,3 +133,18 @@ def test_a_healthy_checkpoint_still_verifies_after_reopening(tmp_path):
     assert _restore_latest(ck) == (2, 2.0)
     ck.close()
     assert jax.process_count() == 1
+
+
+def test_a_gzip_archive_cut_short_reads_the_records_before_the_cut(tmp_path, caplog):
+    """An archived records file (`.jsonl.gz`) whose stream was cut short: the records decompressed
+    before the cut are read, the partial line after them is skipped, one warning."""
+    import gzip
+
+    from dart_jax.run.records import read_records
+    data = b"".join(json.dumps({"i": i, "pad": "x" * 50}).encode() + b"\n" for i in range(2000))
+    blob = gzip.compress(data)
+    path = tmp_path / "per_question.jsonl.gz"
+    path.write_bytes(blob[:len(blob) * 2 // 3])
+    recs = read_records(str(path))
+    assert 0 < len(recs) < 2000 and [r["i"] for r in recs] == list(range(len(recs)))
+    assert any("cut short" in r.getMessage() for r in caplog.records)

@@ -97,7 +97,7 @@ def test_a_request_past_the_work_bound_is_a_413_with_its_figures_before_any_comp
     code, reply = send(server.port, {"queries": long_queries, "topk": 100}, timeout=10)
     took = time.monotonic() - t
     assert code == 413, (code, took)
-    assert "exceeds the limit 16384" in reply["error"] and "query tokens 131072" in reply["error"], reply
+    assert "exceeds the limit 16384" in reply["error"] and "padded query tokens 131072" in reply["error"], reply
     assert took < 3.0 and len(searcher.calls) == before
     # a full batch of ordinary questions is within the bound and served
     code, reply = send(server.port, {"queries": questions[:512], "topk": 3})
