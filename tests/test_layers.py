@@ -48,9 +48,9 @@ ALLOWED = {
     # the lab: a generated multi-hop world, its questions, demonstrations from gold chains, role skill metrics
     "lab": {"data", "rewards", "rollout"},
     # what a run is: its spec, policy on a mesh, task tool and rows, run directory, loop, records
-    "run": {"adapters", "checkpoints", "data", "models", "parallel", "rewards", "rollout", "tools"},
+    "run": {"adapters", "checkpoints", "data", "lab", "models", "parallel", "rewards", "rollout", "tools"},
     # GRPO: losses, step, stages, the trainer
-    "rl": {"adapters", "checkpoints", "data", "models", "parallel", "rewards", "roles", "rollout", "run",
+    "rl": {"adapters", "checkpoints", "data", "lab", "models", "parallel", "rewards", "roles", "rollout", "run",
            "tokenization"},
     # warm start
     "sft": {"checkpoints", "data", "lab", "rewards", "rl", "roles", "rollout", "run", "tokenization", "tools"},

@@ -146,7 +146,8 @@ def read_flashrag_jsonl(path: str, data_source: str | None = None) -> list[dict]
         rid = str(r.get("id", k))
         uid = rid if rid.startswith(f"{r.get('data_source', source)}-") else f"{r.get('data_source', source)}-{rid}"
         rows.append({"id": uid, "question": q, "golden_answers": gold,
-                     "data_source": r.get("data_source", source)})
+                     "data_source": r.get("data_source", source),
+                     **({"lab": r["lab"]} if isinstance(r.get("lab"), dict) else {})})  # the lab's gold chain
     return _unique(valid_rows(rows, path), path)
 
 

@@ -202,7 +202,7 @@ def _one(world: World, rng: random.Random, h: int, op: str, by_kind: dict) -> di
     elif op == "count":
         lo, hi = min(vals), max(vals)
         pad = max(1, (hi - lo) // 3)
-        options = [t for t in range(lo - pad, hi + pad + 1) if t not in vals]
+        options = [t for t in range(max(0, lo - pad), hi + pad + 1) if t not in vals]
         spec["threshold"] = rng.choice(options)
         listed = f"{phrases[0]}, {phrases[1]} and {phrases[2]}"
         if typ == "year":

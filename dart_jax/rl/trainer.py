@@ -26,6 +26,7 @@ from dart_jax.adapters.method import model_trees
 from dart_jax.checkpoints.dart_io import export_dart
 from dart_jax.data.readers import question_key
 from dart_jax.errors import UserError
+from dart_jax.lab.metrics import batch_records, finite, role_skills
 from dart_jax.models.transformer import unstack_layers
 from dart_jax.parallel.distributed import host_tree, is_main, local_mesh, local_view, on_main
 from dart_jax.rewards.training import make_reward
@@ -165,6 +166,8 @@ class Trainer:
                                 self.updater.plan.old_logp == "recompute",
                                 {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2})
         m["rollout/train_questions_overlong"] = float(self.train_overlong)  # left out at start (context rule)
+        if any(r.get("lab") for r in ro.rows):  # the lab's questions: tool and reasoning skills apart (lab.metrics)
+            m.update(finite(role_skills(batch_records(ro.tb, ro.rows), ro.rows)))
         m["time/release_s"] = release_s  # inside rollout_s and update_s: the calls alone, not re-faulting pages
         m.update(memory_metrics(self.state, self.base))
         return m

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dart_jax.lab.metrics import batch_records, finite, role_skills
 from dart_jax.parallel.distributed import gather_results, mine, rounds
 from dart_jax.rewards.qa import em_reward
 from dart_jax.rewards.training import make_reward
@@ -47,6 +48,7 @@ def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, rout
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     prompts, uids, metas = [prompts[i] for i in order], [uids[i] for i in order], [metas[i] for i in order]
     reward = reward or make_reward(protocol.name)
+    lab_rows = {r["id"]: r for r in rows if r.get("lab")}  # the lab's questions: role skills (lab.metrics)
     agent = Agent(cfg, tokenizer, protocol, tool_fn, SamplingConfig(temperature=temperature), rollout,
                   router_convention, mesh=mesh)
 
@@ -59,7 +61,8 @@ def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, rout
                 "invalid_rate": sum(f == "invalid" for f in tb.finish_reason),
                 "tool_calls": float(tb.tool_calls().sum()), "reward": float(scored.scores[scored.valid].sum()),
                 "scored": int(scored.valid.sum()), "correct": int(correct.sum()),
-                **({"example": tb.response_text[0]} if s == 0 else {})}
+                **({"example": tb.response_text[0]} if s == 0 else {}),
+                **({"lab": batch_records(tb, lab_rows)} if lab_rows else {})}
 
     # per batch, in batch order: sums over its rows; batches dealt round-robin over processes
     parts = [p for round_ in rounds(list(range(0, len(rows), batch)))
@@ -72,6 +75,8 @@ def rollout_eval(cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, rout
     for k in ("answer_rate", "invalid_rate", "tool_calls"):
         out[k] /= len(rows)
     out["reward"] = out["reward"] / out["scored"] if out["scored"] else float("nan")
+    if lab_rows:
+        out.update(finite(role_skills([rec for p in parts for rec in p.get("lab", [])], lab_rows)))
     return out
 
 
