@@ -425,8 +425,9 @@ def define_run_flags(cmd: Command):
                                                       "removing its checkpoints and records", flag_values=cmd.flags)
     allow = flags.DEFINE_list("allow-change", [], "with --resume: settings (section.field, or a whole section) "
                               "the resumed run may change, e.g. --allow-change=optim.lr,train.seed; recorded in "
-                              "output.dir/provenance.jsonl. Never needed for train.steps / sft.epochs, output "
-                              "paths and cadences, or layout (mesh.shape, rollout.chunk_rows, ...): "
+                              "output.dir/provenance.jsonl. Never needed for train.steps (nor sft.epochs unless "
+                              "the lr schedule spans them), output paths and cadences, or layout (mesh.shape, "
+                              "rollout.chunk_rows, ...): "
                               "run/run_dir.py lists them with why", flag_values=cmd.flags)
     return resume, overwrite, allow
 

@@ -128,12 +128,6 @@ class RunLoop:
                 log.info("resumed with another layout: %s (same maths; reductions may run in another order)", line)
             else:
                 log.info("resumed with %s", line)
-        optim = self.config.get("optim", {})
-        if any(c["key"] == "sft.epochs" for c in self.changes) and not optim.get("total_steps", 1) \
-                and optim.get("schedule", "constant") != "constant":
-            log.warning("sft.epochs changed with optim.total_steps=0: the %s lr schedule now spans %d steps, so the "
-                        "steps after %d follow another learning rate than the original run's",
-                        optim.get("schedule"), self.total, self.start)
 
     def steps(self) -> Iterator[int]:
         """The steps still to run, through the progress bar (process 0, `output.progress`)."""

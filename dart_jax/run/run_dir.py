@@ -37,7 +37,8 @@ RECORD_DIRS = ("checkpoints", "tb")
 # refused unless --allow-change names it (`check_resume`).
 UNCHANGING = {  # how far the run goes, where it lives, what it writes and prints: never what it computes
     "train.steps": "how far the run goes: continuing it is what a resume is for",
-    "sft.epochs": "how far the warm start goes (with optim.total_steps=0 the lr schedule follows it: warned)",
+    "sft.epochs": "how far the warm start goes (unless the lr schedule spans the SFT length: optim.total_steps=0 "
+                  "with a schedule that is not constant; then --allow-change=sft.epochs)",
     "output.dir": "where the run lives: a moved or copied run directory is the same run (paths inside it "
                   "compare relative to it)",
     "output.progress": "what is printed",
@@ -184,7 +185,12 @@ def check_resume(out_dir: str, config, allow=()) -> list[dict]:
     if saved is None:
         return []
     changes = [c for c in changed_settings(saved, config_dict(config), ignore=()) if _read_by_trainer(c[0])]
-    refused = [c for c in changes if c[0] not in RESUMABLE and not _allowed(c[0], allow)]
+    optim = flat(config_dict(config)).get
+    # more SFT epochs stretch an lr schedule that spans the SFT length (optim.total_steps=0, not constant):
+    # every remaining step then has another learning rate — a change of the maths, not only of the length
+    epochs_change_lr = not optim("optim.total_steps", 100) and optim("optim.schedule", "constant") != "constant"
+    exempt = lambda key: key in RESUMABLE and not (key == "sft.epochs" and epochs_change_lr)  # noqa: E731
+    refused = [c for c in changes if not exempt(c[0]) and not _allowed(c[0], allow)]
     if refused:
         names = ",".join(c[0] for c in refused)
         raise ChangedSettings(
@@ -193,7 +199,7 @@ def check_resume(out_dir: str, config, allow=()) -> list[dict]:
             f"change{'s' if len(refused) > 1 else ''} with --allow-change={names} (recorded in {PROVENANCE}), "
             "or start a new run in another output.dir")
     return [{"key": k, "old": old, "new": new,
-             "by": "unchanging" if k in UNCHANGING else "layout" if k in LAYOUT else "--allow-change"}
+             "by": "--allow-change" if not exempt(k) else "unchanging" if k in UNCHANGING else "layout"}
             for k, old, new in changes]
 
 

@@ -111,6 +111,27 @@ def test_length_cadence_and_layout_need_no_allowance(tmp_path):
                   "rollout.chunk_rows": "layout"}
 
 
+@pytest.mark.parametrize("schedule, total, refused", [("cosine", 0, True), ("cosine", 100, False),
+                                                      ("constant", 0, False)])
+def test_more_sft_epochs_need_an_allowance_when_the_lr_schedule_spans_them(tmp_path, schedule, total, refused):
+    """sft.epochs is how far a warm start goes, except when the lr schedule spans the SFT length
+    (optim.total_steps=0, not constant): then every remaining step's learning rate changes with it."""
+    from dart_jax.run.run_dir import check_resume, write_config
+    c = _run_config(tmp_path / "run")
+    c.optim = {"lr": 1e-5, "schedule": schedule, "total_steps": total}
+    c.sft = {"epochs": 3}
+    write_config(str(tmp_path / "run"), c)
+    more = _run_config(tmp_path / "run")
+    more.optim, more.sft = dict(c.optim), {"epochs": 4}
+    if refused:
+        with pytest.raises(ChangedSettings, match=r"sft.epochs: 3 → 4.*--allow-change=sft.epochs"):
+            check_resume(str(tmp_path / "run"), more)
+        assert check_resume(str(tmp_path / "run"), more, "sft.epochs")[0]["by"] == "--allow-change"
+    else:
+        assert check_resume(str(tmp_path / "run"), more) == [{"key": "sft.epochs", "old": 3, "new": 4,
+                                                               "by": "unchanging"}]
+
+
 @pytest.mark.parametrize("how", ["move", "copy"])
 def test_a_moved_or_copied_run_directory_resumes_as_the_same_run(tmp_path, how):
     _interrupted(tmp_path)

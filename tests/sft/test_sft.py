@@ -129,7 +129,9 @@ def test_launch_sft_then_grpo_starts_at_the_warm_started_policy(tiny_smollm_dir,
     np.testing.assert_allclose(np.asarray(again)[valid], np.asarray(got)[valid], atol=1e-5)
 
     # resume continues the SFT run to more epochs from its checkpoint
-    more = subprocess.run(_sft_args(tiny_smollm_dir, out, ["--config.sft.epochs=4", "--resume"]), cwd=ROOT,
+    # 4 epochs stretch the cosine schedule that spans the SFT length (optim.total_steps=0): a change to allow
+    more = subprocess.run(_sft_args(tiny_smollm_dir, out, ["--config.sft.epochs=4", "--resume",
+                                                          "--allow-change=sft.epochs"]), cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=900)
     assert more.returncode == 0, more.stderr[-3000:]
     assert "resumed SFT from checkpoint" in more.stderr
