@@ -72,7 +72,7 @@ ALLOWED = {
     "configs": {"data", "eval", "experiments", "run"},
     # command lines
     "launch": {"adapters", "analysis", "bench", "configs", "data", "eval", "experiments", "lab", "parallel",
-               "parity", "preflight", "rl", "run", "sft", "tools"},
+               "parity", "preflight", "rl", "run", "sft", "tokenization", "tools"},
 }
 LIBRARY = [node for node in ALLOWED if node not in TOP]
 
