@@ -33,9 +33,10 @@ def test_sft_trainer_refuses_a_changed_seed_unless_allowed(tiny_smollm_dir, tmp_
     c.sft.data = [dict(builder="file", path=str(tmp_path / "d.jsonl"))]
     c.sft.update(dict(val_size=1, batch_size=2, micro_batch=1, epochs=1, protocol_check=0, eval_every=100))
     c.output.update(dict(dir=str(tmp_path / "sft"), progress=False, tensorboard=False))
+    c.optim.schedule = "constant"  # the lr does not follow the SFT length, so more epochs are only how far it goes
     run_dir.write_config(str(tmp_path / "sft"), c)
     c.sft.seed = 3
-    c.sft.epochs = 2  # how far it goes: never refused
+    c.sft.epochs = 2  # how far it goes: not refused
     trainer = SFTTrainer(c)
     with pytest.raises(ChangedSettings, match=r"this run changes: sft.seed: 0 → 3\. "):
         trainer.run(resume=True)
