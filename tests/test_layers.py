@@ -46,9 +46,9 @@ ALLOWED = {
     # sampler, agent loop, protocol, tasks
     "rollout": {"adapters", "data", "models", "parallel", "roles", "tokenization"},
     # the lab: a generated multi-hop world, its questions, demonstrations from gold chains, role skill metrics
-    "lab": {"data", "rewards", "rollout"},
+    "lab": {"analysis", "data", "rewards", "rollout"},
     # what a run is: its spec, policy on a mesh, task tool and rows, run directory, loop, records
-    "run": {"adapters", "checkpoints", "data", "lab", "models", "parallel", "rewards", "rollout", "tools"},
+    "run": {"adapters", "analysis", "checkpoints", "data", "lab", "models", "parallel", "rewards", "rollout", "tools"},
     # GRPO: losses, step, stages, the trainer
     "rl": {"adapters", "checkpoints", "data", "lab", "models", "parallel", "rewards", "roles", "rollout", "run",
            "tokenization"},

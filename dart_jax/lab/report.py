@@ -22,17 +22,9 @@ from __future__ import annotations
 
 import math
 
+from dart_jax.analysis.intervals import wilson_interval
+
 KINDS = ("name", "name_attr", "question", "question_any", "question_bridge")
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of k successes in n (nan, nan for n = 0)."""
-    if n <= 0:
-        return float("nan"), float("nan")
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _spread(xs: list) -> dict:
@@ -122,7 +114,7 @@ def retrieval_accuracy(world, questions: list[dict], searcher, k: tuple = (1, 3)
         res = {"total": len(items)}
         for kk in k:
             hits = sum(any(eid in want for eid in got[:kk]) for (_, want), got in zip(items, ranked))
-            lo, hi = wilson(hits, len(items))
+            lo, hi = wilson_interval(hits, len(items))
             res[f"top{kk}"] = {"hits": hits, "rate": round(hits / len(items), 4) if items else float("nan"),
                                "wilson": [round(lo, 4), round(hi, 4)]}
         if kind.startswith("question"):  # the same by hops: how far the question text alone gets

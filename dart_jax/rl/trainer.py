@@ -103,11 +103,7 @@ class Trainer:
         # training questions whose prompt the context rule refuses never enter the stream (a step cannot be
         # all refused by chance); counted once here. Nothing refused: the stream is the one it always was
         self.rows, self.train_overlong = fitting_rows(tok, spec.task, self.rows, cfg.max_position_embeddings,
-                                                      self.rollout_cfg)
-        if self.train_overlong:
-            log.warning("%d training questions left out: their prompts leave less than %d response tokens of the "
-                        "model's context (%d positions)", self.train_overlong, response_room(self.rollout_cfg),
-                        cfg.max_position_embeddings)
+                                                      self.rollout_cfg, "training questions")
         if not self.rows:
             raise UserError(f"every training question's prompt leaves less than {response_room(self.rollout_cfg)} "
                             f"response tokens of the model's context ({cfg.max_position_embeddings} positions); "
@@ -121,11 +117,7 @@ class Trainer:
                              f"(e.g. {leaked[:3]}): held-out evaluation must be held out")
         # held-out questions whose prompt the context rule refuses are skipped, counted in eval/skipped_overlong
         self.eval_rows, self.eval_overlong = fitting_rows(tok, spec.task, self.eval_rows, cfg.max_position_embeddings,
-                                                          self.rollout_cfg)
-        if self.eval_overlong:
-            log.warning("%d held-out questions skipped: their prompts leave less than %d response tokens of the "
-                        "model's context (%d positions)", self.eval_overlong, response_room(self.rollout_cfg),
-                        cfg.max_position_embeddings)
+                                                          self.rollout_cfg, "held-out questions")
         self.updater = stages.Updater(cfg, self.method, self.loss_cfg, self.optim_cfg, self.plan, self.mesh)
 
     def rollout_trees(self):

@@ -4,6 +4,7 @@ Each returns prompts (chat-templated ids), uids and per-row metadata (what the t
 
 from __future__ import annotations
 
+import logging
 import os
 
 from dart_jax.data.corpus import read_jsonl
@@ -11,6 +12,8 @@ from dart_jax.data.paths import DATA
 from dart_jax.data.prompts import qa_prompt, sql_prompt
 from dart_jax.rollout.protocol import PROMPT_TAGS
 from dart_jax.tokenization.tokenizer import Untrusted, encode_chat
+
+log = logging.getLogger(__name__)
 
 
 def encode_prompt(tokenizer, build, prompt_tags: str = "atomic") -> list[int]:
@@ -83,11 +86,15 @@ def sql_task(tokenizer, rows: list[dict], prompt_tags: str = "atomic") -> tuple[
     return prompts, [r["id"] for r in rows], metas
 
 
-def fitting_rows(tokenizer, task: str, rows: list[dict], context: int, rc) -> tuple[list[dict], int]:
+def fitting_rows(tokenizer, task: str, rows: list[dict], context: int, rc, what: str = "") -> tuple[list[dict], int]:
     """-> (the rows whose prompts the context rule (`overlong`) accepts, how many it refused). Rows
-    without the task's reference (held-out evaluation skips them itself) are kept, not encoded."""
+    without the task's reference (held-out evaluation skips them itself) are kept, not encoded. `what`
+    (e.g. "held-out questions"): a refusal is logged as one warning naming them."""
     need = ("db_path", "query") if task == "sql" else ("golden_answers",)
     idx = [i for i, r in enumerate(rows) if all(r.get(k) for k in need)]
     prompts = (sql_task if task == "sql" else qa_task)(tokenizer, [rows[i] for i in idx], rc.prompt_tags)[0]
     refused = {i for i, o in zip(idx, overlong(prompts, context, rc)) if o}
+    if refused and what:
+        log.warning("%d %s left out: their prompts leave less than %d response tokens of the model's context "
+                    "(%d positions)", len(refused), what, response_room(rc), context)
     return [r for i, r in enumerate(rows) if i not in refused], len(refused)

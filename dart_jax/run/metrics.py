@@ -7,6 +7,7 @@ import math
 import os
 from typing import Iterable
 
+from dart_jax.analysis.intervals import wilson_interval
 from dart_jax.run.records import read_records, rewrite_records
 
 PLOT_KEYS = ("reward/mean", "eval/reward", "protocol/answer_rate", "actor/kl", "actor/entropy")
@@ -52,16 +53,6 @@ def _py(v):
 def read_metrics(path: str) -> list[dict]:
     """The rows of a metrics.jsonl (a last line cut short by a crash skipped, logged)."""
     return read_records(path)
-
-
-def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion k/n (held-out accuracy on n questions)."""
-    if n <= 0:
-        return float("nan"), float("nan")
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def plot_curves(metrics_path: str, out_path: str, keys: Iterable[str] = PLOT_KEYS) -> str:

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from dart_jax.lab.questions import HOPS, OPS, make_questions
-from dart_jax.lab.report import KINDS, retrieval_accuracy, wilson, world_statistics
+from dart_jax.lab.report import KINDS, retrieval_accuracy, world_statistics
 from dart_jax.lab.world import KINDS as ENTITY_KINDS, generate_world
 from dart_jax.tools.lexical import LexicalRetriever, build_lexical_index
 
@@ -78,10 +78,3 @@ def test_retrieval_accuracy_per_query_kind(world, rows, lexical):
     # the question names no bridge entity: copying it cannot retrieve the second hop
     assert acc["question_bridge"]["top3"]["rate"] <= 0.2, acc["question_bridge"]
     assert acc["question"]["top3"]["hits"] <= acc["question_any"]["top3"]["hits"]
-
-
-def test_wilson_interval():
-    assert wilson(0, 0) != wilson(0, 0)  # nan
-    lo, hi = wilson(50, 100)
-    assert abs(lo - 0.4038) < 1e-3 and abs(hi - 0.5962) < 1e-3
-    assert wilson(10, 10)[1] == 1.0 and wilson(0, 10)[0] == 0.0

@@ -20,10 +20,10 @@ def _config(out, steps=5):
         "dir": str(out), "keep": 3, "checkpoint_every": 2, "progress": False, "tensorboard": False}})
 
 
-def _train(config, resume=False, overwrite=False, stop=None):
+def _train(config, resume=False, overwrite=False, stop=None, allow_change=()):
     """A toy run: the state counts steps; rollouts.jsonl gets one line per step, as GRPO's."""
     state, key = {"w": jnp.zeros(3), "n": jnp.asarray(0)}, jax.random.PRNGKey(0)
-    loop = RunLoop(config, config.train.steps, "toy", resume, overwrite)
+    loop = RunLoop(config, config.train.steps, "toy", resume, overwrite, allow_change=allow_change)
     state, key, meta = loop.restore(state, key)
     loop.begin()
     for step in loop.steps():

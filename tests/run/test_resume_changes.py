@@ -15,26 +15,7 @@ from dart_jax.run import provenance
 from dart_jax.run.loop import RunLoop
 from dart_jax.run.metrics import read_metrics
 from dart_jax.run.run_dir import ChangedSettings, RunDirError
-from run.test_loop import _config
-
-
-def _train(config, resume=False, stop=None, allow_change=()):
-    """test_loop's toy run, with --allow-change: the state counts steps, rollouts.jsonl gets a line a step."""
-    import jax
-    import jax.numpy as jnp
-    state, key = {"w": jnp.zeros(3), "n": jnp.asarray(0)}, jax.random.PRNGKey(0)
-    loop = RunLoop(config, config.train.steps, "toy", resume, allow_change=allow_change)
-    state, key, meta = loop.restore(state, key)
-    loop.begin()
-    for step in loop.steps():
-        if step == stop:
-            break
-        state = {"w": state["w"] + 1.0, "n": state["n"] + 1}
-        with open(os.path.join(config.output.dir, "rollouts.jsonl"), "a") as f:
-            f.write(json.dumps({"step": step + 1}) + "\n")
-        loop.write(step + 1, {"loss": float(step)})
-        loop.checkpoint(step + 1, state, key, {"data_position": step + 1})
-    return loop, state, meta
+from run.test_loop import _config, _train
 
 
 def _run_config(out, steps=5, seed=0, lr=1e-5):
