@@ -43,15 +43,29 @@ SQL_TEMPLATE = (
     "final SQL query solution inside <solution>...</solution>.\n")
 
 
+# the lab's prompt (dart_jax/lab): the same tags and tool in ~50 tokens instead of ~150; its worlds need no
+# long instruction, and every token of a prompt is paid once per sample on 2 CPU cores
+LAB_TEMPLATE = (
+    "Answer the question. Reason inside <think> and </think>. To look up an entity, write <search> its name "
+    "</search>; the passage comes back between <information> and </information>. Give the final answer inside "
+    "<answer> and </answer>. Question: {question}\n")
+
+
 def qa_question(question: str) -> str:
     """Search-R1: strip, append '?' if missing."""
     q = question.strip()
     return q if q.endswith("?") else q + "?"
 
 
-def qa_prompt(question: str, mark: Mark = _same) -> str:
+def qa_prompt(question: str, mark: Mark = _same, template: str = SEARCH_R1_TEMPLATE) -> str:
     """Search-R1's prompt; `mark` wraps the question (dataset text, never trusted to hold tags)."""
-    return SEARCH_R1_TEMPLATE.format(question=mark(qa_question(question)))
+    return template.format(question=mark(qa_question(question)))
+
+
+def qa_row_prompt(row: dict, mark: Mark = _same) -> str:
+    """A QA row's prompt: the lab's short one for a lab question (a row with a "lab" field, written by
+    dart_jax.lab.questions), Search-R1's otherwise."""
+    return qa_prompt(row["question"], mark, LAB_TEMPLATE if row.get("lab") else SEARCH_R1_TEMPLATE)
 
 
 def schema_ddl(db_path: str) -> str:

@@ -391,7 +391,14 @@ def select_rows(rows: list[dict], spec: dict, path: str = "") -> list[dict]:
     `limit` takes a sample across the file instead of its first databases) and `query_fold` = [i, k]
     (keep the rows whose gold query hashes to fold i of k, see `query_fold`; `fold_db_alias` maps a
     copied database to its original for the hash) and `max_hardness` (keep the rows whose gold query's
-    Spider hardness, `sql_hardness.hardness`, is at most this level: easy < medium < hard < extra)."""
+    Spider hardness, `sql_hardness.hardness`, is at most this level: easy < medium < hard < extra) and
+    `lab_hops` / `lab_ops` (keep the lab questions of these hops / operations)."""
+    for key, field_ in (("lab_hops", "hops"), ("lab_ops", "op")):
+        if spec.get(key) is not None:
+            if any(not isinstance(r.get("lab"), dict) for r in rows):
+                raise DataError(f"{path}: {key} selects lab questions; this file has rows without a 'lab' field")
+            keep = {str(v) for v in spec[key]}
+            rows = [r for r in rows if str(r["lab"][field_]) in keep]
     if spec.get("db_ids") is not None:
         keep = set(spec["db_ids"])
         rows = [r for r in rows if r.get("db_id") in keep]
@@ -422,7 +429,7 @@ def load_rows(spec: dict, base_dir: str | None = None, require_db: bool = True) 
     `prepare` names the launch.prepare_data setting (qa | sql) that writes `path`: a missing file
     then says how to make it. `db_ids` / `shuffle` /
     `query_fold` / `max_hardness` select rows
-    (`select_rows`);
+    (`select_rows`), as do `lab_hops` / `lab_ops` (lab questions of these cells: dart_jax/lab);
     `exclude` lists datasets (entries of the same form) whose questions are removed
     before offset / limit apply: evaluation questions never reach training (their databases need
     not be present: `require_db=False` for them)."""

@@ -397,7 +397,7 @@ def lab_demos(rows: list[dict], world, tool, tokenizer, max_obs_tokens: int, see
         stats["reformulated"] += d["reform"]
         demos.append({"id": r["id"], "data_source": r.get("data_source", "lab"), "task": "qa",
                       "question": r["question"], "golden_answers": r["golden_answers"], "origin": "lab",
-                      "lab": {"hops": plan.lab["hops"], "op": plan.lab["op"], "reformulated": d["reform"]},
+                      "lab": {**plan.lab, "reformulated": d["reform"]},  # the gold chain: role skills
                       "pieces": d["w"].close()})
     stats["kept"] = len(demos)
     if rows and not demos and stats["not_retrieved"] == len(rows):

@@ -9,7 +9,7 @@ import os
 
 from dart_jax.data.corpus import read_jsonl
 from dart_jax.data.paths import DATA
-from dart_jax.data.prompts import qa_prompt, sql_prompt
+from dart_jax.data.prompts import qa_row_prompt, sql_prompt
 from dart_jax.rollout.protocol import PROMPT_TAGS
 from dart_jax.tokenization.tokenizer import Untrusted, encode_chat
 
@@ -73,7 +73,7 @@ def spider_rows(n: int = 4, offset: int = 0, spider_dir: str | None = None) -> l
 
 
 def qa_task(tokenizer, rows: list[dict], prompt_tags: str = "atomic") -> tuple[list[list[int]], list, list[dict]]:
-    prompts = [encode_prompt(tokenizer, lambda mark, r=r: qa_prompt(r["question"], mark), prompt_tags) for r in rows]
+    prompts = [encode_prompt(tokenizer, lambda mark, r=r: qa_row_prompt(r, mark), prompt_tags) for r in rows]
     metas = [{"golden_answers": r["golden_answers"]} for r in rows]
     return prompts, [r["id"] for r in rows], metas
 

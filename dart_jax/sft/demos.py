@@ -32,7 +32,7 @@ from typing import Iterable
 
 import numpy as np
 
-from dart_jax.data.prompts import qa_prompt, qa_question, sql_prompt
+from dart_jax.data.prompts import qa_question, qa_row_prompt, sql_prompt
 from dart_jax.data.text import normalize_answer
 from dart_jax.rewards.sql import execution_match
 from dart_jax.rollout.agent import observation_ids
@@ -221,7 +221,7 @@ def distill_demos(path: str, min_score: float = 1.0, per_question: int = 1) -> t
 def task_prompt(demo: dict, mark=lambda v: v) -> str:
     if demo["task"] == "sql":
         return sql_prompt(demo["question"], demo["db_path"], demo.get("evidence", ""), mark)
-    return qa_prompt(demo["question"], mark)
+    return qa_row_prompt(demo, mark)
 
 
 def encode_demo(tokenizer, demo: dict, max_obs_tokens: int,
