@@ -14,6 +14,7 @@ a resumed run continues exactly where the interrupted one stood.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -118,6 +119,14 @@ class Trainer:
         # held-out questions whose prompt the context rule refuses are skipped, counted in eval/skipped_overlong
         self.eval_rows, self.eval_overlong = fitting_rows(tok, spec.task, self.eval_rows, cfg.max_position_embeddings,
                                                           self.rollout_cfg, "held-out questions")
+        # held-out questions of another world (the lab's world 1) are searched over their own corpus, by the
+        # same kind of retriever: a question is answerable only there
+        self.eval_tool = self.agent.tool
+        if self.eval_rows and spec.eval.corpus:
+            if spec.task != "qa":
+                raise UserError(f"eval.corpus={spec.eval.corpus!r} is a retrieval corpus; the {spec.task} task has none")
+            rc = dataclasses.replace(spec.retriever, corpus=spec.eval.corpus, index_dir="", url="")
+            self.eval_tool = build_tool(dataclasses.replace(spec, retriever=rc), self.protocol)
         self.updater = stages.Updater(cfg, self.method, self.loss_cfg, self.optim_cfg, self.plan, self.mesh)
 
     def rollout_trees(self):
@@ -177,7 +186,7 @@ class Trainer:
     def evaluate(self) -> dict:
         """Greedy (eval.temperature) rollouts of the held-out questions with the current policy."""
         base, ads = self.rollout_trees()
-        res = rollout_eval(self.cfg, self.tok, self.protocol, self.agent.tool, self.rollout_cfg,
+        res = rollout_eval(self.cfg, self.tok, self.protocol, self.eval_tool, self.rollout_cfg,
                            self.spec.router_convention, base, ads, self.eval_rows,
                            float(self.spec.eval.temperature), max(self.spec.train.micro_batch, 8),
                            reward=self.reward, mesh=self.local_mesh)

@@ -190,6 +190,10 @@ def check_datasets(spec: RunSpec) -> Check:
         if not os.path.isfile(path):
             return fail("datasets", f"{field}.path={spec['path']} not found; {how} "
                                     f"(or set --config.{field}.path=FILE)", field=field, path=path)
+    if spec.eval.n and spec.eval.data and spec.eval.corpus and not os.path.isfile(_data_path(spec.eval.corpus)):
+        return fail("datasets", f"eval.corpus={spec.eval.corpus} not found: the held-out questions' corpus "
+                                "(a lab world: python -m launch.lab_build --seed=1 --out=DIR writes DIR/corpus.jsonl)",
+                    field="eval.corpus")
     return ok("datasets", f"{len(entries)} file(s) found", files=len(entries))
 
 

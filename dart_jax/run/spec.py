@@ -170,6 +170,7 @@ class EvalSettings:
     n: int = 0
     every: int = 0                  # plus the first (step 0) and the last step
     temperature: float = 0.0
+    corpus: str = ""                # the held-out questions' corpus (a held-out lab world); "" = the run's tool's
 
     def __post_init__(self):
         at_least("eval", self, 0, "n", "every", "temperature")

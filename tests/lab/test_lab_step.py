@@ -16,11 +16,17 @@ from dart_jax.tools.lexical import build_lexical_index
 G = 2
 
 
-def _lab(tmp_path):
+def _lab(tmp_path, held_world: int | None = None):
+    """Training questions of world 3; held-out ones of world 3 too, or of `held_world` (its corpus in
+    tmp_path/held/corpus.jsonl)."""
     world = generate_world(3, "small")
     world.save(str(tmp_path / "world"))
     qs = make_questions(world, 2, hops=(1,), ops=("none", "compare"), seed=0)
     train, held = qs[:2], qs[2:4]
+    if held_world is not None:
+        other = generate_world(held_world, "small")
+        other.save(str(tmp_path / "held"))
+        held = make_questions(other, 1, hops=(1,), ops=("none", "compare"), seed=0)
     for name, rows in (("train", train), ("eval", held)):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     index = build_lexical_index(str(tmp_path / "world" / "corpus.jsonl"), str(tmp_path / "index"))
@@ -34,7 +40,8 @@ def test_the_reader_keeps_the_gold_chain(tmp_path):
 
 
 def test_one_lab_grpo_step_logs_role_skills(tiny_smollm_dir, tmp_path):
-    train, held, index = _lab(tmp_path)
+    """...and the held-out check asks another world's questions over that world's corpus (eval.corpus)."""
+    train, held, index = _lab(tmp_path, held_world=4)
     c = quickstart.get_config()
     c.model.path = tiny_smollm_dir
     c.warm_start = ""
@@ -49,7 +56,15 @@ def test_one_lab_grpo_step_logs_role_skills(tiny_smollm_dir, tmp_path):
     c.output.dir = str(tmp_path / "run")
     c.output.progress = c.output.tensorboard = c.output.export_adapters = False
     c.mesh.shape = (1, 1, 1)
-    rows = read_metrics(Trainer(c).run()["metrics"])
+    c.eval.corpus = str(tmp_path / "held" / "corpus.jsonl")
+    trainer = Trainer(c)
+    # the same lookup, by an entity name of each world, through the training tool and the held-out one
+    name_train, name_held = train[0]["lab"]["titles"][0], held[0]["lab"]["titles"][0]
+    for tool, name, other in ((trainer.agent.tool, name_train, name_held), (trainer.eval_tool, name_held, name_train)):
+        found = tool([name, other], [{}, {}])
+        assert f'(Title: "{name}")' in found[0] or f"(Title: {name})" in found[0], found[0]
+        assert name not in found[1], found[1]  # the other world's entity is not in this corpus
+    rows = read_metrics(trainer.run()["metrics"])
     step = next(r for r in rows if "reward/mean" in r)
     # a random model: the rates are whatever it did, but they are measured (or NaN-free absent) and in range
     assert step["lab/trajectories"] == 2 * G

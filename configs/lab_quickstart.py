@@ -1,0 +1,48 @@
+"""The lab's quickstart: DART GRPO from the lab warm start on multi-hop questions of lab world 0,
+checked on the held-out world 1. CPU-sized; nothing to download.
+
+SmolLM2-135M-Instruct with `data/warm_start/smollm2-135m-lab` merged into its weights (LoRA SFT on
+demonstrations of the low end of both dials: `configs/sft_lab_quickstart.py`), then fresh reasoning /
+tool adapters trained by GRPO at the RL difficulty — two and three hops, every operation — with the
+lexical retriever over world 0's corpus (top-1 passage). The held-out check (greedy, before the first
+and after the last step) asks world 1's questions of the same difficulty over world 1's corpus
+(`eval.corpus`): invented entities the training world never named. Role skills are logged beside the
+reward every step (`lab/tool_skill`, `lab/reasoning_skill`, `lab/copy_rate`, ...; dart_jax/lab/metrics.py).
+
+    python -m launch.train --config=configs/lab_quickstart.py
+
+Afterwards, per cell: `python -m launch.evaluate --checkpoint=runs/lab_quickstart --dataset=lab_world1`.
+"""
+
+from configs import base
+from configs.sft_lab_quickstart import RL_HOPS, WORLD0, WORLD1, lab_questions, shared
+
+WARM_START = "data/warm_start/smollm2-135m-lab"
+EVAL_N = 24
+
+
+def get_config():
+    c = shared(base.get())
+    c.warm_start = WARM_START
+    c.data.train = [lab_questions(WORLD0, RL_HOPS, shuffle=0)]
+    c.train.steps = 12
+    c.train.prompts_per_step = 4
+    c.train.group_size = 4
+    c.train.mini_batch = 16
+    c.train.micro_batch = 4
+    c.train.pad_multiple = 64
+    c.train.old_logp = "sampler"
+    c.loss.kl_coef = 0.0
+    c.optim.lr = 2e-4
+    c.optim.warmup_steps = 0
+    c.optim.total_steps = c.train.steps
+    # held-out world: questions of the training difficulty over entities no training step saw
+    c.eval.data = [lab_questions(WORLD1, RL_HOPS, shuffle=0)]
+    c.eval.corpus = f"{WORLD1}/corpus.jsonl"
+    c.eval.n = EVAL_N
+    c.eval.every = 0
+    c.output.dir = "runs/lab_quickstart"
+    c.output.checkpoint_every = 4
+    c.output.keep = 2
+    c.output.save_rollouts = True
+    return c
