@@ -8,6 +8,8 @@ dart_adapters.json) replace these: a run is evaluated as it was trained (dart_ja
 qa: Search-R1 protocol, 4 tool turns, 500 tokens per turn, top-3 passages (1,024-token observation)
     from the shipped MiniLM index over the shipped Wikipedia sample (set retriever.url to a wiki-18
     server for the paper's corpus).
+    The lab's sets (--dataset=lab_world1,lab_world1_easy,lab_world0) are searched over their own world's
+    corpus by retriever.kind: the lab measures with --config.retriever.kind=lexical (a lab run's own).
 sql: SkyRL-SQL protocol, 5 turns, 1,024 tokens per turn, 5 s tool timeout.
 fp32 weights and compute (exact on CPU; on accelerators --config.model.compute_dtype=bfloat16).
 """

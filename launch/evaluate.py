@@ -19,6 +19,14 @@ Without --checkpoint, the defaults are configs/evaluate.py (the embedded SmolLM2
 The results header names the model, the retriever (server URL, or index / corpus with its encoder and
 prefixes) or databases, the protocol, the samples per question and the temperature.
 
+The lab's sets (lab_world1: the held-out world's h2-3 questions, lab_world1_easy: its h1, lab_world0: the
+training world's h2-3) are each searched over their own world's corpus with the run's retriever kind
+(lexical for the lab), and report role skills (tool skill, reasoning skill, copy rate, chain coverage,
+distinct <think>) pooled and per (hops, op) cell with the degeneracy gate's verdict (--strict-gate:
+a flagged set is an error exit):
+
+    python -m launch.evaluate --checkpoint=runs/lab --dataset=lab_world1,lab_world1_easy,lab_world0 --limit=120
+
 Run again into the same --out (e.g. after an interruption, or with a larger --limit), an evaluation
 reuses the batches already sampled with the same settings and samples only the rest; the records are
 the ones a single uninterrupted run writes (dart_jax/eval/resume.py).
@@ -83,6 +91,9 @@ KEEP_DISTINCT = flags.DEFINE_bool("keep-distinct", True, "Spider EX: run both qu
                                   "(--nokeep-distinct: delete it from both, test-suite-sql-eval's default)",
                                   flag_values=F)
 QUIET = flags.DEFINE_bool("quiet", False, "no progress bar", flag_values=F)
+STRICT_GATE = flags.DEFINE_bool("strict-gate", False, "a lab set (lab_world1, ...) whose role skills the degeneracy "
+                                "gate flags (questions copied into the search, template <think>) is an error exit "
+                                "once the reports are written, not a warning", flag_values=F)
 
 
 EVAL_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "evaluate.py")
@@ -158,7 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     check_flags()
     START()
     config, trained = build_config(argv)
-    if config.task == "qa" and not FIXED.value:  # a dead retriever.url: one line now, not after the model loads
+    datasets = [d.strip() for spec in DATASET.value for d in spec.split(",") if d.strip()] or None
+    from dart_jax.eval.datasets import EVAL_SETS
+    own_corpus = bool(datasets) and all(d in EVAL_SETS and EVAL_SETS[d].corpus for d in datasets)
+    # a dead retriever.url: one line now, not after the model loads (sets searched over their own corpus
+    # — the lab's — never ask it)
+    if config.task == "qa" and not FIXED.value and not own_corpus:
         from dart_jax.errors import UserError
         from dart_jax.run.checks import check_retriever
         check = check_retriever(config)
@@ -174,7 +190,6 @@ def main(argv: list[str] | None = None) -> int:
                           batch=BATCH.value, seed=SEED.value, limit=LIMIT.value, db_root=DB_ROOT.value,
                           sql_timeout_s=max(float(config.tool.sql_timeout_s), 30.0), keep_distinct=KEEP_DISTINCT.value,
                           progress=not QUIET.value)
-    datasets = [d.strip() for spec in DATASET.value for d in spec.split(",") if d.strip()] or None
     out = OUT.value or os.path.join("runs", "eval", f"{os.path.basename(os.path.normpath(config.model.path))}-"
                                                     f"{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
     if COMPOSE_TOOL.value and COMPOSE_REASONING.value:
@@ -185,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     results = evaluate(config, out, datasets, options, checkpoint=CHECKPOINT.value, peft=PEFT.value,
                        remove=REMOVE.value, step=STEP.value, fixed_retrieval=FIXED.value,
                        compare=COMPARE.value or None, compose=compose, resume_run=RESUME.value,
-                       as_trained=trained)
+                       as_trained=trained, strict_gate=STRICT_GATE.value)
     from dart_jax.parallel.distributed import is_main
     if is_main():
         print(markdown(results))

@@ -5,6 +5,8 @@ multi-hop sets (HotpotQA, 2Wiki, MuSiQue, Bamboogle), Avg over all seven.
 SQL: EX per benchmark, test-suite semantics for the Spider family, BIRD semantics for BIRD; Avg
 over the benchmarks evaluated. BIRD's databases are not shipped: `db_root` (launch.evaluate
 --db-root DIR, with DIR/<db_id>/<db_id>.sqlite) supplies them.
+Lab (dart_jax/lab): questions of a generated world, selected by (hops, op) cell, each answerable only
+over its own world's corpus: a set names that `corpus`, and the evaluation searches it for that set.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class EvalSet:
     label: str                # column name in the tables (the paper's)
     reader: str
     path: str                 # relative to data/ (or absolute)
-    group: str = ""           # qa: general | multihop
+    group: str = ""           # qa: general | multihop | lab
     db_root: tuple[str, ...] = ()
     semantics: str = "spider"  # sql: spider | bird
     needs_db_root: bool = False
@@ -35,6 +37,21 @@ class EvalSet:
     max_hardness: str = ""             # sql: only gold queries Spider grades at most this (data.sql_hardness)
     query_fold: tuple[int, int] | None = None  # sql: only gold queries of fold i of k (readers.query_fold)
     in_distribution: bool = False      # a run's own training questions: reported, never averaged with held-out sets
+    corpus: str = ""                   # qa: the corpus (relative to data/, or absolute) this set is searched over,
+    #                                    in place of the run's retriever (a lab world's questions: its own world)
+    lab_hops: tuple[int, ...] | None = None  # lab: only questions of these hops (readers.select_rows) ...
+    lab_ops: tuple[str, ...] | None = None   # ... and of these operations (None: every one)
+
+    def corpus_path(self) -> str:
+        """The absolute path of `corpus` ("" when the set is searched with the run's retriever)."""
+        return self.corpus if not self.corpus or os.path.isabs(self.corpus) else os.path.join(DATA, self.corpus)
+
+    def _cells(self, spec: dict) -> dict:
+        if self.lab_hops is not None:
+            spec["lab_hops"] = list(self.lab_hops)
+        if self.lab_ops is not None:
+            spec["lab_ops"] = list(self.lab_ops)
+        return spec
 
     def exclusion_spec(self) -> dict:
         """This set as a `readers.load_rows` entry for `exclude` (questions only, databases not needed):
@@ -50,7 +67,7 @@ class EvalSet:
             spec["db_ids"] = list(self.db_ids)
         if self.query_fold is not None:
             spec["query_fold"] = list(self.query_fold)
-        return spec
+        return self._cells(spec)
 
     def spec(self, db_root: str | None = None, limit: int | None = None) -> dict:
         """The dataset entry for `readers.load_rows`."""
@@ -72,7 +89,7 @@ class EvalSet:
             spec["exclude"] = [EVAL_SETS[n].exclusion_spec() for n in self.exclude]
         if limit:
             spec["limit"] = int(limit)
-        return spec
+        return self._cells(spec)
 
 
 QA_SETS = (
@@ -121,7 +138,20 @@ CORPUS_SETS = (
     EvalSet("hotpotqa_corpus", "qa", "HotpotQA (corpus)", "flashrag", "qa/hotpotqa_sample300.jsonl", "multihop",
             note="300 questions"),
 )
-EVAL_SETS = {s.name: s for s in QA_SETS + SQL_SETS + HELDOUT_SETS + TRAIN_SETS + CORPUS_SETS}
+# the lab (dart_jax/lab, launch.lab_build): world 1 is held out (never trained on), its RL difficulty is
+# h ≥ 2 (docs/results/lab.md: one hop is answered by copying the question into the search); world 0 is
+# the training world (in-distribution). Each is searched over its own world's corpus.
+LAB_WORLD1 = EvalSet("lab_world1", "qa", "Lab world 1 (h2-3)", "flashrag", "lab/world1/questions.jsonl", "lab",
+                     corpus="lab/world1/corpus.jsonl", lab_hops=(2, 3), note="held-out world, 1,200 questions")
+LAB_SETS = (
+    LAB_WORLD1,
+    dataclasses.replace(LAB_WORLD1, name="lab_world1_easy", label="Lab world 1 (h1)", lab_hops=(1,),
+                        note="held-out world, 600 questions"),
+    dataclasses.replace(LAB_WORLD1, name="lab_world0", label="Lab world 0 (h2-3, training world)",
+                        path="lab/world0/questions.jsonl", corpus="lab/world0/corpus.jsonl", in_distribution=True,
+                        note="training world, 1,200 questions"),
+)
+EVAL_SETS = {s.name: s for s in QA_SETS + SQL_SETS + HELDOUT_SETS + TRAIN_SETS + CORPUS_SETS + LAB_SETS}
 GROUPS = {"Gen-Avg": ("nq", "triviaqa", "popqa"), "MH-Avg": ("hotpotqa", "2wiki", "musique", "bamboogle"),
           "Avg": tuple(s.name for s in QA_SETS)}
 
@@ -149,11 +179,22 @@ def resolve(names: list[str], task: str) -> list[EvalSet]:
     return out
 
 
+def interleave_cells(rows: list[dict]) -> list[dict]:
+    """Lab rows in turns over their (hops, op) cells (sorted), each cell's rows in file order: a file is
+    written cell by cell, so its first N questions would be one cell; these first N span every cell."""
+    cells: dict = {}
+    for r in rows:
+        cells.setdefault((int(r["lab"]["hops"]), str(r["lab"]["op"])), []).append(r)
+    turns = [cells[k] for k in sorted(cells)]
+    return [c[i] for i in range(max(map(len, turns), default=0)) for c in turns if i < len(c)]
+
+
 def load_set(s: EvalSet, limit: int | None = None, db_root: str | None = None) -> tuple[list[dict], dict]:
     """-> (rows, counts). SQL rows whose database is absent are skipped and counted (never scored 0)."""
     spec = s.spec(db_root, None)
     if s.task == "qa":
         rows = load_rows(spec, base_dir=DATA)
+        rows = interleave_cells(rows) if s.lab_hops is not None or s.lab_ops is not None else rows
         rows = rows[:limit] if limit else rows
         return rows, {"questions": len(rows), "skipped_no_db": 0}
     roots = [r if os.path.isabs(r) or os.path.exists(r) else os.path.join(DATA, r) for r in spec["db_root"]]

@@ -11,8 +11,9 @@ import jax
 
 from dart_jax.adapters.method import TwoModels
 from dart_jax.data.paths import repo_path
+from dart_jax.errors import UserError
 from dart_jax.eval import paper, resume
-from dart_jax.eval.datasets import default_sets, resolve
+from dart_jax.eval.datasets import EvalSet, default_sets, resolve
 from dart_jax.eval.fixed import FixedRetrieval
 from dart_jax.eval.policy import load_eval_policy
 from dart_jax.eval.report import write_reports
@@ -57,7 +58,7 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
              checkpoint: str | None = None, peft: str | None = None, remove: str | None = None,
              step: int | None = None, fixed_retrieval: str | None = None,
              compare: list[str] | None = None, compose: tuple[str, str] | None = None,
-             resume_run: bool = True, as_trained: dict | None = None) -> dict:
+             resume_run: bool = True, as_trained: dict | None = None, strict_gate: bool = False) -> dict:
     """-> results (also written to out_dir: results.{md,csv,json}, per_question.jsonl and, with
     n_samples > 1, per_question_accuracy.jsonl).
 
@@ -72,7 +73,12 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
 
     `as_trained` = {"run": directory, "records": [files read], "overrides": ["field: run's X → Y (from
     FLAG)", ...]}: the config was taken from that run (eval.as_trained); the report's header says so
-    and lists the overrides."""
+    and lists the overrides.
+
+    A set with a corpus (EvalSet.corpus: the lab's worlds) is searched over that corpus by the run's
+    retriever kind, not over the run's server / index (setup["corpora"] and its records say so); a lab
+    set's results carry its role skills pooled and per (hops, op) cell and the degeneracy gate's verdict
+    (`strict_gate`: a flagged set is a UserError once the reports are written, else a warning)."""
     spec = run_spec(config)
     task = spec.task
     if task not in PROTOCOLS:
@@ -102,13 +108,18 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
         pair = {role: other, ("tool" if role == "reasoning" else "reasoning"): policy}
         composition = tuple(CPolicy(p.cfg, p.base, p.adapters, p.route_mode if p.adapters else "none")
                             for p in (pair["reasoning"], pair["tool"]))
+    searched = {} if fixed_retrieval or task != "qa" else {s.name: searched_over(s, spec) for s in sets if s.corpus}
+    set_tools = set_corpus_tools(spec, protocol, sets, searched)
     if fixed_retrieval:
         tool = FixedRetrieval(repo_path(fixed_retrieval), protocol)
+    elif all(s.name in set_tools for s in sets):
+        tool = None  # every set is searched over its own corpus: the run's retriever is never asked
     else:
         tool = build_tool(spec, protocol)
     rollout = dataclasses.replace(spec.rollout, route_mode=policy.route_mode)
     convention = policy.router_convention or spec.router_convention
-    evaluator = Evaluator(policy.cfg, policy.tokenizer, protocol, tool, rollout, convention, options, mesh=lmesh)
+    evaluator = Evaluator(policy.cfg, policy.tokenizer, protocol, tool, rollout, convention, options, mesh=lmesh,
+                          set_tools=set_tools)
     variant = policy.source.get("variant")
     p_method = paper.method_key(task, variant, int(spec.method.rank)) if variant in ("dart", "lora", "full") else None
     setup = {"task": task, "policy": policy_name(policy.source), **{k: v for k, v in policy.source.items()},
@@ -126,6 +137,9 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
              "db_root": options.db_root or "", "sql_timeout_s": options.sql_timeout_s,
              **({} if options.keep_distinct or task != "sql" else {"keep_distinct": False}),
              "files": resume.stamps(policy.source, fixed_retrieval),
+             # the sets searched over their own corpus instead of the run's retriever (resume compares them
+             # per set: a set's records are reused only when it was searched over the same corpus)
+             **({"corpora": searched} if searched else {}),
              # rewards read the model's spans only (rollout.trajectory.reward_views): records scored
              # before that read observation text too, and are not reused
              "scoring": "model_spans"}
@@ -146,6 +160,8 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
     if evaluator.resumed:
         setup["resumed"] = evaluator.resumed
         log.info("evaluate: reused %s trajectories sampled earlier in %s", evaluator.resumed, out_dir)
+    for name, where in searched.items():
+        per_set[name]["corpus"] = where["corpus"]
     results = {"setup": setup, "datasets": per_set, "groups": group_scores(task, per_set)}
     if fixed_retrieval:
         from collections import Counter
@@ -159,7 +175,60 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
     results["files"] = files
     setup["compare"] = compare_keys
     results["files"].update(from_main(write_reports, out_dir, results))
+    gate_verdicts(results, strict_gate)
     return results
+
+
+def gate_verdicts(results: dict, strict: bool = False) -> dict[str, list[str]]:
+    """The degeneracy gate (lab.metrics.degeneracy_gate) of each lab set's pooled role skills, as the
+    results record it: a loud warning per flagged set, or with `strict` one UserError naming them all
+    (after the reports are written, so what was measured stays on disk). -> {set: reasons}."""
+    flagged = {name: d["lab"]["gate"] for name, d in results["datasets"].items() if d.get("lab", {}).get("gate")}
+    if not flagged:
+        return {}
+    lines = [f"{name}: " + "; ".join(reasons) for name, reasons in flagged.items()]
+    if strict:
+        raise UserError("degeneracy gate (--strict-gate): " + " | ".join(lines) + " — these sets measure a template, "
+                        "not the role skills; fix the warm start / retriever, or drop --strict-gate to only flag it "
+                        f"(results written to {results['files'].get('markdown', 'the output directory')})")
+    if is_main():
+        for line in lines:
+            log.warning("!!! degeneracy gate: %s !!! (its role skills measure a template, not skills)", line)
+    return flagged
+
+
+def searched_over(s: EvalSet, spec) -> dict:
+    """What a set with a corpus is searched over: the corpus (its path as the set names it, and a stamp of
+    the file), by the run's retriever kind (with its encoder when dense) and top-k — the run's server URL
+    or index directory are not asked for it."""
+    path = s.corpus_path()
+    if not os.path.isfile(path):
+        raise UserError(f"dataset {s.name}: its corpus {path} is missing (python -m launch.lab_build writes the "
+                        "lab's worlds under data/lab/)")
+    rc = spec.retriever
+    if s.group == "lab" and rc.kind != "lexical" and is_main():
+        log.warning("evaluate: %s is searched over %s by the %s retriever; the lab's results are measured with the "
+                    "lexical one (docs/results/lab.md): --config.retriever.kind=lexical", s.name, s.corpus, rc.kind)
+    out = {"corpus": s.corpus, "kind": rc.kind, "topk": int(rc.topk), "file": resume.stamps({}, path).get(path)}
+    if rc.kind != "lexical":
+        out["encoder"] = rc.encoder
+    return out
+
+
+def set_corpus_tools(spec, protocol, sets: list[EvalSet], searched: dict) -> dict:
+    """{set: tool} for the sets in `searched`: the run's retriever settings with the set's corpus in place of
+    the server URL / index directory / corpus (one tool per distinct corpus, its index built on first use)."""
+    tools: dict[str, object] = {}
+    by_corpus: dict[str, object] = {}
+    for s in sets:
+        if s.name not in searched:
+            continue
+        path = s.corpus_path()
+        if path not in by_corpus:
+            rc = dataclasses.replace(spec.retriever, url="", index_dir="", corpus=path)
+            by_corpus[path] = build_tool(dataclasses.replace(spec, retriever=rc), protocol)
+        tools[s.name] = by_corpus[path]
+    return tools
 
 
 def _prepare(out_dir: str, setup: dict, batch: int, resume_run: bool) -> dict:

@@ -11,11 +11,17 @@ import os
 
 from dart_jax.analysis.tables import markdown_table
 from dart_jax.eval import paper
-from dart_jax.eval.datasets import HELDOUT_SETS, QA_SETS, SQL_SETS, TRAIN_SETS
+from dart_jax.eval.datasets import HELDOUT_SETS, LAB_SETS, QA_SETS, SQL_SETS, TRAIN_SETS
 
+# a lab set's pooled role skills (lab.metrics.role_skills, "lab/<name>"), its CSV columns and table heads
+LAB_FIELDS = (("trajectories", "trajectories"), ("accuracy", "accuracy"), ("tool_skill", "tool skill"),
+              ("reasoning_skill", "reasoning skill"), ("copy_rate", "copy rate"), ("chain_coverage", "chain coverage"),
+              ("tool_calls", "tool calls"), ("values_stated", "values stated"), ("distinct_think", "distinct think"),
+              ("top_think_share", "top think share"))
 CSV_FIELDS = ("name", "label", "task", "metric", "score", "questions", "trajectories", "samples_per_question",
               "answer_rate", "invalid_rate", "tool_calls", "retrieval_acc", "response_tokens", "pass_at_n",
-              "never_correct", "skipped_no_db", "skipped_gold_error", "seconds")
+              "never_correct", "skipped_no_db", "skipped_gold_error", "seconds", "corpus",
+              *(f"lab/{k}" for k, _ in LAB_FIELDS if k not in ("trajectories", "tool_calls")), "lab/gate")
 
 
 def _f(v, digits: int = 3) -> str:
@@ -27,7 +33,7 @@ def _f(v, digits: int = 3) -> str:
 def _columns(task: str, results: dict) -> list[tuple[str, str]]:
     """(key, header) of the paper-style table: the task's datasets in the paper's order (those
     evaluated), then the averages."""
-    sets = QA_SETS if task == "qa" else SQL_SETS + HELDOUT_SETS + TRAIN_SETS
+    sets = QA_SETS + LAB_SETS if task == "qa" else SQL_SETS + HELDOUT_SETS + TRAIN_SETS
     cols = [(s.name, s.label) for s in sets if s.name in results["datasets"]]
     return cols + [(g, g) for g in results["groups"]]
 
@@ -126,6 +132,49 @@ def _tool_line(s: dict) -> str:
     return f"retrieval: {where} with the encoder {r.get('encoder')}{prefixes}{top}"
 
 
+def _corpus_lines(s: dict) -> list[str]:
+    """The sets searched over their own corpus (a lab world's questions over that world), not the retriever above."""
+    out = []
+    for name, c in (s.get("corpora") or {}).items():
+        enc = f" with the encoder {c['encoder']}" if c.get("encoder") else ""
+        out.append(f"{name}: retrieval over its own corpus {c['corpus']} ({c.get('kind')}{enc}, top-{c.get('topk')} "
+                   "passages) instead")
+    return out
+
+
+def lab_tables(results: dict) -> str:
+    """Per lab set: the degeneracy gate's verdict, then its role skills pooled ("all") and per (hops, op) cell."""
+    parts = []
+    for name, d in results["datasets"].items():
+        lab = d.get("lab")
+        if not lab:
+            continue
+        gate = lab.get("gate") or []
+        verdict = ("degeneracy gate: passed" if not gate else
+                   "**degeneracy gate: FLAGGED** — " + "; ".join(gate) + " (these role skills measure a template)")
+        where = f", searched over {d['corpus']}" if d.get("corpus") else ""
+        rows = [["all", *(_lab_cell(lab["pooled"].get("lab/" + k), k) for k, _ in LAB_FIELDS)]]
+        rows += [[cell, *(_lab_cell(m.get("lab/" + k), k) for k, _ in LAB_FIELDS)] for cell, m in lab["cells"].items()]
+        parts += [f"### {d['label']}{where}", "", verdict, "",
+                  markdown_table(["cell", *(h for _, h in LAB_FIELDS)], rows), ""]
+    return "\n".join(parts).rstrip()
+
+
+def _lab_cell(v, key: str) -> str:
+    if key in ("trajectories", "distinct_think") and isinstance(v, float) and not math.isnan(v):
+        return str(int(v))
+    return _f(v, 2 if key == "tool_calls" else 3)
+
+
+def _csv_row(r: dict) -> dict:
+    row = {k: r.get(k, "") for k in CSV_FIELDS}
+    lab = r.get("lab")
+    if lab:
+        row.update({k: lab["pooled"].get(k, "") for k in CSV_FIELDS if k.startswith("lab/") and k != "lab/gate"})
+        row["lab/gate"] = "; ".join(lab["gate"]) if lab["gate"] else "passed"
+    return row
+
+
 def _protocol_line(s: dict) -> str:
     ro = s.get("rollout") or {}
     task = s.get("task")
@@ -149,7 +198,8 @@ def header(results: dict) -> list[str]:
                 + (f" (top-p {s['top_p']:g}" + (f", top-k {s['top_k']})" if s.get("top_k") else ")")
                    if s.get("top_p") is not None else ""))
     lines = [f"- model: {s.get('model', '?')}" + (f" ({arch})" if arch else ""),
-             f"- {_tool_line(s)}", f"- {_protocol_line(s)}", f"- sampling: {sampling}",
+             f"- {_tool_line(s)}", *(f"- {x}" for x in _corpus_lines(s)), f"- {_protocol_line(s)}",
+             f"- sampling: {sampling}",
              f"- questions: {'first ' + str(s['limit']) + ' of each set' if s.get('limit') else 'all'}"
              + ("; Spider EX with DISTINCT deleted from both queries (test-suite's default)"
                 if s.get("keep_distinct") is False and any(d.get("semantics") == "spider"
@@ -170,6 +220,9 @@ def markdown(results: dict) -> str:
     parts = [f"# Evaluation: {s['policy']}", "", *header(results), "",
              main_table(results), "", "## Per dataset", "", detail_table(results), "",
              "## Against the paper", "", paper_table(results)]
+    lab = lab_tables(results)
+    if lab:
+        parts += ["", "## Lab role skills (dart_jax/lab/metrics.py)", "", lab]
     if results.get("fixed_retrieval_stats"):
         parts += ["", "Fixed retrieval: " + ", ".join(f"{k} {v}" for k, v in results["fixed_retrieval_stats"].items())]
     return "\n".join(parts) + "\n"
@@ -185,7 +238,7 @@ def write_reports(out_dir: str, results: dict) -> dict[str, str]:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in results["datasets"].values():
-            w.writerow({k: r.get(k, "") for k in CSV_FIELDS})
+            w.writerow(_csv_row(r))
         for g, v in results["groups"].items():
             w.writerow({"name": g, "label": g, "task": results["setup"]["task"],
                         "metric": "EM" if results["setup"]["task"] == "qa" else "EX", "score": v})

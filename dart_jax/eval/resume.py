@@ -26,7 +26,8 @@ PROGRESS = "progress.json"
 RECORDS = "per_question.jsonl"
 # setup keys that do not shape a trajectory (a batch is the same batch on any number of processes;
 # the architecture follows from the stamped model files, the as-trained notes from the other settings)
-VOLATILE = ("seconds", "compare", "limit", "resumed", "processes", "architecture", "as_trained")
+# "corpora" (what each set with its own corpus was searched over) is compared per set, not for the whole run
+VOLATILE = ("seconds", "compare", "limit", "resumed", "processes", "architecture", "as_trained", "corpora")
 LAYOUT_MODEL = ("cache_block",)  # model settings that change how attention reads the cache, not what it computes
 SUMMARIES = ("results.json", "results.md", "results.csv", "per_question_accuracy.jsonl")
 PATH_KEYS = ("checkpoint", "adapters", "peft", "warm_start", "model")
@@ -48,15 +49,22 @@ def _read_json(path: str) -> dict | None:
         return None
 
 
-def _plan(out_dir: str) -> tuple[dict, int, dict] | None:
-    """(fingerprint, batch, {set: planned items}) of the run that wrote out_dir, if it says."""
+def searched(setup: dict) -> dict:
+    """{set: what it was searched over} for the sets with their own corpus (job.searched_over), JSON-normalised;
+    a set absent was searched with the run's retriever (or the run's fixed retrieval, or is SQL)."""
+    return json.loads(json.dumps(setup.get("corpora") or {}, default=str))
+
+
+def _plan(out_dir: str) -> tuple[dict, int, dict, dict] | None:
+    """(fingerprint, batch, {set: planned items}, {set: searched over}) of the run that wrote out_dir, if it says."""
     p = _read_json(os.path.join(out_dir, PROGRESS))
     if p and {"fingerprint", "batch", "items"} <= p.keys():
-        return p["fingerprint"], int(p["batch"]), {k: int(v) for k, v in p["items"].items()}
+        return (p["fingerprint"], int(p["batch"]), {k: int(v) for k, v in p["items"].items()},
+                p.get("searched") or {})
     r = _read_json(os.path.join(out_dir, "results.json"))  # finished before progress.json existed
     if r and "setup" in r and r["setup"].get("batch"):
         return (fingerprint(r["setup"]), int(r["setup"]["batch"]),
-                {k: int(v["trajectories"]) for k, v in r.get("datasets", {}).items()})
+                {k: int(v["trajectories"]) for k, v in r.get("datasets", {}).items()}, searched(r["setup"]))
     return None
 
 
@@ -87,7 +95,7 @@ def prior(out_dir: str, setup: dict, batch: int) -> dict[str, tuple[int, list[di
     if plan is None:
         log.info("evaluate: %s has no progress.json or results.json with a batch size; sampling afresh", out_dir)
         return {}
-    fp, old_batch, planned = plan
+    fp, old_batch, planned, old_searched = plan
     mine = fingerprint(setup)
     if old_batch != batch or fp != mine:
         diff = sorted(k for k in fp.keys() | mine.keys() if fp.get(k) != mine.get(k))
@@ -97,7 +105,12 @@ def prior(out_dir: str, setup: dict, batch: int) -> dict[str, tuple[int, list[di
     by_set: dict[str, list[dict]] = {}
     for r in read_records(path):
         by_set.setdefault(r["dataset"], []).append(r)
-    return {s: (planned[s], recs) for s, recs in by_set.items() if s in planned}
+    now = searched(setup)
+    other = sorted(s for s in by_set if old_searched.get(s) != now.get(s))
+    if other:  # a set searched over another corpus (or another copy of it) is sampled afresh, the rest reused
+        log.info("evaluate: %s in %s were searched over another corpus; sampling them afresh", ", ".join(other),
+                 out_dir)
+    return {s: (planned[s], recs) for s, recs in by_set.items() if s in planned and s not in other}
 
 
 def reusable(items: list[tuple[dict, int]], earlier: tuple[int, list[dict]] | None, batch: int) -> list[dict]:
@@ -120,7 +133,8 @@ def reusable(items: list[tuple[dict, int]], earlier: tuple[int, list[dict]] | No
 def write_progress(out_dir: str, setup: dict, batch: int, items: dict[str, int]) -> None:
     tmp = os.path.join(out_dir, PROGRESS + ".tmp")
     with open(tmp, "w") as f:
-        json.dump({"fingerprint": fingerprint(setup), "batch": batch, "items": items}, f, indent=1)
+        json.dump({"fingerprint": fingerprint(setup), "batch": batch, "items": items, "searched": searched(setup)},
+                  f, indent=1)
     os.replace(tmp, os.path.join(out_dir, PROGRESS))
 
 

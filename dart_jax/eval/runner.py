@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from dart_jax.eval.datasets import EVAL_SETS, GROUPS, EvalSet, load_set
+from dart_jax.lab.metrics import degeneracy_gate, per_cell, role_skills
 from dart_jax.rewards.qa import em, extract_answer, retrieval_correct, retrieval_hit
 from dart_jax.rewards.sql import execution_match, extract_solution, remove_distinct
 from dart_jax.rollout.agent import Agent, RolloutConfig
@@ -81,10 +82,13 @@ def score_sql(text: str, db_path: str, gold_sql: str, semantics: str, timeout_s:
 
 class Evaluator:
     def __init__(self, cfg, tokenizer, protocol, tool_fn, rollout: RolloutConfig, router_convention: str,
-                 options: EvalOptions, mesh=None):
+                 options: EvalOptions, mesh=None, set_tools: dict | None = None):
         """`mesh`: where rollouts run — in a multi-process run this process's sub-mesh
-        (parallel.distributed.local_mesh), each process sampling whole batches on its own devices."""
+        (parallel.distributed.local_mesh), each process sampling whole batches on its own devices.
+        `set_tools`: {set name: tool} for the sets searched over their own corpus (EvalSet.corpus);
+        every other set uses `tool_fn`."""
         self.tok, self.protocol, self.options, self.tool_fn = tokenizer, protocol, options, tool_fn
+        self.set_tools = dict(set_tools or {})
         sampling = SamplingConfig(temperature=options.temperature, top_p=options.top_p, top_k=options.top_k)
         self.agent = Agent(cfg, tokenizer, protocol, tool_fn, sampling, rollout, router_convention, mesh=mesh)
 
@@ -180,8 +184,10 @@ class Evaluator:
         prompts, uids, metas = task_fn(self.tok, [r for r, _ in chunk], self.agent.rc.prompt_tags)
         metas = [dict(m, uid=r["id"], sample=k, question=r["question"], db_id=r.get("db_id", ""))
                  for m, (r, k) in zip(metas, chunk)]
-        if hasattr(self.tool_fn, "reset"):
-            self.tool_fn.reset()
+        tool = self.set_tools.get(s.name, self.tool_fn)
+        self.agent.tool = tool  # this set's tool (a lab world's questions: its own world's corpus)
+        if hasattr(tool, "reset"):
+            tool.reset()
         seed = self.options.seed + hash_seed(s.name, start)
         if getattr(self, "composition", None):
             tb = compose_rollout(self.agent, *self.composition, prompts, uids, metas, seed=seed)
@@ -193,6 +199,8 @@ class Evaluator:
         text = tb.reward_text[i]  # scored: the model's own spans (rollout.trajectory); the record keeps it all
         calls = [{"query": t["query"], "observation": t["observation"]} for t in tb.turns[i] if t["action"] == "tool"]
         rec = {"dataset": s.name, "id": row["id"], "sample": sample, "question": row["question"]}
+        if s.name in self.set_tools:  # searched over the set's own corpus, not the run's retriever
+            rec["corpus"] = s.corpus
         if s.task == "qa":
             rec["golden_answers"] = row["golden_answers"]
             rec.update(score_qa(text, row["golden_answers"], tb.observed[i]))
@@ -229,12 +237,22 @@ def summarize(s: EvalSet, rows: list[dict], recs: list[dict], counts: dict, n: i
         out["semantics"] = s.semantics
     if s.in_distribution:
         out["in_distribution"] = True  # left out of the group means (group_scores)
+    if any(r.get("lab") for r in rows):
+        out["lab"] = lab_summary(recs, rows)
     if n > 1:
         per_q = per_question_accuracy(recs)
         acc = np.asarray([q["accuracy"] for q in per_q])
         out["pass_at_n"] = float(np.mean(acc > 0)) if len(acc) else float("nan")
         out["never_correct"] = float(np.mean(acc == 0)) if len(acc) else float("nan")
     return out
+
+
+def lab_summary(recs: list[dict], rows: list[dict]) -> dict:
+    """A lab set's role skills (lab.metrics): pooled ("lab/tool_skill", ...), per (hops, op) cell
+    ("h2_compare": {...}) and the degeneracy gate's reasons on the pooled metrics ([]: passed)."""
+    pooled = role_skills(recs, rows)
+    cells = {f"h{h}_{op}": m for (h, op), m in per_cell(recs, rows).items()}
+    return {"pooled": pooled, "cells": cells, "gate": degeneracy_gate(pooled)}
 
 
 def per_question_accuracy(recs: list[dict]) -> list[dict]:
