@@ -16,6 +16,11 @@ h_reas), or `variant=PATH` six times; each PATH is `launch.evaluate --n-samples 
 directory or its per_question_accuracy.jsonl. The solve stage writes report.md, summary.json,
 beta.csv, per_question.jsonl and three PNGs.
 
+--gate (dart_jax/experiments/gate.py): each variant's sampled trajectories are checked for a template agent
+(questions copied into the search, one <think> sentence, one tool-call shape); warn (default) flags it in
+summary.json, report.md and here, strict refuses (M_Base is then sampled before training, and gated first),
+off skips it. With --inputs, the variants whose directory holds per_question.jsonl are gated.
+
 Multi-process: the same command on every process with --coordinator / --num-processes / --process-id
 (or --distributed, as launch.train): training and sampling run across the processes (a shared
 filesystem holds config.cea.out), process 0 decides what is done, writes the files and solves.
@@ -49,6 +54,9 @@ B23_ONLY = flags.DEFINE_bool("interference-only", False, "solve: β23 alone from
                              "M_Unified (it never reads the compositions) into OUT/solve_b23, for a study whose "
                              "H_Tool / H_Reas were not sampled", flag_values=F)
 
+GATE = flags.DEFINE_enum("gate", "warn", ["warn", "strict", "off"], "degeneracy gate on the sampled trajectories: "
+                         "warn (flag it), strict (refuse), off", flag_values=F)
+
 
 def parse_inputs(values: list[str]) -> dict[str, str]:
     from dart_jax.analysis.cea import VARIANTS
@@ -69,7 +77,24 @@ def parse_inputs(values: list[str]) -> dict[str, str]:
     return out
 
 
+def _gate_inputs(inputs: dict[str, str]) -> dict | None:
+    """--inputs: the gate over the variants whose evaluation directory holds per_question.jsonl."""
+    if GATE.value == "off":
+        return None
+    from dart_jax.experiments import gate as dgate
+    dirs = {v: p if os.path.isdir(p) else os.path.dirname(p) for v, p in inputs.items()}
+    sets = {v: recs for v, d in dirs.items() if (recs := dgate.eval_records(d))}
+    return dgate.enforce(dgate.study_gate(sets), GATE.value, "CEA")
+
+
+def _print_gate(s: dict) -> None:
+    from dart_jax.experiments.gate import KEY, line
+    if s.get(KEY) is not None:
+        print(line(s[KEY]).replace("**", ""))
+
+
 def _print(s: dict, estimator: str, out: str) -> None:
+    _print_gate(s)
     b = s[estimator]["b23"]
     print(f"{s['kept']} questions kept ({s['dropped']} dropped): β23 mean {b['mean']:+.3f} "
           f"[{b['mean_ci'][0]:+.3f}, {b['mean_ci'][1]:+.3f}], {b['share_negative']:.0%} negative "
@@ -85,10 +110,16 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("launch.cea --inputs solves saved accuracies: give --stage=solve and --out, without "
                              "--config (--help)")
         from dart_jax.analysis.cea_report import read_inputs, solve_and_report
-        counts = read_inputs(parse_inputs(INPUTS.value))
+        inputs = parse_inputs(INPUTS.value)
+        counts = read_inputs(inputs)
+        gate = _gate_inputs(inputs)
         est = ESTIMATOR.value or "clip"
         s = solve_and_report(counts, OUT.value, est, 10_000 if N_BOOT.value is None else N_BOOT.value,
                              BOOT_SEED.value or 0, TITLE.value or "CEA")
+        if gate is not None:
+            from dart_jax.experiments.gate import KEY, add_to_report
+            add_to_report(OUT.value, gate)
+            s[KEY] = gate
         _print(s, est, OUT.value)
         return 0
     if config is None:
@@ -105,13 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     START()
     from dart_jax.experiments.cea_run import STAGES, CEAStages
     from dart_jax.parallel.distributed import is_main
-    stages = CEAStages(config)
+    stages = CEAStages(config, gate=GATE.value)
     if B23_ONLY.value:
         if STAGE.value != "solve":
             raise SystemExit("launch.cea --interference-only goes with --stage=solve")
         s = stages.solve(interference_only=True)
         if not is_main():
             return 0
+        _print_gate(s)
         b = s["clip"]["b23"]
         print(f"{s['kept']} questions kept ({s['dropped']} dropped): β23 mean {b['mean']:+.3f} "
               f"[{b['mean_ci'][0]:+.3f}, {b['mean_ci'][1]:+.3f}], {b['share_negative']:.0%} negative, "

@@ -14,7 +14,9 @@ stage resumes), report (angles.csv, summary.json, report.md, figures). A stage w
 is skipped; stages.json records each stage's wall time. --params / --protocol restrict the
 config's lists for the grads stage (params: full = the whole backbone, under a checkpoint's adapters held
 fixed if it has any; adapters = a shared LoRA, or the checkpoint's adapters); the report covers every parameter set and protocol whose gradients are on
-disk.
+disk. --gate (dart_jax/experiments/gate.py): the sampled trajectories checked for a template agent (questions
+copied into the search, one <think> sentence, one tool-call shape): warn (default) flags it in the report and
+here, strict refuses (sampling stops at the first chunk that shows it, before any gradient), off skips it.
 """  # noqa: E501 (--help text, printed as written)
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ PARAMS = flags.DEFINE_multi_enum("params", [], ["full", "adapters"], "parameter 
 PROTOCOL = flags.DEFINE_multi_enum("protocol", [], ["paper", "authors"], "protocols (default: the config's "
                                    "grad_angles.protocols)", flag_values=F)
 OUT = flags.DEFINE_string("out", None, "output directory (default config.grad_angles.out)", flag_values=F)
+GATE = flags.DEFINE_enum("gate", "warn", ["warn", "strict", "off"], "degeneracy gate on the sampled trajectories: "
+                         "warn (flag it), strict (refuse), off", flag_values=F)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,11 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     if OUT.value:
         config.grad_angles.out = OUT.value
     from dart_jax.experiments.grad_run import STAGES, Study
-    study = Study(config, CHECKPOINT.value, STEP.value)
+    study = Study(config, CHECKPOINT.value, STEP.value, gate=GATE.value)
     s = study.run(STAGES if STAGE.value == "all" else (STAGE.value,))
     for stage, items in study.times().items():
         print(f"{stage}: " + ", ".join(f"{k} {v['seconds'] / 60:.1f} min" for k, v in items.items()))
     if s is not None:
+        from dart_jax.experiments.gate import KEY, line
+        if s.get(KEY) is not None:
+            print(line(s[KEY]).replace("**", ""))
         for key, v in s["paper"].items():
             print(f"paper {key}: cross {v['cross'].get('median', float('nan')):.1f}°, same reasoning "
                   f"{v['same_reasoning'].get('median', float('nan')):.1f}°, same tool "

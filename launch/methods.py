@@ -11,6 +11,9 @@ report/, stages.json); a run that reached train.steps and an evaluation already 
 skipped, an interrupted run resumes from its newest checkpoint, so re-running finishes the job.
 Finished runs are also kept, small, in config.methods.archive (committed with the findings): an
 archived run is not trained again, and the report reads it from there when `out` has lost it.
+--gate (dart_jax/experiments/gate.py): each evaluation's trajectories checked for a template agent (questions
+copied into the search, one <think> sentence, one tool-call shape): warn (default) flags it in the report and
+here, strict refuses (the warm start is then evaluated before training, and gated first), off skips it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ F = CLI.flags
 STAGE = flags.DEFINE_enum("stage", "all", ["all", "train", "eval", "archive", "report"], "the stage to run "
                           "(all: every missing one, in order; archive: copy finished runs into "
                           "methods.archive)", flag_values=F)
+GATE = flags.DEFINE_enum("gate", "warn", ["warn", "strict", "off"], "degeneracy gate on the evaluated trajectories: "
+                         "warn (flag it), strict (refuse), off", flag_values=F)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,11 +38,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("launch.methods needs --config=configs/methods_quickstart.py (a config with a `methods` "
                          "section; --help)")
     from dart_jax.experiments.methods_run import STAGES, MethodsStages
-    stages = MethodsStages(config)
+    stages = MethodsStages(config, gate=GATE.value)
     s = stages.run(STAGES if STAGE.value == "all" else (STAGE.value,))
     for stage, items in stages.times().items():
         print(f"{stage}: " + ", ".join(f"{k} {v['seconds'] / 60:.1f} min" for k, v in items.items()))
     if s is not None:
+        from dart_jax.experiments.gate import KEY, line
+        if s.get(KEY) is not None:
+            print(line(s[KEY]).replace("**", ""))
         for m, e in s["methods"].items():
             print(f"{m}: avg EM {e['avg']['mean']:.3f} [{e['avg']['min']:.3f}, {e['avg']['max']:.3f}] over seeds "
                   f"{e['seeds']}, step {e['step_s']:.0f} s, train state {e['train_state_mib']:.0f} MiB")

@@ -55,7 +55,7 @@ ALLOWED = {
     # warm start
     "sft": {"checkpoints", "data", "lab", "rewards", "rl", "roles", "rollout", "run", "tokenization", "tools"},
     # evaluation (never the trainer's internals)
-    "eval": {"adapters", "analysis", "checkpoints", "data", "models", "parallel", "rewards", "rollout", "run",
+    "eval": {"adapters", "analysis", "checkpoints", "data", "lab", "models", "parallel", "rewards", "rollout", "run",
              "tools"},
     # PyTorch cross-checks
     "parity": {"adapters", "analysis", "checkpoints", "data", "models", "rl", "roles", "run", "tokenization"},
@@ -65,7 +65,7 @@ ALLOWED = {
     # a run's fit to its machine before it starts
     "preflight": {"adapters", "bench", "models", "parallel", "rl", "rollout", "run"},
     # the CEA, gradient and methods studies: stage drivers, sampling, role gradients, archive, reports
-    "experiments": {"adapters", "analysis", "eval", "parallel", "rewards", "rl", "roles", "rollout", "run",
+    "experiments": {"adapters", "analysis", "eval", "lab", "parallel", "rewards", "rl", "roles", "rollout", "run",
                     "tokenization"},
     # run settings (ml_collections): the defaults (run.spec's dataclasses), data and evaluation sets, the
     # methods study's per-method settings

@@ -17,6 +17,11 @@ directory (`config.cea.out`):
                                  seconds, so it always runs)
     stages.json                  each stage's wall time and when it finished
 
+The degeneracy gate (experiments.gate, `gate`): each variant's sampled trajectories (sample/<v>/per_question.jsonl)
+are gated; the solve stage writes the verdict into solve/summary.json and report.md. Under `gate="strict"` the
+train stage samples M_Base first (the sample stage then skips it) and refuses before training when its
+trajectories fill a template, and the sample stage refuses at the first flagged variant.
+
 The variants: M_Base = the config's model (+ its warm start); M_Reas / M_Tool / M_Unified = the
 trained runs; H_Tool = reasoning by M_Base, tool spans by M_Tool; H_Reas = reasoning by M_Reas, tool
 spans by M_Base (two models with their own KV caches and append-only hand-offs: rollout.compose).
@@ -35,6 +40,7 @@ import time
 
 from dart_jax.analysis import cea
 from dart_jax.analysis.cea_report import interference_and_report, read_inputs, solve_and_report
+from dart_jax.experiments import gate as dgate
 from dart_jax.experiments.stage_log import StageLog
 from dart_jax.parallel.distributed import from_main, on_main
 
@@ -106,8 +112,9 @@ class CEAStages(StageLog):
     STAGES = STAGES
     STUDY = "CEA"
 
-    def __init__(self, config):
+    def __init__(self, config, gate: str = "warn"):
         self.config = config
+        self.gate = dgate.check_mode(gate)
         self.c = _cea(config)
         self.out = self.c.out
         os.makedirs(self.out, exist_ok=True)
@@ -115,6 +122,8 @@ class CEAStages(StageLog):
     # -- train -------------------------------------------------------------------------------------
     def train(self, variants=TRAINED) -> dict:
         from dart_jax.rl.trainer import Trainer
+        if self.gate == "strict" and variants:  # M_Base's trajectories gated before any training
+            self.sample(("base",))
         done = {}
         for v in variants:
             vc = variant_config(self.config, v)
@@ -180,6 +189,8 @@ class CEAStages(StageLog):
             if diffs == []:
                 log.info("CEA sample %s: done (%s)", v, out)
                 done[v] = "skipped"
+                if self.gate == "strict":
+                    self.check_gate((v,))
                 continue
             if diffs and all(d.startswith("limit:") for d in diffs):  # eval.resume keeps the questions sampled
                 log.info("CEA sample %s: %s (%s): sampling the questions not sampled yet", v, out, diffs[0])
@@ -197,7 +208,24 @@ class CEAStages(StageLog):
             scores = {k: r.get("score") for k, r in results["datasets"].items()}
             self._record("sample", v, time.perf_counter() - t0, scores=scores)
             done[v] = scores
+            if self.gate == "strict":
+                self.check_gate((v,))
+        if self.gate == "warn":
+            self.check_gate(variants)
         return done
+
+    # -- degeneracy gate ---------------------------------------------------------------------------
+    def check_gate(self, variants=cea.VARIANTS, collective: bool = True) -> dict | None:
+        """The gate over the sampled variants among `variants`, from their saved records (None: gate off);
+        read by process 0 (`collective`: shared with every process; else the caller runs on process 0 alone)."""
+        if self.gate == "off":
+            return None
+        sets = from_main(self._gate_sets, variants) if collective else self._gate_sets(variants)
+        return dgate.enforce(dgate.study_gate(sets), self.gate, "CEA")
+
+    def _gate_sets(self, variants) -> dict:
+        return {v: dgate.eval_records(self.sample_dir(v)) for v in variants
+                if os.path.isfile(os.path.join(self.sample_dir(v), "per_question.jsonl"))}
 
     # -- solve -------------------------------------------------------------------------------------
     def solve(self, interference_only: bool = False) -> dict:
@@ -213,16 +241,20 @@ class CEAStages(StageLog):
         if missing:
             raise FileNotFoundError(f"CEA solve: variants {missing} have not been sampled under {self.out}/sample "
                                     "(run the sample stage first)")
+        gate = self.check_gate(need, collective=False)
         t0 = time.perf_counter()
         if interference_only:
-            s = interference_and_report({v: self.sample_dir(v) for v in cea.SINGLE},
-                                        os.path.join(self.out, "solve_b23"),
+            out = os.path.join(self.out, "solve_b23")
+            s = interference_and_report({v: self.sample_dir(v) for v in cea.SINGLE}, out,
                                         int(c.n_boot), int(c.boot_seed), c.title + ": β23 from the four single-model "
                                         "variants")
             self._record("solve", "b23", time.perf_counter() - t0)
-            return s
-        counts = read_inputs({v: self.sample_dir(v) for v in cea.VARIANTS})
-        s = solve_and_report(counts, os.path.join(self.out, "solve"), c.estimator, int(c.n_boot), int(c.boot_seed),
-                             c.title)
-        self._record("solve", "all", time.perf_counter() - t0)
+        else:
+            out = os.path.join(self.out, "solve")
+            counts = read_inputs({v: self.sample_dir(v) for v in cea.VARIANTS})
+            s = solve_and_report(counts, out, c.estimator, int(c.n_boot), int(c.boot_seed), c.title)
+            self._record("solve", "all", time.perf_counter() - t0)
+        if gate is not None:
+            dgate.add_to_report(out, gate)
+            s[dgate.KEY] = gate
         return s

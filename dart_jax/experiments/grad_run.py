@@ -15,6 +15,10 @@
     report/                   angles.csv, summary.json, report.md and the figures (analysis.grad_report)
     stages.json               each stage's wall time
 
+The degeneracy gate (experiments.gate, `gate`) on the sampled texts: the report writes its verdict into
+report/summary.json and report.md; under `gate="strict"` sampling stops at the first chunk that shows a
+template, and the grads and report stages refuse such rollouts.
+
 Gradients (experiments.grad_roles): one backward pass per role, the GRPO surrogate at ratio 1 restricted to
 the role's tokens, token-mean; `params=full` differentiates the whole backbone (the paper; under a
 checkpoint's adapters held fixed), `adapters` the policy's adapters (a fresh shared LoRA of rank
@@ -55,6 +59,7 @@ from dart_jax.analysis.grad_angles import (
     tree_nbytes,
 )
 from dart_jax.analysis.grad_report import write_report
+from dart_jax.experiments import gate as dgate
 from dart_jax.experiments.grad_sample import GradSamples, Group
 from dart_jax.experiments.stage_log import StageLog
 
@@ -83,8 +88,9 @@ class Study(GradSamples, StageLog):
     STAGES = STAGES
     STUDY = "grad_angles"
 
-    def __init__(self, config, checkpoint: str | None = None, step: int | None = None):
+    def __init__(self, config, checkpoint: str | None = None, step: int | None = None, gate: str = "warn"):
         self.config, self.checkpoint, self.step = config, checkpoint, step
+        self.gate = dgate.check_mode(gate)
         self.c = _section(config)
         self.out = self.c.out
         os.makedirs(self.out, exist_ok=True)
@@ -173,6 +179,8 @@ class Study(GradSamples, StageLog):
         if not groups:
             raise FileNotFoundError(f"grad_angles grads: no mixed groups under {self.rollout_dir()} (run the sample "
                                     "stage first)")
+        if self.gate == "strict":
+            self.check_gate()
         done = {}
         from tqdm.auto import tqdm
         for params in c.params:
@@ -292,8 +300,13 @@ class Study(GradSamples, StageLog):
 
     def report(self) -> dict:
         t0 = time.perf_counter()
-        summary = write_report(self.out, os.path.join(self.out, "report"), self.c, self.times(),
-                               cells=self.report_cells())
+        cells = self.report_cells()
+        gate = self.check_gate()
+        out = os.path.join(self.out, "report")
+        summary = write_report(self.out, out, self.c, self.times(), cells=cells)
+        if gate is not None:
+            dgate.add_to_report(out, gate)
+            summary[dgate.KEY] = gate
         self._record("report", "all", time.perf_counter() - t0)
         return summary
 

@@ -5,6 +5,9 @@ T = `temperature`, `chunk` queries at a time, until `queries` groups with mixed 
     rollouts/chunk_NNN.jsonl  their texts
     rollouts/settings.json    what sampled them: a different setting samples again (with a warning naming why)
 
+The degeneracy gate (experiments.gate) reads the chunks' texts: under `gate="strict"` the stage refuses after
+the first chunk whose trajectories (all chunks so far) fill a template, before the gradients are computed.
+
 `GradSamples` is the sample-side half of `grad_run.Study` (a mixin: it uses the study's config, policy and
 stage log).
 """
@@ -21,6 +24,7 @@ import time
 import numpy as np
 
 from dart_jax.analysis.grad_angles import mixed
+from dart_jax.experiments import gate as dgate
 
 log = logging.getLogger("dart_jax.experiments.grad_run")
 
@@ -71,6 +75,15 @@ class GradSamples:
                                  z["accuracy"][s]))
         return out
 
+    def check_gate(self, rows: list[dict] | None = None) -> dict | None:
+        """The gate over every sampled trajectory (chunk_NNN.jsonl), questions from the pool (`rows`: already
+        loaded); None when the study's gate is off."""
+        if self.gate == "off":
+            return None
+        records = [r for p in self._chunks() for r in dgate.read_records(p[:-len(".npz")] + ".jsonl")]
+        return dgate.enforce(dgate.study_gate({"rollouts": records}, self._pool() if rows is None else rows),
+                             self.gate, "grad_angles")
+
     def mixed_groups(self) -> list[Group]:
         return [g for g in self.groups() if mixed(g.accuracy)][:int(self.c.queries)]
 
@@ -113,6 +126,7 @@ class GradSamples:
         start = len(chunks) * int(c.chunk)
         if have >= int(c.queries) or start >= len(rows):
             log.info("grad_angles sample: done (%d mixed groups of %d queries sampled)", have, start)
+            self.check_gate(rows)
             return {"mixed": have, "sampled": min(start, len(rows)), "status": "skipped"}
         pol = self.policy()
         protocol = TASKS[self.config.task]
@@ -148,10 +162,13 @@ class GradSamples:
                          trajectories=len(tb.response_text))
             t0 = time.perf_counter()
             have, start, k = new, start + len(part), k + 1
+            if self.gate == "strict":
+                self.check_gate(rows)
         bar.close()
         if have < int(c.queries):
             log.warning("grad_angles sample: the pool (%d queries) gave %d mixed groups of the %d asked", len(rows),
                         have, int(c.queries))
+        self.check_gate(rows)
         return {"mixed": have, "sampled": min(start, len(rows)), "status": "sampled"}
 
     def sample_mismatch(self) -> list[str]:

@@ -23,6 +23,11 @@ from the archive when `out` lacks it. Evaluations are archived as they finish, a
 finished in `out` but not archived is archived when the eval stage passes it (`--stage=archive`: all
 of them). A finished entry made differently (a trial with fewer steps, another configuration) is never
 overwritten: give trials another archive, or `--config.methods.archive=`.
+
+The degeneracy gate (experiments.gate, `gate`) on each evaluation's trajectories (per_question.jsonl, in `out`
+or the archive): the report writes its verdict into summary.json and report.md. Under `gate="strict"` the
+train stage evaluates the warm start (the reference) first and refuses before any training when its
+trajectories fill a template, and the eval stage refuses at the first flagged run.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import time
 
 import jax
 
+from dart_jax.experiments import gate as dgate
 from dart_jax.experiments.stage_log import StageLog
 from dart_jax.run.run_dir import PROVENANCE, RESUMABLE
 
@@ -114,8 +120,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 class MethodsStages(StageLog):
     STAGES = STAGES
     STAGE_METHODS = {"eval": "evaluate"}
-    def __init__(self, config):
+    def __init__(self, config, gate: str = "warn"):
         self.config = config
+        self.gate = dgate.check_mode(gate)
         self.m = _methods(config)
         self.out = self.m.out
         os.makedirs(self.out, exist_ok=True)
@@ -136,6 +143,13 @@ class MethodsStages(StageLog):
         from dart_jax.experiments.cea_run import trained_steps
         from dart_jax.rl.trainer import Trainer
         from dart_jax.run.run_dir import config_dict, config_differences, saved_config
+        if self.gate == "strict":  # the warm start's trajectories gated before any training
+            if self.m.get("reference", True):
+                self._evaluate_reference(self._eval_options())
+                self.check_gate([REFERENCE])
+            else:
+                log.warning("methods gate: methods.reference is off, so the warm start is not evaluated: the strict "
+                            "gate is checked on each run's evaluation, after its training")
         done = {}
         for method, seed in self.runs:
             name = run_name(method, seed)
@@ -290,12 +304,13 @@ class MethodsStages(StageLog):
 
     def evaluate(self) -> dict:
         from dart_jax.eval.job import evaluate
-        from dart_jax.eval.runner import EvalOptions
         from dart_jax.experiments.cea_run import trained_steps
-        options = EvalOptions(batch=int(self.m.batch), limit=self._limit(), progress=True)
+        options = self._eval_options()
         done = {}
         if self.m.get("reference", True):
             done[REFERENCE] = self._evaluate_reference(options)
+            if self.gate == "strict":
+                self.check_gate([REFERENCE])
         for method, seed in self.runs:
             name = run_name(method, seed)
             rc = run_config(self.config, method, seed)
@@ -317,7 +332,32 @@ class MethodsStages(StageLog):
                          scores={k: r["score"] for k, r in res["datasets"].items()})
             self._archive_run(name, want, options.limit)
             done[name] = {k: r["score"] for k, r in res["datasets"].items()}
+            if self.gate == "strict":
+                self.check_gate([name])
+        if self.gate == "warn":
+            self.check_gate(list(done))
         return done
+
+    def _eval_options(self):
+        from dart_jax.eval.runner import EvalOptions
+        return EvalOptions(batch=int(self.m.batch), limit=self._limit(), progress=True)
+
+    def _step(self, name: str) -> int | None:
+        if name == REFERENCE:
+            return None
+        method, seed = next((m, s) for m, s in self.runs if run_name(m, s) == name)
+        return int(run_config(self.config, method, seed).train.steps)
+
+    def check_gate(self, names: list[str]) -> dict | None:
+        """The gate over the finished evaluations among `names` (in `out` or the archive; None: gate off)."""
+        if self.gate == "off":
+            return None
+        sets = {}
+        for name in names:
+            src = self._source(name, self._step(name), self._limit())
+            if src is not None:
+                sets[name] = dgate.eval_records(src["eval"])
+        return dgate.enforce(dgate.study_gate(sets), self.gate, "methods")
 
     def _evaluate_reference(self, options):
         """The starting policy (the config's model + warm start, no adapters) evaluated like the runs."""
@@ -355,8 +395,12 @@ class MethodsStages(StageLog):
         times = {stage: {k: v for k, v in items.items() if k in shown or stage == "report"}
                  for stage, items in self.times().items()}
         report_dir = self.config.methods.report or os.path.join(self.out, "report")
+        gate = self.check_gate(([REFERENCE] if reference else []) + list(runs))
         summary = write_report(runs, report_dir, self.datasets, times,
                                missing=missing, reference=reference)
+        if gate is not None:
+            dgate.add_to_report(report_dir, gate)
+            summary[dgate.KEY] = gate
         self._record("report", "all", time.perf_counter() - t0)
         return summary
 

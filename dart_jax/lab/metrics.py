@@ -24,7 +24,16 @@ Rules (all text compared after SQuAD normalisation, data.text.normalize_answer):
   values stated     share of gold intermediate values ("lab"."values") whose normalised text occurs as whole
                     words in the trajectory's normalised <think> spans (pooled over values); `reasoning_values`:
                     the same among chain-covering trajectories.
-  distinct think    distinct normalised <think> spans over all trajectories, and the share of the commonest."""
+  distinct think    distinct normalised <think> spans over all trajectories, and the share of the commonest.
+
+`surface_metrics` needs no lab row: what any QA or SQL trajectory shows on its surface (question copies, the
+commonest tool-call shape, template <think> spans), under the same names, so `degeneracy_gate` judges any
+setting a study samples (SQL calls are read from <sql>…</sql> <observation>…</observation> as well).
+  call shape        a text query: its normalised text; a SQL call (SELECT / WITH / PRAGMA …): its tokens with
+                    every identifier (a word not an SQL keyword, a quoted name) replaced by `id` and every literal
+                    (string, number) by `?` — `SELECT * FROM schools LIMIT 3` and `select * from frpm limit 5`
+                    are one shape, "select * from id limit ?".
+  top call share    share of all tool calls that are the commonest call shape."""
 
 from __future__ import annotations
 
@@ -43,8 +52,17 @@ COPY_OVERLAP = 0.9  # token-set Jaccard overlap at or above which a query is a c
 PREFIX = "lab/"
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
-_INFO_BLOCK = re.compile(r"<information>.*?(?:</information>|\Z)", re.DOTALL)
+_INFO_BLOCK = re.compile(r"<(information|observation)>.*?(?:</\1>|\Z)", re.DOTALL)
 _CALL = re.compile(r"<search>((?:(?!<search>).)*?)</search>\s*<information>(.*?)(?:</information>|\Z)", re.DOTALL)
+_SQL_CALL = re.compile(r"<sql>((?:(?!<sql>).)*?)</sql>\s*<observation>(.*?)(?:</observation>|\Z)", re.DOTALL)
+_OBS_OPEN = ("<information>", "<observation>")
+_SQL_START = re.compile(r"\s*(select|with|pragma|explain)\b", re.IGNORECASE)
+_SQL_TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`[^`]*`|\[[^\]]*\]|\d+(?:\.\d+)?|\w+|[^\s\w]")
+_SQL_WORDS = frozenset("""select from where and or not in is null like glob between join inner left right outer cross
+natural on using as group by order having limit offset distinct all union intersect except case when then else end
+asc desc count sum avg min max total cast exists with recursive pragma table_info explain values collate escape
+iif coalesce ifnull nullif substr substring instr length lower upper trim round abs strftime date time datetime
+julianday real integer text""".split())
 # a passage's title: quoted (Search-R1 corpora and the lab's: contents start '"NAME"\n') or up to the first ')'
 _TITLE = re.compile(r'(?:^|\n)Doc \d+\(Title: ("[^"\n]*"(?=\))|[^\n]*?)\)')
 
@@ -72,10 +90,12 @@ def _calls_from_pieces(pieces: list[dict]) -> tuple[list[tuple[str, str]], str]:
             written.append(text)
             since += text
             continue
-        if "<information>" in text:
-            at = since.rfind("<search>")
-            query = since[at + len("<search>"):].split("</search>")[0].strip() if at >= 0 else ""
-            body = text.split("<information>", 1)[1].split("</information>")[0]
+        tag = next((t for t in _OBS_OPEN if t in text), None)
+        if tag:
+            opener = "<search>" if tag == "<information>" else "<sql>"
+            at = since.rfind(opener)
+            query = since[at + len(opener):].split("</" + opener[1:])[0].strip() if at >= 0 else ""
+            body = text.split(tag, 1)[1].split("</" + tag[1:])[0]
             calls.append((query, body))
         since = ""
     return calls, "\n".join(written)
@@ -95,7 +115,7 @@ def trajectory(rec: dict) -> dict:
             calls = [(t.get("query") or "", t.get("observation") or "") for t in rec["turns"]
                      if t.get("action") == "tool"]
         else:
-            calls = [(q.strip(), o) for q, o in _CALL.findall(response)]
+            calls = [(q.strip(), o) for q, o in _CALL.findall(response) + _SQL_CALL.findall(response)]
     answer = rec["answer"] if "answer" in rec else extract_answer(text)
     return {"id": rec.get("id", rec.get("uid")), "question": rec.get("question"), "calls": calls,
             "think": [s.strip() for s in _THINK.findall(text)], "answer": answer}
@@ -154,8 +174,6 @@ def _aggregate(skills: list[dict], prefix: str) -> dict:
     n = len(skills)
     calls = sum(s["calls"] for s in skills)
     covered = [s for s in skills if s["covered"]]
-    spans = collections.Counter(normalize_answer(x) for s in skills for x in s["think"])
-    total = sum(spans.values())
     m = {"trajectories": n, "accuracy": _ratio(sum(s["correct"] for s in skills), n),
          "tool_calls": _ratio(calls, n), "tool_skill": _ratio(sum(s["useful"] for s in skills), calls),
          "copy_rate": _ratio(sum(s["copies"] for s in skills), calls),
@@ -164,8 +182,60 @@ def _aggregate(skills: list[dict], prefix: str) -> dict:
          "reasoning_skill": _ratio(sum(s["correct"] for s in covered), len(covered)),
          "values_stated": _ratio(sum(s["stated"] for s in skills), sum(s["values"] for s in skills)),
          "reasoning_values": _ratio(sum(s["stated"] for s in covered), sum(s["values"] for s in covered)),
-         "think_spans": total, "distinct_think": len(spans),
-         "top_think_share": _ratio(spans.most_common(1)[0][1], total) if total else float("nan")}
+         **_spread((x for s in skills for x in s["think"]), "think")}
+    return {prefix + k: float(v) for k, v in m.items()}
+
+
+def _spread(items, name: str) -> dict:
+    """{name}_spans (or {name}s), distinct_{name}, top_{name}_share of some strings (already normalised or
+    normalised here when they are <think> spans)."""
+    counts = collections.Counter(normalize_answer(x) if name == "think" else x for x in items)
+    total = sum(counts.values())
+    top = _ratio(counts.most_common(1)[0][1], total) if total else float("nan")
+    return {f"{name}_spans" if name == "think" else f"{name}s": total, f"distinct_{name}": len(counts),
+            f"top_{name}_share": top}
+
+
+def call_shape(query: str) -> str:
+    """A tool call's shape (module docstring): a SQL call with its identifiers and literals replaced, any other
+    query its normalised text."""
+    if not _SQL_START.match(query or ""):
+        return normalize_answer(query or "")
+    out = []
+    for tok in _SQL_TOKEN.findall(query):
+        low = tok.lower()
+        if tok[0] in "'" or tok[0].isdigit():
+            out.append("?")
+        elif tok[0] in '"`[' or (tok[0].isalnum() or tok[0] == "_") and low not in _SQL_WORDS:
+            out.append("id")
+        else:
+            out.append(low)
+    return " ".join(out)
+
+
+def surface_metrics(records: list[dict], questions=None, prefix: str = PREFIX) -> dict:
+    """What any QA or SQL trajectory shows without a lab row (module docstring), under the names
+    `degeneracy_gate` reads: "lab/trajectories", "lab/tool_calls" (per trajectory), "lab/copy_rate" (tool calls
+    that copy their question, among those whose question is known: the record's "question" or its row's in
+    `questions`, rows or id -> row), "lab/distinct_calls" (distinct normalised calls), "lab/top_call_share",
+    "lab/think_spans", "lab/distinct_think", "lab/top_think_share", "lab/not_run" (refused prompts). NaN where
+    nothing is measured."""
+    rows = questions if isinstance(questions, dict) else {r["id"]: r for r in questions or ()}
+    ran = [r for r in records if r.get("finish") != "overlong"]
+    calls, copies, asked, spans = [], 0, 0, []
+    for rec in ran:
+        t = trajectory(rec)
+        question = t["question"] or (rows.get(t["id"]) or {}).get("question")
+        for query, _ in t["calls"]:
+            calls.append(query or "")
+            if question:
+                asked += 1
+                copies += is_copy(query, question)
+        spans += t["think"]
+    shapes = _spread((call_shape(q) for q in calls), "call")
+    m = {"trajectories": len(ran), "tool_calls": _ratio(len(calls), len(ran)), "copy_rate": _ratio(copies, asked),
+         "distinct_calls": len({normalize_answer(q) for q in calls}), "top_call_share": shapes["top_call_share"],
+         **_spread(spans, "think"), "not_run": len(records) - len(ran)}
     return {prefix + k: float(v) for k, v in m.items()}
 
 
@@ -202,9 +272,13 @@ def cell_metrics(cells: dict, prefix: str = PREFIX) -> dict:
 
 
 def degeneracy_gate(metrics: dict, max_copy: float = 0.10, min_distinct: int = 10, max_top_share: float = 0.5,
-                    prefix: str = PREFIX) -> list[str]:
-    """Why a setting measures a template rather than skills (empty: none found). The reasoning rules are judged
-    once there are at least `min_distinct` <think> spans (a smaller sample cannot tell)."""
+                    max_top_call: float = 0.5, prefix: str = PREFIX) -> list[str]:
+    """Why a setting measures a template rather than skills (empty: none found), from `role_skills` or
+    `surface_metrics`: question-copy rate > `max_copy`; no <think> span; fewer than `min_distinct` distinct
+    <think> spans, or the commonest > `max_top_share` of them; the commonest tool-call shape > `max_top_call`
+    of the calls (read when the metrics have "top_call_share": `SELECT * FROM <table> LIMIT 3` for every call
+    is 1.0; a varied agent's commonest shape is a small share). The reasoning and call-shape rules are judged
+    once there are at least `min_distinct` spans / calls (a smaller sample cannot tell)."""
     def get(k):
         v = metrics.get(prefix + k)
         return float("nan") if v is None else float(v)
@@ -223,6 +297,10 @@ def degeneracy_gate(metrics: dict, max_copy: float = 0.10, min_distinct: int = 1
         if get("top_think_share") > max_top_share:
             reasons.append(f"the commonest <think> span is {get('top_think_share'):.1%} of {spans:.0f} "
                            f"(> {max_top_share:.0%}): template reasoning")
+    n_calls, top_call = get("tool_calls") * n, get("top_call_share")
+    if n_calls >= min_distinct and top_call > max_top_call:
+        reasons.append(f"the commonest tool-call shape is {top_call:.1%} of {n_calls:.0f} calls "
+                       f"(> {max_top_call:.0%}): template tool use")
     return reasons
 
 

@@ -1,5 +1,6 @@
 """Role skill metrics and the degeneracy gate (lab.metrics) on hand-made lab trajectories, every figure worked
-by hand in the comments, and on real evaluation records shipped under docs/results/data."""
+by hand in the comments, and on real evaluation records shipped under docs/results/data; the surface metrics
+(no lab row) on hand-made QA and SQL trajectories: a template flags, a varied setting passes."""
 
 import gzip
 import json
@@ -11,12 +12,14 @@ import pytest
 from dart_jax.errors import UserError
 from dart_jax.lab.metrics import (
     batch_records,
+    call_shape,
     cell_metrics,
     check_gate,
     degeneracy_gate,
     is_copy,
     per_cell,
     role_skills,
+    surface_metrics,
     titles,
     trajectory,
     trajectory_skills,
@@ -244,3 +247,82 @@ def test_gate_fires_on_the_shipped_nq_trajectories():
     assert m["lab/trajectories"] == 384 and m["lab/copy_rate"] == pytest.approx(0.8495, abs=1e-4)
     assert m["lab/distinct_think"] == 9 and m["lab/think_spans"] == 749
     assert len(degeneracy_gate(m)) == 3  # copy 0.85, 9 distinct < 10, commonest 50.9% > 50%
+
+
+# --- surface metrics: any QA or SQL trajectory, no lab row ------------------------------------------------------
+
+# 20 ids: 5 questions, 4 times each
+QUESTIONS = [{"id": f"nq-{k}", "question": q} for k, q in enumerate(
+    ["who wrote the novel moby dick", "when did the berlin wall fall", "what is the capital of australia",
+     "who painted the mona lisa", "how many moons does mars have"] * 4)]
+DOC = "Doc 1(Title: Somebody) a passage"
+
+
+def _qa(row: dict, think: str, query: str) -> dict:
+    return {"id": row["id"], "question": row["question"], "tool_calls": [{"query": query, "observation": DOC}],
+            "response": f"<think> {think} </think>\n<search> {query} </search>\n\n<information>{DOC}</information>"
+                        "\n\n<answer> x </answer>", "answer": "x", "finish": "answer"}
+
+
+def test_surface_metrics_flag_a_template_qa_agent_and_pass_a_varied_one():
+    template = surface_metrics([_qa(r, "I need to look this up.", r["question"]) for r in QUESTIONS])
+    # 20 trajectories, 20 calls, each the question verbatim; 20 spans, 1 distinct; 5 distinct queries, 4 each
+    want = {"lab/trajectories": 20, "lab/tool_calls": 1.0, "lab/copy_rate": 1.0, "lab/distinct_calls": 5,
+            "lab/top_call_share": 4 / 20, "lab/think_spans": 20, "lab/distinct_think": 1, "lab/top_think_share": 1.0,
+            "lab/not_run": 0}
+    assert template == pytest.approx(want, abs=1e-12)
+    reasons = degeneracy_gate(template)
+    assert [r.split(" ")[0] for r in reasons] == ["question-copy", "only", "the"] and "1.000 > 0.10" in reasons[0]
+    # the bare-response form (analysis dumps, the gradient study's chunks), questions from rows by id: the same
+    bare = surface_metrics([{"uid": r["id"], "response": _qa(r, "I need to look this up.", r["question"])["response"]}
+                            for r in QUESTIONS], QUESTIONS)
+    assert bare == pytest.approx(want, abs=1e-12)
+    varied = surface_metrics([_qa(r, f"Step {k}: the passage names someone else.", f"entity {k} born")
+                              for k, r in enumerate(QUESTIONS)])
+    assert varied["lab/copy_rate"] == 0.0 and varied["lab/distinct_think"] == 20
+    assert varied["lab/top_call_share"] == 1 / 20 and varied["lab/distinct_calls"] == 20
+    assert degeneracy_gate(varied) == []
+    # a question never known: no copy rate (NaN), the other rules still judged
+    unknown = surface_metrics([{"id": "x", "tool_calls": [{"query": "q", "observation": ""}], "response": ""}])
+    assert unknown["lab/copy_rate"] != unknown["lab/copy_rate"] and unknown["lab/tool_calls"] == 1.0
+
+
+def _sql(k: int, query: str, think: str) -> dict:
+    obs = "| a | b |\n| 1 | 2 |"
+    return {"id": f"bird-{k}", "question": f"How many schools in county {k} have more than {k} pupils?",
+            "tool_calls": [{"query": query, "observation": obs}],
+            "response": f"<think> {think} </think>\n<sql> {query} </sql>\n\n<observation>{obs}</observation>\n\n"
+                        "<solution> SELECT 1 </solution>", "finish": "answer"}
+
+
+def test_call_shape_and_the_sql_template():
+    assert call_shape("SELECT * FROM schools LIMIT 3") == call_shape("select *  from `frpm` limit 5") == \
+        "select * from id limit ?"
+    assert call_shape("SELECT COUNT(*) FROM frpm WHERE \"County Name\" = 'Alameda' AND x >= 2.5") == \
+        "select count ( * ) from id where id = ? and id > = ?"
+    assert call_shape("Who wrote Moby-Dick?") == "who wrote mobydick"  # a text query: SQuAD-normalised
+    tables = ["schools", "frpm", "satscores"]
+    template = [_sql(k, f"SELECT * FROM {tables[k % 3]} LIMIT 3", f"Table {k} may hold the count.") for k in range(12)]
+    m = surface_metrics(template)
+    # 12 calls, 3 distinct texts, one shape: 100%; 12 distinct spans; no call copies its question
+    assert (m["lab/top_call_share"], m["lab/distinct_calls"], m["lab/copy_rate"], m["lab/distinct_think"]) == \
+        (1.0, 3, 0.0, 12)
+    assert degeneracy_gate(m) == ["the commonest tool-call shape is 100.0% of 12 calls (> 50%): template tool use"]
+    assert degeneracy_gate(m, max_top_call=1.0) == []
+    # four shapes, three calls each: the commonest is 25%
+    shapes = ["SELECT COUNT(*) FROM {t} WHERE a > {k}", "SELECT name FROM {t} ORDER BY b DESC LIMIT 1",
+              "SELECT T1.a FROM {t} AS T1 JOIN frpm AS T2 ON T1.id = T2.id", "PRAGMA table_info({t})"]
+    varied = [_sql(k, shapes[k % 4].format(t=tables[k % 3], k=k), f"Table {k} may hold the count.")
+              for k in range(12)]
+    v = surface_metrics(varied)
+    assert v["lab/top_call_share"] == 0.25 and degeneracy_gate(v) == []
+    # the bare SQL response and the rollouts.jsonl pieces read the same calls as the evaluation record
+    t = trajectory({"id": "b", "response": template[0]["response"]})
+    assert t["calls"] == [("SELECT * FROM schools LIMIT 3", "| a | b |\n| 1 | 2 |")]
+    assert t["think"] == ["Table 0 may hold the count."]
+    pieces = [{"text": "<think> t </think>\n<sql> SELECT 1 </sql>", "loss": 1},
+              {"text": "\n\n<observation>| 1 |</observation>\n\n", "loss": 0},
+              {"text": "<solution> SELECT 1 </solution>", "loss": 1}]
+    assert trajectory({"uid": "b", "pieces": pieces})["calls"] == [("SELECT 1", "| 1 |")]
+    # too few calls to judge the shape rule
+    assert degeneracy_gate(surface_metrics(template[:9])) == []
