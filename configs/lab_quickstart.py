@@ -24,6 +24,9 @@ EVAL_N = 24
 def get_config():
     c = shared(base.get())
     c.warm_start = WARM_START
+    # a three-hop comparison / sum / count looks up to 9 passages (two or three chains of three): room for
+    # all of them and a reformulation (the warm start's cells need at most 4 + 1)
+    c.rollout.max_turns = 10
     c.data.train = [lab_questions(WORLD0, RL_HOPS, shuffle=0)]
     c.train.steps = 12
     c.train.prompts_per_step = 4

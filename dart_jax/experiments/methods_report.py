@@ -53,6 +53,47 @@ def _eval_counts(eval_dir: str, datasets: list[str]) -> dict:
             for d in datasets}
 
 
+SKILLS = ("accuracy", "tool_skill", "reasoning_skill", "chain_coverage", "copy_rate", "values_stated")
+
+
+def _skills(eval_dir: str, datasets: list[str]) -> dict:
+    """{dataset: {skill: value}} of an evaluation's lab sets (results.json "lab" "pooled", lab.metrics.role_skills:
+    tool skill = calls retrieving a new chain passage, reasoning skill = EM once the chain was retrieved, ...);
+    {} for sets without role skills."""
+    path = os.path.join(eval_dir, "results.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        res = json.load(f)
+    out = {}
+    for d in datasets:
+        pooled = ((res.get("datasets") or {}).get(d) or {}).get("lab", {}).get("pooled") or {}
+        if pooled:
+            out[d] = {k: float(pooled[f"lab/{k}"]) for k in SKILLS if f"lab/{k}" in pooled}
+    return out
+
+
+def skill_shifts(per_run: dict, reference: dict, datasets: list[str]) -> list[dict]:
+    """Per (method, dataset, skill): the warm start's value, each seed's, their mean and range, and whether
+    GRPO moved it beyond the seed spread (the warm start's value outside [min, max] of the seeds', with at
+    least 2 seeds): what the lab asks of a quickstart budget."""
+    out = []
+    methods = list(dict.fromkeys(r["method"] for r in per_run.values()))
+    for m in methods:
+        rs = [r for r in per_run.values() if r["method"] == m]
+        for d in datasets:
+            for k in SKILLS:
+                vals = [r["skills"][d][k] for r in rs if k in r.get("skills", {}).get(d, {})]
+                ref = reference.get(d, {}).get(k)
+                if not vals or ref is None:
+                    continue
+                lo, hi = min(vals), max(vals)
+                out.append({"method": m, "dataset": d, "skill": k, "warm_start": ref, "per_seed": vals,
+                            "mean": float(np.mean(vals)), "min": lo, "max": hi,
+                            "beyond_seed_spread": len(vals) >= 2 and not lo <= ref <= hi})
+    return out
+
+
 def run_name_of(runs: dict, method: str, seed: int) -> str | None:
     return next((n for n, r in runs.items() if r["method"] == method and r["seed"] == seed), None)
 
@@ -81,7 +122,7 @@ def write_report(runs: dict, out: str, datasets: list[str], times: dict | None =
                                                 default=float("nan")),
                          "peak_rss_mib": max((x.get("memory/peak_rss_mib", float("nan")) for x in rows),
                                              default=float("nan")),
-                         "steps": len(rows)}
+                         "steps": len(rows), "skills": _skills(r["eval"], datasets)}
         per_run[name]["em"]["avg"] = float(np.mean([per_run[name]["em"][d] for d in datasets]))
         curves[name] = ([x["step"] for x in rows], [x["reward/mean"] for x in rows])
     methods = list(dict.fromkeys(r["method"] for r in per_run.values()))
@@ -100,7 +141,8 @@ def write_report(runs: dict, out: str, datasets: list[str], times: dict | None =
     pairs = []
     if reference:
         ref = _outcomes(reference, datasets)
-        summary["reference"] = {"counts": _eval_counts(reference, datasets)}
+        summary["reference"] = {"counts": _eval_counts(reference, datasets), "skills": _skills(reference, datasets)}
+        summary["skill_shifts"] = skill_shifts(per_run, summary["reference"]["skills"], datasets)
         for name in runs:
             pairs += [dict(a=name, b="warm_start", dataset=d, **paired(outcomes[name], ref, d)) for d in datasets]
     for name, r in runs.items():
@@ -169,6 +211,18 @@ def _markdown(summary: dict, per_run: dict, datasets: list[str], times: dict) ->
         lines.append(markdown_table(["A", "B", *datasets], [
             [a, b, *(f"{q['only_a']} / {q['only_b']} / {q['both']} of {q['n']}, p {q['p']:.2g}"
                      for q in (qs[d] for d in datasets))] for (a, b), qs in by.items()]))
+    if summary.get("skill_shifts"):
+        lines += ["", "## Role skills (lab sets)", "",
+                  "Pooled over each evaluation's trajectories (dart_jax/lab/metrics.py): tool skill = share of "
+                  "calls that retrieve a gold-chain passage not retrieved before (not a copy of the question); "
+                  "reasoning skill = EM among trajectories that retrieved the whole chain; chain coverage = "
+                  "trajectories that did; values stated = gold intermediate values written in <think>. "
+                  "\"beyond seed spread\": the warm start's value lies outside the seeds' range.", ""]
+        lines.append(markdown_table(["method", "set", "skill", "warm start", "seeds", "mean [range]",
+                                     "beyond seed spread"], [
+            [q["method"], q["dataset"], q["skill"], f"{q['warm_start']:.3f}",
+             ", ".join(f"{v:.3f}" for v in q["per_seed"]), f"{q['mean']:.3f} [{q['min']:.3f}, {q['max']:.3f}]",
+             "yes" if q["beyond_seed_spread"] else "no"] for q in summary["skill_shifts"]]))
     if summary.get("missing"):
         lines += ["", f"**Partial comparison**: not yet trained and evaluated: {', '.join(summary['missing'])}."]
     if times:
