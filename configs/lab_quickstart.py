@@ -28,7 +28,7 @@ def get_config():
     # all of them and a reformulation (the warm start's cells need at most 4 + 1)
     c.rollout.max_turns = 10
     c.data.train = [lab_questions(WORLD0, RL_HOPS, shuffle=0)]
-    c.train.steps = 12
+    c.train.steps = 8
     c.train.prompts_per_step = 4
     c.train.group_size = 4
     c.train.mini_batch = 16

@@ -173,6 +173,7 @@ def _data_path(path: str) -> str:
 def check_datasets(spec: RunSpec) -> Check:
     """Every training and held-out file exists (a missing training file names the command that writes it)."""
     entries = [(f"data.train[{i}]", dict(s)) for i, s in enumerate(spec.data_train)]
+    ec = spec.eval
     if spec.eval.n and spec.eval.data:
         entries += [(f"eval.data[{i}]", dict(s)) for i, s in enumerate(spec.eval.data)]
     if not spec.data_train:
@@ -190,8 +191,8 @@ def check_datasets(spec: RunSpec) -> Check:
         if not os.path.isfile(path):
             return fail("datasets", f"{field}.path={spec['path']} not found; {how} "
                                     f"(or set --config.{field}.path=FILE)", field=field, path=path)
-    if spec.eval.n and spec.eval.data and spec.eval.corpus and not os.path.isfile(_data_path(spec.eval.corpus)):
-        return fail("datasets", f"eval.corpus={spec.eval.corpus} not found: the held-out questions' corpus "
+    if ec.n and ec.data and ec.corpus and not os.path.isfile(_data_path(ec.corpus)):
+        return fail("datasets", f"eval.corpus={ec.corpus} not found: the held-out questions' corpus "
                                 "(a lab world: python -m launch.lab_build --seed=1 --out=DIR writes DIR/corpus.jsonl)",
                     field="eval.corpus")
     return ok("datasets", f"{len(entries)} file(s) found", files=len(entries))

@@ -53,3 +53,13 @@ def test_lab_rows_get_the_short_prompt():
     (p_plain,), _, _ = qa_task(tok, plain)
     # same question, same chat template: the lab's prompt is under 70% of the Search-R1 one
     assert len(p_lab) < 120 and len(p_lab) < 0.7 * len(p_plain), (len(p_lab), len(p_plain))
+
+
+def test_a_missing_held_out_corpus_is_named_before_the_run():
+    from dart_jax.run.checks import check_datasets
+    from dart_jax.run.spec import run_spec
+    c = lab_quickstart.get_config()
+    assert check_datasets(run_spec(c, 1)).status == "ok"
+    c.eval.corpus = "data/lab/world9/corpus.jsonl"
+    got = check_datasets(run_spec(c, 1))
+    assert got.status == "FAIL" and "eval.corpus=data/lab/world9/corpus.jsonl not found" in got.message, got
