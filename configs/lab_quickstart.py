@@ -14,7 +14,7 @@ reward every step (`lab/tool_skill`, `lab/reasoning_skill`, `lab/copy_rate`, ...
 Afterwards, per cell: `python -m launch.evaluate --checkpoint=runs/lab_quickstart --dataset=lab_world1`.
 """
 
-from configs import base
+from configs import quickstart
 from configs.sft_lab_quickstart import RL_HOPS, WORLD0, WORLD1, lab_questions, shared
 
 WARM_START = "data/warm_start/smollm2-135m-lab"
@@ -22,30 +22,20 @@ EVAL_N = 24
 
 
 def get_config():
-    c = shared(base.get())
+    # the embedded default's CPU-sized GRPO (4 prompts × 4 samples, sampler log-probs, no KL, lr 2e-4) with
+    # the lab's model, tool and rollout fields
+    c = shared(quickstart.get_config())
     c.warm_start = WARM_START
     # a three-hop comparison / sum / count looks up to 9 passages (two or three chains of three): room for
     # all of them and a reformulation (the warm start's cells need at most 4 + 1)
     c.rollout.max_turns = 10
     c.data.train = [lab_questions(WORLD0, RL_HOPS, shuffle=0)]
     c.train.steps = 8
-    c.train.prompts_per_step = 4
-    c.train.group_size = 4
-    c.train.mini_batch = 16
-    c.train.micro_batch = 4
-    c.train.pad_multiple = 64
-    c.train.old_logp = "sampler"
-    c.loss.kl_coef = 0.0
-    c.optim.lr = 2e-4
-    c.optim.warmup_steps = 0
     c.optim.total_steps = c.train.steps
     # held-out world: questions of the training difficulty over entities no training step saw
     c.eval.data = [lab_questions(WORLD1, RL_HOPS, shuffle=0)]
     c.eval.corpus = f"{WORLD1}/corpus.jsonl"
     c.eval.n = EVAL_N
-    c.eval.every = 0
     c.output.dir = "runs/lab_quickstart"
     c.output.checkpoint_every = 4
-    c.output.keep = 2
-    c.output.save_rollouts = True
     return c

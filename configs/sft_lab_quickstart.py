@@ -21,7 +21,7 @@ Rebuild the shipped worlds (byte for byte) with
 
 from ml_collections import ConfigDict
 
-from configs import base
+from configs import sft_quickstart
 
 WORLD0, WORLD1 = "data/lab/world0", "data/lab/world1"  # training world, held-out world
 OPS = ("none", "compare", "diff", "sum", "count", "bool")
@@ -55,10 +55,9 @@ def shared(c: ConfigDict) -> ConfigDict:
 
 
 def get_config():
-    c = shared(base.get())
-    c.method.variant = "lora"
-    c.method.rank = 8
-    c.method.alpha = 16.0
+    # the NQ warm start's LoRA (rank 8, alpha 16) and optimiser (lr 3e-4, cosine over the SFT length), with
+    # the lab's model, tool and rollout fields and its demonstrations
+    c = shared(sft_quickstart.get_config())
     c.sft = ConfigDict(dict(
         data=[dict(builder="lab", world_seed=0, n=SFT_PER_CELL, hops=list(SFT_HOPS), ops=list(SFT_OPS),
                    question_seed=1, seed=0)],
@@ -66,13 +65,6 @@ def get_config():
         exclude=[lab_questions(WORLD0), lab_questions(WORLD1, hops=(1, 2, 3))],
         epochs=1, batch_size=8, micro_batch=4, max_length=1280, val_size=32, eval_every=20,
         protocol_check=16, seed=0, export_dtype="float16", train_tag_rows=True))
-    c.optim.lr = 3e-4
-    c.optim.warmup_steps = 5
-    c.optim.schedule = "cosine"
-    c.optim.min_lr_ratio = 0.1
-    c.optim.total_steps = 0  # 0: the SFT length (epochs × batches)
-    c.train.pad_multiple = 64
     c.output.dir = "runs/sft_lab_quickstart"
     c.output.checkpoint_every = 20
-    c.output.keep = 1
     return c
