@@ -124,7 +124,8 @@ class Trainer:
         self.eval_tool = self.agent.tool
         if self.eval_rows and spec.eval.corpus:
             if spec.task != "qa":
-                raise UserError(f"eval.corpus={spec.eval.corpus!r} is a retrieval corpus; the {spec.task} task has none")
+                raise UserError(f"eval.corpus={spec.eval.corpus!r} is a retrieval corpus; the {spec.task} task "
+                                "has none")
             rc = dataclasses.replace(spec.retriever, corpus=spec.eval.corpus, index_dir="", url="")
             self.eval_tool = build_tool(dataclasses.replace(spec, retriever=rc), self.protocol)
         self.updater = stages.Updater(cfg, self.method, self.loss_cfg, self.optim_cfg, self.plan, self.mesh)

@@ -24,8 +24,8 @@ def test_a_torn_last_per_question_line_is_skipped(tmp_path, caplog):
 def _eval_dir(root, name: str, correct: list[int], skills: dict) -> str:
     d = root / name
     d.mkdir()
-    (d / "per_question.jsonl").write_text("".join(json.dumps({"dataset": "lab_world1", "id": i, "score": float(c)}) + "\n"
-                                                  for i, c in enumerate(correct)))
+    recs = [{"dataset": "lab_world1", "id": i, "score": float(c)} for i, c in enumerate(correct)]
+    (d / "per_question.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     pooled = {f"lab/{k}": v for k, v in skills.items()}
     (d / "results.json").write_text(json.dumps({"datasets": {"lab_world1": {"lab": {"pooled": pooled}}}}))
     return str(d)
