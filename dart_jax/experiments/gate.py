@@ -12,7 +12,6 @@ rollouts) from the files it saved, so a resumed study is gated as a fresh one:
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import os
@@ -21,6 +20,7 @@ import jax
 
 from dart_jax.errors import UserError
 from dart_jax.lab.metrics import degeneracy_gate, finite, surface_metrics
+from dart_jax.run.records import read_records as _read
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +35,9 @@ def check_mode(mode: str) -> str:
 
 
 def read_records(path: str) -> list[dict]:
-    """The records of a .jsonl or .jsonl.gz file ([] when it does not exist)."""
-    if not os.path.isfile(path):
-        return []
-    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The records of a .jsonl or .jsonl.gz file ([] when it does not exist): run.records' tolerant reader
+    (a last line cut short by a crash is skipped, logged)."""
+    return _read(path) if os.path.isfile(path) else []
 
 
 def eval_records(eval_dir: str) -> list[dict]:
