@@ -260,6 +260,7 @@ class SFTSettings:
     export_dtype: str = "float32"
     train_tag_rows: bool = True      # the added tags' embedding rows train with the adapters
     sampled_check: bool = True       # the protocol check also sampled at sampling.temperature
+    group_by_length: bool = False    # batches of similar lengths (less padding), in a seeded shuffled order
 
     def __post_init__(self):
         at_least("sft", self, 1, "epochs", "batch_size", "micro_batch", "max_length", "eval_every")

@@ -133,6 +133,7 @@ class SFTTrainer:
             if leaked:
                 raise ValueError(f"sft.check_data shares {leaked} questions with the demonstrations: the protocol "
                                  "check would measure memorisation")
+        self.lengths = np.array([len(p) + len(r) for p, r, _ in self.encoded])
         self.steps_per_epoch = len(self.encoded) // sc.batch_size
         if self.steps_per_epoch == 0:
             raise ValueError(f"{len(self.encoded)} training demonstrations < sft.batch_size ({sc.batch_size})")
@@ -180,8 +181,7 @@ class SFTTrainer:
         """Step `step`'s batch [batch_size, T]: epoch-wise seeded shuffles, so a resumed run sees the same."""
         sc = self.spec.sft
         epoch, k = divmod(step, self.steps_per_epoch)
-        order = np.random.default_rng([sc.seed, epoch]).permutation(len(self.encoded))
-        rows = order[k * sc.batch_size:(k + 1) * sc.batch_size]
+        rows = epoch_batches(self.lengths, sc.batch_size, sc.seed, epoch, sc.group_by_length)[k]
         return self._arrays([self.encoded[i] for i in rows])
 
     def _update(self, batch: dict, step: int) -> dict:
@@ -272,6 +272,27 @@ class SFTTrainer:
         return export_dart(out_dir, adapters, self.cfg, base, self.tok, self.protocol.tool_open,
                            self.protocol.tool_close, self.spec.router_convention,
                            base_model=self.spec.model.path, extra=extra, dtype=self.spec.sft.export_dtype)
+
+
+GROUP_CHUNK = 16  # batches per length-sorted chunk (group_by_length)
+
+
+def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, group_by_length: bool) -> list:
+    """Epoch `epoch`'s batches (row indices), len(lengths) // batch_size of them (the remainder sits out).
+    Seeded by (seed, epoch), so a resumed run sees the same. With `group_by_length`, as HF Trainer's
+    option of that name: the shuffled rows are cut into chunks of GROUP_CHUNK batches, each chunk is
+    sorted by length and cut into batches, and the batches are shuffled: each pads to nearly its own
+    rows' length instead of the longest of a random eight."""
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(lengths))
+    n = len(lengths) // batch_size
+    if not group_by_length:
+        return [order[k * batch_size:(k + 1) * batch_size] for k in range(n)]
+    chunk = GROUP_CHUNK * batch_size
+    parts = [order[s:s + chunk] for s in range(0, len(order), chunk)]
+    rows = np.concatenate([p[np.argsort(-lengths[p], kind="stable")] for p in parts])
+    batches = [rows[k * batch_size:(k + 1) * batch_size] for k in range(len(rows) // batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))[:n]]
 
 
 def _count(r: dict) -> str:
