@@ -39,7 +39,7 @@ def cached_attention(cfg: ModelConfig, k_buf: jnp.ndarray, v_buf: jnp.ndarray, i
         kb, vb = cache_lib.write_layer(k_buf, v_buf, k, v, index)
         blk = cfg.cache_block
         if 0 < blk < kb.shape[3] and kb.shape[3] % blk == 0:
-            return filled_blocks_attention(q, kb, vb, mask, cfg, index + q.shape[1], blk), (kb, vb)
+            return filled_blocks_attention(q, kb, vb, mask, cfg, cache_lib.filled(index, q.shape[1]), blk), (kb, vb)
         return attention(q, kb, vb, mask, cfg, cache_layout=True), (kb, vb)
     return attend
 
@@ -47,9 +47,9 @@ def cached_attention(cfg: ModelConfig, k_buf: jnp.ndarray, v_buf: jnp.ndarray, i
 def filled_blocks_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray, cfg: ModelConfig,
                             filled: jnp.ndarray, block: int) -> jnp.ndarray:
     """`attention` over a KV cache (kᵀ [B, K, H, S], v [B, K, S, H], S a multiple of `block`) that
-    reads only the blocks of slots before `filled` (the cache's write index after this chunk, one
-    for the batch): a loop over ceil(filled / block) blocks with an online softmax (running max,
-    sum and output per query, fp32), so a decode step's attention costs what the cache holds, not
+    reads only the blocks of slots before `filled` (the cache's write index after this chunk; the
+    largest of the rows' for a per-row index): a loop over ceil(filled / block) blocks with an online
+    softmax (running max, sum and output per query, fp32), so a decode step's attention costs what the cache holds, not
     its capacity. Every slot at or after `filled` is empty (position −1, never attended; zeros, as
     the cache is created and grown), so the result equals `attention` over the whole buffer up to
     fp32 rounding of the rescaling — except for a query that sees no key at all (a padding or

@@ -1,5 +1,7 @@
 """KV cache: preallocated, one buffer per layer, GQA heads un-repeated, one write index shared by
-the batch.
+the batch — or one per row (`per_row`), for an engine whose rows start and end at different times
+(serve.engine): each row writes its chunk at its own index and advances it by the chunk's slots up
+to its last valid position (right-padded chunks use no slot for their padding).
 
 Layout: k[l]: [B, K, H, S] (keys stored transposed, the slot axis minor), v[l]: [B, K, S, H];
 pos: i32[B, S] holds the RoPE position of each filled slot and −1 for empty or padding slots.
@@ -29,18 +31,41 @@ class KVCache(TypedDict):
     k: tuple[jnp.ndarray, ...]  # per layer [B, K, H, S]
     v: tuple[jnp.ndarray, ...]  # per layer [B, K, S, H]
     pos: jnp.ndarray            # i32[B, S]
-    index: jnp.ndarray          # i32[] next slot to write
+    index: jnp.ndarray          # i32[] next slot to write (i32[B]: per row)
 
 
-def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None, per_row: bool = False) -> KVCache:
     dtype = dtype or cfg.dtype
     k, h = cfg.num_kv_heads, cfg.head_dim
     return KVCache(
         k=tuple(jnp.zeros((batch, k, h, max_len), dtype) for _ in range(cfg.num_layers)),
         v=tuple(jnp.zeros((batch, k, max_len, h), dtype) for _ in range(cfg.num_layers)),
         pos=jnp.full((batch, max_len), -1, jnp.int32),
-        index=jnp.zeros((), jnp.int32),
+        index=jnp.zeros((batch,) if per_row else (), jnp.int32),
     )
+
+
+def filled(index: jnp.ndarray, chunk: int) -> jnp.ndarray:
+    """Slots any row may hold after writing a chunk of `chunk` slots at `index` (scalar or per row)."""
+    return jnp.max(index) + chunk
+
+
+def write_pos(pos: jnp.ndarray, positions: jnp.ndarray, index: jnp.ndarray) -> jnp.ndarray:
+    """pos i32[B, S] with a chunk's positions i32[B, T] written at `index` (scalar or per row)."""
+    positions = positions.astype(jnp.int32)
+    if index.ndim == 0:
+        return jax.lax.dynamic_update_slice_in_dim(pos, positions, index, axis=1)
+    return jax.vmap(lambda p, x, i: jax.lax.dynamic_update_slice(p, x, (i,)))(pos, positions, index)
+
+
+def advance(index: jnp.ndarray, positions: jnp.ndarray) -> jnp.ndarray:
+    """The write index after a chunk: + T (shared), or per row + the slots up to its last valid
+    position (a right-padded chunk's padding is left free, a row with nothing valid stays put)."""
+    t = positions.shape[1]
+    if index.ndim == 0:
+        return index + t
+    used = jnp.max(jnp.where(positions >= 0, jnp.arange(1, t + 1, dtype=jnp.int32)[None], 0), axis=1)
+    return index + used
 
 
 def capacity(cache: KVCache) -> int:
@@ -59,10 +84,16 @@ def grow(cache: KVCache, slots: int) -> KVCache:
 
 def write_layer(k_buf: jnp.ndarray, v_buf: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
                 index: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """One layer's buffers with a chunk's k, v: [B, T, K, H] written at slot `index`."""
+    """One layer's buffers with a chunk's k, v: [B, T, K, H] written at slot `index` (scalar, or i32[B]:
+    row b at index[b]; the caller keeps index[b] + T within the capacity, as dynamic_update_slice
+    would otherwise move the write back over filled slots)."""
     z = jnp.zeros((), jnp.int32)
-    return (jax.lax.dynamic_update_slice(k_buf, k.transpose(0, 2, 3, 1).astype(k_buf.dtype), (z, z, z, index)),
-            jax.lax.dynamic_update_slice(v_buf, v.transpose(0, 2, 1, 3).astype(v_buf.dtype), (z, z, index, z)))
+    kt, vt = k.transpose(0, 2, 3, 1).astype(k_buf.dtype), v.transpose(0, 2, 1, 3).astype(v_buf.dtype)
+    if index.ndim == 0:
+        return (jax.lax.dynamic_update_slice(k_buf, kt, (z, z, z, index)),
+                jax.lax.dynamic_update_slice(v_buf, vt, (z, z, index, z)))
+    return (jax.vmap(lambda b, x, i: jax.lax.dynamic_update_slice(b, x, (z, z, i)))(k_buf, kt, index),
+            jax.vmap(lambda b, x, i: jax.lax.dynamic_update_slice(b, x, (z, i, z)))(v_buf, vt, index))
 
 
 def write(cache: KVCache, layer_kv: list[tuple[jnp.ndarray, jnp.ndarray]], positions: jnp.ndarray) -> KVCache:
@@ -71,5 +102,4 @@ def write(cache: KVCache, layer_kv: list[tuple[jnp.ndarray, jnp.ndarray]], posit
     w = cache["index"]
     kvs = [write_layer(kb, vb, k, v, w) for kb, vb, (k, v) in zip(cache["k"], cache["v"], layer_kv)]
     return KVCache(k=tuple(kb for kb, _ in kvs), v=tuple(vb for _, vb in kvs),
-                   pos=jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32), w, axis=1),
-                   index=w + positions.shape[1])
+                   pos=write_pos(cache["pos"], positions, w), index=advance(w, positions))

@@ -203,7 +203,7 @@ def hidden_states_and_ffn_stats(base: Params, adapters, tokens: jnp.ndarray, pos
             return (rms_norm(x, base["final_norm"], cfg.rms_norm_eps), cache_lib.write(cache, kvs, positions),
                     _stack(stats))
         w = cache["index"]
-        pos = jax.lax.dynamic_update_slice_in_dim(cache["pos"], positions.astype(jnp.int32), w, axis=1)
+        pos = cache_lib.write_pos(cache["pos"], positions, w)
         mask = attention_mask(positions, pos)
         ks, vs, stats = [], [], []
         for i in range(cfg.num_layers):
@@ -212,7 +212,7 @@ def hidden_states_and_ffn_stats(base: Params, adapters, tokens: jnp.ndarray, pos
             ks.append(kb)
             vs.append(vb)
             stats.append(st)
-        new_cache = KVCache(k=tuple(ks), v=tuple(vs), pos=pos, index=w + tokens.shape[1])
+        new_cache = KVCache(k=tuple(ks), v=tuple(vs), pos=pos, index=cache_lib.advance(w, positions))
         return rms_norm(x, base["final_norm"], cfg.rms_norm_eps), new_cache, _stack(stats)
 
     attend = self_attention(cfg, self_mask)

@@ -35,7 +35,7 @@ from dart_jax.rollout.sampler import (
 )
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.trajectory import TrajectoryBatch, assemble, reward_views
-from dart_jax.rollout.turn import SegmentEnd, decide_turn, observation_fits
+from dart_jax.rollout.turn import SegmentEnd, TurnDecision, decide_turn, observation_fits
 from dart_jax.tokenization.sentinels import sentinel_ids
 from dart_jax.tokenization.tokenizer import encode_text
 
@@ -128,7 +128,7 @@ class Agent:
         start = len(seg_ids) - 1 - seg_ids[::-1].index(self.open_id)
         return self.tok.decode(seg_ids[start + 1:-1], skip_special_tokens=True).strip()
 
-    def _obs_ids(self, text: str) -> list[int]:
+    def obs_ids(self, text: str) -> list[int]:
         return observation_ids(self.tok, self.protocol, text, self.rc.max_obs_tokens)
 
     def _has_answer(self, text: str) -> bool:
@@ -139,6 +139,31 @@ class Agent:
         if finish != STOPPED:
             return None
         return next((g for g, idx in self.stop_groups.items() if stop_index in idx), None)
+
+    def end_turn(self, ids: list[int], finish: int, stop_index: int, response_tokens: int, calls: int,
+                 limit: int) -> tuple[SegmentEnd, TurnDecision]:
+        """One row's turn that wrote `ids` and ended as (finish, stop_index) (a Segment's codes), the row's
+        response then `response_tokens` long after `calls` tool calls, within `limit` response tokens
+        -> (what it ended with, the decision: rollout.turn.decide_turn)."""
+        stop = self._stop_group(finish, stop_index)
+        end = SegmentEnd(stop, self._query(ids) if stop == "tool" else None,
+                         self._has_answer(self.tok.decode(ids, skip_special_tokens=True)), response_tokens, calls)
+        return end, decide_turn(end, self.rc.max_turns, limit, self.rc.invalid_action)
+
+    def observation(self, body: str, calls: int) -> tuple[str, str, int]:
+        """A tool result for a row after `calls` calls -> (the observation text to append, the body made
+        valid text, how many invalid characters were replaced): a passage or SQL cell may hold lone
+        surrogates, made valid (U+FFFD) before it is rendered, stored or tokenised."""
+        body, replaced = valid_text(body)
+        return self.protocol.render_observation(body, self.rc.max_turns - calls), body, replaced
+
+    def turn_limit(self) -> int:
+        """Turns a row may take: the tool budget, one more, and the answer-only segment if on."""
+        return self.rc.max_turns + (2 if self.rc.final_answer_segment else 1)
+
+    def response_limit(self, prompt_len: int) -> int:
+        """A row's response budget: max_response_tokens, cut at the model's context (then "length")."""
+        return min(self.rc.max_response_tokens, self.spec.model.max_position_embeddings - prompt_len)
 
     # -- the loop -----------------------------------------------------------------------------
     def rollout(self, base, adapters, prompts: list[list[int]], uids: list, meta: list[dict] | None = None,
@@ -178,9 +203,9 @@ class Agent:
         calls = np.zeros(b, np.int32)
         n_stops = len(self.spec.stops)
         # each row's response budget ends at the model's context (then "length"): rollout.tasks.overlong
-        limit = [min(rc.max_response_tokens, self.spec.model.max_position_embeddings - len(p)) for p in prompts]
+        limit = [self.response_limit(len(p)) for p in prompts]
         seg_bucket = bucket(rc.max_tokens_per_turn)
-        for turn in range(rc.max_turns + (2 if rc.final_answer_segment else 1)):
+        for turn in range(self.turn_limit()):
             active = np.asarray([f is None for f in finish])
             if not active.any():
                 break
@@ -198,11 +223,8 @@ class Agent:
                 resp[i]["mask"] += [1.0] * n
                 resp[i]["logprobs"] += seg.logprobs[i, :n].tolist()
                 resp[i]["routes"] += seg.routes[i, :n].tolist()
-                stop = self._stop_group(int(seg.finish[i]), int(seg.stop_index[i]))
-                end = SegmentEnd(stop, self._query(ids) if stop == "tool" else None,
-                                 self._has_answer(self.tok.decode(ids, skip_special_tokens=True)),
-                                 len(resp[i]["ids"]), int(calls[i]))
-                d = decide_turn(end, rc.max_turns, limit[i], rc.invalid_action)
+                end, d = self.end_turn(ids, int(seg.finish[i]), int(seg.stop_index[i]), len(resp[i]["ids"]),
+                                       int(calls[i]), limit[i])
                 finish[i] = d.finish
                 if d.action == "tool":
                     calls[i] += 1
@@ -216,11 +238,7 @@ class Agent:
             if queries:
                 bodies = self.tool(queries, [meta[i] for i in q_rows])
                 for i, body in zip(q_rows, bodies):
-                    left = rc.max_turns - int(calls[i])
-                    # a passage or SQL cell may hold lone surrogates: made valid (U+FFFD) and
-                    # counted in the turn record before it is rendered, stored or tokenised
-                    body, replaced = valid_text(body)
-                    obs_texts[i] = self.protocol.render_observation(body, left)
+                    obs_texts[i], body, replaced = self.observation(body, int(calls[i]))
                     turns[i][-1]["observation"] = body
                     if replaced:
                         turns[i][-1]["invalid_text"] = replaced
@@ -242,7 +260,7 @@ class Agent:
         rc, b = self.rc, len(resp)
         fits = {}
         for i, text in obs_texts.items():
-            ids = self._obs_ids(text)
+            ids = self.obs_ids(text)
             if observation_fits(len(resp[i]["ids"]), len(ids), rc.max_response_tokens if limit is None else limit[i]):
                 fits[i] = ids
             else:

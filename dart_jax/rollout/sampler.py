@@ -33,7 +33,7 @@ from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import hidden_states, output_head
 from dart_jax.roles.router import RouterSpec, route_roles, route_step, state_after
 from dart_jax.rollout.placement import RolloutMesh, constrain
-from dart_jax.rollout.sampling import SamplingConfig, sample
+from dart_jax.rollout.sampling import RowSampling, SamplingConfig, sample, sample_rows
 
 RUNNING, STOPPED, LENGTH = 0, 1, 2
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -77,6 +77,7 @@ class DecodeState:
     router: jnp.ndarray         # bool[B] router state after the pending token
     next_pos: jnp.ndarray       # i32[B] position the pending token will occupy
     keys: jax.Array             # u32[B, 2] per-row sampling key (folded with each draw's position)
+    sampling: RowSampling | None = None  # per-row temperature / top-p (serve.engine); None: spec.sampling
 
 
 @flax.struct.dataclass
@@ -90,7 +91,7 @@ class Segment:
 
 
 @functools.partial(jax.jit, static_argnames=("capacity", "placement"))
-def _grow(state: DecodeState, *, capacity: int, placement: RolloutMesh | None = None) -> DecodeState:
+def grow_state(state: DecodeState, *, capacity: int, placement: RolloutMesh | None = None) -> DecodeState:
     return constrain(state.replace(cache=cache_lib.grow(constrain(state.cache, placement), capacity)), placement)
 
 
@@ -112,14 +113,14 @@ def ensure_capacity(state: DecodeState, need: int, placement: RolloutMesh | None
     capacity."""
     if cache_lib.capacity(state.cache) >= need:
         return state
-    return _grow(state, capacity=cache_bucket(need), placement=placement)
+    return grow_state(state, capacity=cache_bucket(need), placement=placement)
 
 
 def cache_used(state: DecodeState) -> int:
     return int(state.cache["index"])
 
 
-def _last_logits(base, cfg, x, index):
+def last_logits(base, cfg, x, index):
     """x: [B, T, D] hidden -> f32[B, V] logits at per-row index (only that position's head)."""
     h = jnp.take_along_axis(x, index[:, None, None], axis=1)[:, 0]
     return jnp.einsum("bd,dv->bv", h, output_head(base, cfg).astype(h.dtype)).astype(jnp.float32)
@@ -136,8 +137,11 @@ def initial_keys(rng: jax.Array, b: int, row_offset=0) -> jax.Array:
     return jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(b, dtype=jnp.int32) + row_offset)
 
 
-def _sample_pending(state_router, logits, keys, pos, spec: SamplerSpec):
-    tok, lp = sample(logits, draw_keys(keys, pos), spec.sampling)
+def sample_pending(state_router, logits, keys, pos, spec: SamplerSpec, rows: RowSampling | None = None):
+    if rows is None:
+        tok, lp = sample(logits, draw_keys(keys, pos), spec.sampling)
+    else:
+        tok, lp = sample_rows(logits, draw_keys(keys, pos), rows, spec.sampling.top_k)
     router, role = route_step(state_router, tok, spec.router)
     return tok, lp, spec.routes(role), router
 
@@ -179,7 +183,7 @@ def _prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache:
     routes = spec.routes(roles)
     enc = (tokens[:, :-1], positions[:, :-1], routes[:, :-1]) if hold_last else (tokens, positions, routes)
     x, cache = hidden_states(base, adapters, *enc, cache, cfg=spec.model, cache_is_empty=True)
-    logits = None if hold_last else _last_logits(base, spec.model, x, jnp.full((tokens.shape[0],), tokens.shape[1] - 1))
+    logits = None if hold_last else last_logits(base, spec.model, x, jnp.full((tokens.shape[0],), tokens.shape[1] - 1))
     if rows is not None:
         def take(a):
             return jnp.take(a, rows, axis=0)
@@ -197,7 +201,7 @@ def _prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache:
                                      keys=keys), place), routes
     router0 = state_after(jnp.where(valid, tokens, -1), spec.router)
     next_pos = jnp.max(positions, axis=1) + 1
-    tok, lp, route, router = _sample_pending(router0, logits, keys, next_pos, spec)
+    tok, lp, route, router = sample_pending(router0, logits, keys, next_pos, spec)
     return constrain(DecodeState(cache=cache, pending=tok, pending_lp=lp, pending_route=route, router=router,
                                  next_pos=next_pos, keys=keys), place), routes
 
@@ -226,38 +230,57 @@ def _merge(mask: jnp.ndarray, new: DecodeState, old: DecodeState) -> DecodeState
                        router=pick(new.router, old.router), next_pos=pick(new.next_pos, old.next_pos))
 
 
+def stop_window(spec: SamplerSpec) -> int:
+    """Tokens of history the stop check looks at (the longest stop sequence)."""
+    return max(len(s) for s in spec.stops)
+
+
 @functools.partial(jax.jit, static_argnames=("spec", "length"), donate_argnames=("state",))
 def decode_segment(base, adapters, state: DecodeState, active: jnp.ndarray, stop_enabled: jnp.ndarray,
-                   budget: jnp.ndarray, *, spec: SamplerSpec, length: int) -> tuple[DecodeState, Segment]:
+                   budget: jnp.ndarray, history: jnp.ndarray | None = None, recorded: jnp.ndarray | None = None,
+                   *, spec: SamplerSpec, length: int) -> tuple[DecodeState, Segment]:
     """Generate up to budget[b] (1 ≤ budget ≤ `length`, the bucket) tokens for each `active` row.
 
     active: bool[B]; stop_enabled: bool[B, S] per-row switch of each stop sequence (e.g. the tool
-    stop is off in the final answer-only segment). Writes (steps taken − 1) cache slots."""
+    stop is off in the final answer-only segment). Writes (steps taken − 1) cache slots.
+    A turn decoded in several segments (serve.engine) passes `history` i32[B, stop_window] (each
+    row's last tokens so far, −1 where fewer; a stop sequence split across segments still ends
+    the row) and `recorded` bool[B]: rows whose pending token an earlier segment already returned
+    (it is consumed, not returned again, and does not count against the budget)."""
     state = constrain(state, spec.placement)
     b = active.shape[0]
-    k = max(len(s) for s in spec.stops)
+    k = stop_window(spec)
     out_tok = jnp.full((b, length), -1, jnp.int32)
     out_lp = jnp.zeros((b, length), jnp.float32)
     out_route = jnp.full((b, length), -1, jnp.int32)
 
-    def record(n, running, tok, lp, route, outs, hist):
+    rows = jnp.arange(b)
+
+    def record(n, running, tok, lp, route, outs, hist, count):
         out_tok, out_lp, out_route = outs
-        out_tok = out_tok.at[:, n].set(jnp.where(running, tok, -1))
-        out_lp = out_lp.at[:, n].set(jnp.where(running, lp, 0.0))
-        out_route = out_route.at[:, n].set(jnp.where(running, route, -1))
+        if recorded is None:  # every running row has returned n tokens: column n
+            out_tok = out_tok.at[:, n].set(jnp.where(running, tok, -1))
+            out_lp = out_lp.at[:, n].set(jnp.where(running, lp, 0.0))
+            out_route = out_route.at[:, n].set(jnp.where(running, route, -1))
+        else:  # rows that skipped their pending token are a column behind: each at its own count
+            col = jnp.where(running, count, length)  # out of range: dropped
+            out_tok = out_tok.at[rows, col].set(tok, mode="drop")
+            out_lp = out_lp.at[rows, col].set(lp, mode="drop")
+            out_route = out_route.at[rows, col].set(route, mode="drop")
         hist = jnp.where(running[:, None], jnp.concatenate([hist[:, 1:], tok[:, None]], axis=1), hist)
         hit = jnp.where(running, _stop_hit(hist, spec.stops, stop_enabled), -1)
         return (out_tok, out_lp, out_route), hist, hit
 
-    hist = jnp.full((b, k), -1, jnp.int32)
-    outs, hist, hit = record(0, active, state.pending, state.pending_lp, state.pending_route,
-                             (out_tok, out_lp, out_route), hist)
-    count = active.astype(jnp.int32)
+    hist = jnp.full((b, k), -1, jnp.int32) if history is None else history.astype(jnp.int32)
+    first = active if recorded is None else active & ~recorded
+    outs, hist, hit = record(0, first, state.pending, state.pending_lp, state.pending_route,
+                             (out_tok, out_lp, out_route), hist, jnp.zeros((b,), jnp.int32))
+    count = first.astype(jnp.int32)
     done = ~active | (hit >= 0) | (count >= budget)
 
     def cond(carry):
         n, _, _, _, done, _, _ = carry
-        return (n < length) & ~jnp.all(done)
+        return (n <= length) & ~jnp.all(done)  # a row that skipped its pending token may record `length`
 
     def body(carry):
         n, state, outs, hist, done, count, stop_idx = carry
@@ -266,12 +289,13 @@ def decode_segment(base, adapters, state: DecodeState, active: jnp.ndarray, stop
         route = jnp.where(running, state.pending_route, -1)
         x, cache = hidden_states(base, adapters, state.pending[:, None], pos[:, None], route[:, None],
                                  state.cache, cfg=spec.model)
-        logits = _last_logits(base, spec.model, x, jnp.zeros((b,), jnp.int32))
-        tok, lp, new_route, router = _sample_pending(state.router, logits, state.keys, state.next_pos + 1, spec)
+        logits = last_logits(base, spec.model, x, jnp.zeros((b,), jnp.int32))
+        tok, lp, new_route, router = sample_pending(state.router, logits, state.keys, state.next_pos + 1, spec,
+                                                     state.sampling)
         new = DecodeState(cache=cache, pending=tok, pending_lp=lp, pending_route=new_route, router=router,
-                          next_pos=state.next_pos + 1, keys=state.keys)
+                          next_pos=state.next_pos + 1, keys=state.keys, sampling=state.sampling)
         state = constrain(_merge(running, new, state), spec.placement)  # the loop carry keeps its layout
-        outs, hist, hit = record(n, running, tok, lp, new_route, outs, hist)
+        outs, hist, hit = record(n, running, tok, lp, new_route, outs, hist, count)
         stop_idx = jnp.where(hit >= 0, hit, stop_idx)
         count = count + running
         return n + 1, state, outs, hist, done | (hit >= 0) | (count >= budget), count, stop_idx
@@ -306,10 +330,10 @@ def append(base, adapters, state: DecodeState, obs: jnp.ndarray, obs_len: jnp.nd
     obs_routes = jnp.where(obs_valid, spec.routes(obs_roles.T), -1)
     routes = jnp.concatenate([jnp.where(do_append, state.pending_route, -1)[:, None], obs_routes], axis=1)
     x, cache = hidden_states(base, adapters, chunk, pos, routes, state.cache, cfg=spec.model)
-    logits = _last_logits(base, spec.model, x, jnp.maximum(obs_len, 0))
+    logits = last_logits(base, spec.model, x, jnp.maximum(obs_len, 0))
     next_pos = state.next_pos + obs_len + 1
-    tok, lp, route, router = _sample_pending(router_end, logits, state.keys, next_pos, spec)
+    tok, lp, route, router = sample_pending(router_end, logits, state.keys, next_pos, spec, state.sampling)
     new = DecodeState(cache=cache, pending=tok, pending_lp=lp, pending_route=route, router=router,
-                      next_pos=next_pos, keys=state.keys)
+                      next_pos=next_pos, keys=state.keys, sampling=state.sampling)
     state = _merge(do_append, new, state)
     return constrain(state, spec.placement), obs_routes

@@ -152,3 +152,33 @@ def sample(logits: jnp.ndarray, key: jax.Array, cfg: SamplingConfig) -> tuple[jn
         tok = categorical(key, filter_logits(z, cfg.top_k, cfg.top_p))
     lp = jnp.take_along_axis(z, tok[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(z, axis=-1)
     return tok.astype(jnp.int32), lp
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RowSampling:
+    """Per-row sampling settings (an engine serving requests that each choose their own): temperature
+    f32[B] (0: greedy, its log-prob at T = 1) and top_p f32[B] (1: off). Top-k stays a batch setting."""
+    temperature: jnp.ndarray
+    top_p: jnp.ndarray
+
+    @staticmethod
+    def of(temperatures, top_ps) -> "RowSampling":
+        t, p = jnp.asarray(temperatures, jnp.float32), jnp.asarray(top_ps, jnp.float32)
+        return RowSampling(temperature=t, top_p=p)
+
+
+def sample_rows(logits: jnp.ndarray, keys: jax.Array, rows: RowSampling, top_k: int = 0
+                ) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """`sample` with each row's own temperature and top-p (keys: one per row). A row gets exactly what
+    `sample` with its settings gives it, whatever the other rows ask for."""
+    greedy = rows.temperature <= 0.0
+    z = logits.astype(jnp.float32) / jnp.where(greedy, 1.0, rows.temperature)[:, None]
+    f = filter_logits(z, top_k, 1.0)
+    neg = jnp.finfo(f.dtype).min
+    f = jax.lax.cond(jnp.any(rows.top_p < 1.0),
+                     lambda f: jnp.where((f < nucleus_cutoff(f, rows.top_p)) & (rows.top_p < 1.0)[:, None], neg, f),
+                     lambda f: f, f)
+    tok = jnp.where(greedy, argmax_first(z), categorical(keys, f))
+    lp = jnp.take_along_axis(z, tok[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(z, axis=-1)
+    return tok.astype(jnp.int32), lp

@@ -77,7 +77,7 @@ def test_observation_truncation_keeps_closing_tag(setup):
     cfg, base, tok, retriever, rows, prompts = setup
     rc = RolloutConfig(max_tokens_per_turn=256, max_response_tokens=1024, max_obs_tokens=40, invalid_action="search_r1")
     agent = Agent(cfg, tok, QA, tool_for(QA, RetrievalTool(retriever)), SamplingConfig(), rc)
-    ids = agent._obs_ids(QA.render_observation("word " * 300))
+    ids = agent.obs_ids(QA.render_observation("word " * 300))
     assert len(ids) <= 40 and tok.decode(ids).endswith("</information>\n\n")
     assert (agent._query(tok.encode("x <search> capital of france </search>", add_special_tokens=False))
             == "capital of france")

@@ -1,0 +1,581 @@
+"""A continuous-batching engine over the JAX sampler: requests join the running decode batch between
+segments and leave when they finish or pause for a tool; a freed slot is refilled at once.
+
+    Engine(agent, base, adapters, slots=16, segment=16)
+    gen = engine.submit(Request(prompt_ids, max_tokens=..., temperature=..., top_p=..., seed=...))
+    engine.run_until_idle()          # or engine.start(): a background thread steps while work exists
+    gen.result()                     # the trajectory: ids, log-probs, routes, turns, finish, text
+
+Device side: one DecodeState of `slots` rows whose KV cache has a write index per row
+(models.cache), so each row writes where it is and a refilled row starts again at slot 0. A step
+  1. appends the observations of rows whose tool call came back (sampler.append, one batch),
+  2. admits waiting requests into free rows: their prompts are prefilled alone ([U, T], no other
+     row's work) and scattered into those rows (`_admit`),
+  3. decodes one segment of at most `segment` tokens for every running row (sampler.decode_segment
+     with each row's stop history, so a turn may span segments),
+  4. hands each row's tokens to its request; a row whose turn ended is decided as the agent loop
+     decides (rollout.agent.Agent.end_turn): answer / invalid / length end it and free the row; a
+     tool call pauses it, and the tool runs on a worker thread outside the decode step.
+Compiled shapes are bucketed (prefill width and rows, observation width, cache capacity), so a new
+request only compiles a shape the engine has not met yet; `warmup()` compiles the common ones first.
+
+Each request samples with its own temperature, top-p and seed (top-k is the engine's), keyed by
+(seed, position) as the batch sampler keys row 0 of a one-prompt batch: a request's tokens and
+log-probs are what it gets decoded alone, whatever else is in flight (tests/serve/test_engine.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import functools
+import itertools
+import logging
+import threading
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dart_jax.models import cache as cache_lib
+from dart_jax.models.cache import KVCache
+from dart_jax.models.generate import left_pad
+from dart_jax.models.transformer import hidden_states
+from dart_jax.roles.router import route_roles, state_after
+from dart_jax.rollout.agent import Agent
+from dart_jax.rollout.placement import decode_params
+from dart_jax.rollout.sampler import (
+    LENGTH,
+    STOPPED,
+    DecodeState,
+    append,
+    bucket,
+    cache_bucket,
+    decode_segment,
+    grow_state,
+    initial_keys,
+    last_logits,
+    sample_pending,
+    stop_window,
+)
+from dart_jax.rollout.sampling import RowSampling
+from dart_jax.rollout.turn import observation_fits
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One generation. `prompt`: token ids (chat template applied); `max_tokens`: the response budget
+    (generated + observation tokens, as rollout.max_response_tokens; 0: the engine's); `tools`: run
+    the tool loop (off: the tool stop is disabled and the model answers without searching)."""
+    prompt: tuple[int, ...]
+    max_tokens: int = 0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    tools: bool = True
+    meta: dict = dataclasses.field(default_factory=dict)  # what the tool needs per request (SQL: db_path)
+
+    def __post_init__(self):
+        if not self.prompt:
+            raise ValueError("a request needs a non-empty prompt")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_tokens < 0:
+            raise ValueError(f"temperature={self.temperature} (≥ 0), top_p={self.top_p} (in (0, 1]), "
+                             f"max_tokens={self.max_tokens} (≥ 0)")
+
+
+class EngineClosed(RuntimeError):
+    """The engine was closed before the request finished."""
+
+
+class Generation:
+    """A request in flight: its response so far, turn records and events (`stream()` yields text /
+    token deltas as segments land; `result()` waits for the end)."""
+
+    def __init__(self, request: Request, uid: int, agent: Agent, limit: int):
+        self.request, self.uid, self.limit = request, uid, limit
+        self.ids: list[int] = []
+        self.mask: list[float] = []
+        self.logprobs: list[float] = []
+        self.routes: list[int] = []
+        self.turns: list[dict] = []
+        self.spans: list[tuple[int, int, bool]] = []
+        self.turn_ids: list[int] = []
+        self.turn_cap = 0
+        self.turn_count = 0
+        self.calls = 0
+        self.finish: str | None = None
+        self.error: BaseException | None = None
+        self.recorded = False      # its pending token was returned by an earlier segment of this turn
+        self.last_turn = False     # the agent loop's last turn: after its observation, "budget"
+        self.cancelled = False
+        self.tool: concurrent.futures.Future | None = None
+        self.obs_text: str | None = None  # an observation (tool result or corrective message) to append
+        self.obs_tool = False
+        self.submitted = time.perf_counter()
+        self.first_token: float | None = None
+        self.finished_at: float | None = None
+        self._events: collections.deque = collections.deque()
+        self._cond = threading.Condition()
+
+    # -- consumer side -----------------------------------------------------------------------
+    def done(self) -> bool:
+        return self.finish is not None or self.error is not None
+
+    def result(self, timeout: float | None = None) -> dict:
+        with self._cond:
+            if not self._cond.wait_for(self.done, timeout):
+                raise TimeoutError(f"request {self.uid} not finished after {timeout} s")
+        if self.error is not None:
+            raise self.error
+        return self.trajectory()
+
+    def stream(self, timeout: float | None = None):
+        """Yields events as they land: {"kind": "tokens", "ids": [...]} for generated tokens,
+        {"kind": "observation", "ids": [...], "text": ...}, {"kind": "tool", "query": ...}, and finally
+        {"kind": "done", "finish": ...}."""
+        while True:
+            with self._cond:
+                if not self._cond.wait_for(lambda: self._events or self.done(), timeout):
+                    raise TimeoutError(f"request {self.uid}: no event for {timeout} s")
+                events = list(self._events)
+                self._events.clear()
+                finished = self.done() and not events
+            yield from events
+            if finished:
+                if self.error is not None:
+                    raise self.error
+                return
+
+    def trajectory(self) -> dict:
+        return {"uid": self.uid, "prompt": list(self.request.prompt), "ids": self.ids, "mask": self.mask,
+                "logprobs": self.logprobs, "routes": self.routes, "turns": self.turns, "spans": self.spans,
+                "finish": self.finish, "tool_calls": self.calls,
+                "time_to_first_token_s": None if self.first_token is None else self.first_token - self.submitted,
+                "latency_s": None if self.finished_at is None else self.finished_at - self.submitted}
+
+    # -- engine side -------------------------------------------------------------------------
+    def _emit(self, event: dict):
+        with self._cond:
+            self._events.append(event)
+            self._cond.notify_all()
+
+    def _end(self, finish: str | None = None, error: BaseException | None = None):
+        with self._cond:
+            self.finish = finish if error is None else (finish or "error")
+            self.error = error
+            self.finished_at = time.perf_counter()
+            self._events.append({"kind": "done", "finish": self.finish})
+            self._cond.notify_all()
+
+
+def _set_rows(a: jnp.ndarray, rows: jnp.ndarray, val) -> jnp.ndarray:
+    return a.at[rows].set(val, mode="drop")  # rows ≥ len(a): padding entries, dropped
+
+
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
+def _admit(base, adapters, state: DecodeState, tokens: jnp.ndarray, positions: jnp.ndarray, rows: jnp.ndarray,
+           keys: jax.Array, temperature: jnp.ndarray, top_p: jnp.ndarray, *, spec) -> DecodeState:
+    """Prefill U left-padded prompts (tokens, positions: i32[U, T]) alone, sample each one's first token
+    with its own key and settings, and place them in rows `rows` (i32[U]; ≥ B: padding) of the
+    engine's state: the row's cache is replaced (slots [0, T) hold the prompt, the rest is empty) and
+    its per-row fields are set. The state's capacity must be ≥ T."""
+    u, t = tokens.shape
+    cache = state.cache
+    fresh = cache_lib.init_cache(spec.model, u, t, cache["k"][0].dtype)
+    valid = positions >= 0
+    routes = spec.routes(route_roles(tokens, spec.router, valid))
+    x, fresh = hidden_states(base, adapters, tokens, positions, routes, fresh, cfg=spec.model, cache_is_empty=True)
+    logits = last_logits(base, spec.model, x, jnp.full((u,), t - 1))
+    router0 = state_after(jnp.where(valid, tokens, -1), spec.router)
+    next_pos = jnp.max(positions, axis=1) + 1
+    sampling = RowSampling(temperature=temperature, top_p=top_p)
+    tok, lp, route, router = sample_pending(router0, logits, keys, next_pos, spec, sampling)
+    s = cache["pos"].shape[1]
+    new_cache = KVCache(
+        k=tuple(kb.at[rows, :, :, :t].set(fk, mode="drop") for kb, fk in zip(cache["k"], fresh["k"])),
+        v=tuple(vb.at[rows, :, :t, :].set(fv, mode="drop") for vb, fv in zip(cache["v"], fresh["v"])),
+        pos=_set_rows(cache["pos"], rows, jnp.pad(fresh["pos"], ((0, 0), (0, s - t)), constant_values=-1)),
+        index=_set_rows(cache["index"], rows, jnp.full((u,), t, jnp.int32)))
+    old = state.sampling
+    return DecodeState(cache=new_cache, pending=_set_rows(state.pending, rows, tok),
+                       pending_lp=_set_rows(state.pending_lp, rows, lp),
+                       pending_route=_set_rows(state.pending_route, rows, route),
+                       router=_set_rows(state.router, rows, router), next_pos=_set_rows(state.next_pos, rows, next_pos),
+                       keys=_set_rows(state.keys, rows, keys),
+                       sampling=RowSampling(temperature=_set_rows(old.temperature, rows, temperature),
+                                            top_p=_set_rows(old.top_p, rows, top_p)))
+
+
+def request_key(seed: int) -> jax.Array:
+    """A request's sampling key: row 0's key of a one-prompt batch sampled with `seed` (sampler.initial_keys)."""
+    return initial_keys(jax.random.PRNGKey(seed), 1)[0]
+
+
+class Engine:
+    """Continuous batching of agent rollouts over `slots` rows (module doc). `agent` supplies the model
+    config, tokenizer, protocol, tool and rollout settings (rollout.agent.Agent); `base`, `adapters`
+    the policy (DART: both adapters, routed per token). `segment`: tokens per decode segment — the
+    most a waiting request waits for a slot to free up, and the host round trip's amortisation.
+    `tool_workers`: threads running tool calls outside the decode step."""
+
+    def __init__(self, agent: Agent, base, adapters, slots: int = 16, segment: int = 16, tool_workers: int = 4,
+                 max_waiting: int = 1024, tool: Callable[[list[str], list[dict]], list[str]] | None = None):
+        if slots < 1 or segment < 1:
+            raise ValueError(f"slots={slots} and segment={segment} must be ≥ 1")
+        self.agent, self.spec, self.rc = agent, agent.spec, agent.rc
+        self.tool = tool or agent.tool
+        self.base = decode_params(base, self.rc.decode_layout)
+        self.adapters = adapters
+        self.slots, self.segment = slots, bucket(segment)
+        self.max_waiting = max_waiting
+        self.window = stop_window(self.spec)
+        self.rows: list[Generation | None] = [None] * slots
+        self.waiting: collections.deque[Generation] = collections.deque()
+        self.pool = concurrent.futures.ThreadPoolExecutor(max(1, tool_workers), thread_name_prefix="engine-tool")
+        self._uid = itertools.count()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.stats = collections.Counter()
+        self.state = self._empty_state(cache_bucket(self.segment + 1))
+
+    # -- state --------------------------------------------------------------------------------
+    def _empty_state(self, capacity: int) -> DecodeState:
+        b = self.slots
+        cache = cache_lib.init_cache(self.spec.model, b, capacity, per_row=True)
+        zeros_i = jnp.zeros((b,), jnp.int32)
+        return DecodeState(cache=cache, pending=zeros_i, pending_lp=jnp.zeros((b,), jnp.float32),
+                           pending_route=zeros_i - 1, router=jnp.zeros((b,), bool), next_pos=zeros_i,
+                           keys=jnp.stack([request_key(0)] * b),
+                           sampling=RowSampling.of(np.zeros(b), np.ones(b)))
+
+    def capacity(self) -> int:
+        return int(self.state.cache["pos"].shape[1])
+
+    def _ensure(self, need: int):
+        if need > self.capacity():
+            self.state = grow_state(self.state, capacity=cache_bucket(need))
+            self.stats["cache_grows"] += 1
+
+    def _indices(self) -> np.ndarray:
+        return np.asarray(jax.device_get(self.state.cache["index"]))
+
+    # -- client side --------------------------------------------------------------------------
+    def submit(self, request: Request) -> Generation:
+        """Queue a request (thread-safe). Raises `Overloaded` when the waiting queue is full."""
+        prompt_len = len(request.prompt)
+        context = self.spec.model.max_position_embeddings
+        if prompt_len >= context:
+            raise ValueError(f"a prompt of {prompt_len} tokens leaves no room for a response in the model's "
+                             f"context of {context} positions")
+        limit = self.agent.response_limit(prompt_len)
+        if request.max_tokens:
+            limit = min(limit, request.max_tokens)
+        gen = Generation(request, next(self._uid), self.agent, limit)
+        with self._wake:
+            if self._closed:
+                raise EngineClosed("the engine is closed")
+            if len(self.waiting) >= self.max_waiting:
+                raise Overloaded(f"{len(self.waiting)} requests waiting (max_waiting={self.max_waiting})")
+            self.waiting.append(gen)
+            self._wake.notify_all()
+        return gen
+
+    def load(self) -> dict:
+        with self._lock:
+            busy = sum(g is not None for g in self.rows)
+            return {"slots": self.slots, "busy": busy, "waiting": len(self.waiting),
+                    "paused": sum(g is not None and g.tool is not None for g in self.rows)}
+
+    # -- the loop ------------------------------------------------------------------------------
+    def cancel(self, gen: Generation):
+        """Stop a request (a client that went away, a deadline): it ends "cancelled" at the next step."""
+        gen.cancelled = True
+        with self._wake:
+            self._wake.notify_all()
+
+    def step(self) -> bool:
+        """One engine iteration (module doc). -> whether anything is still in flight or waiting."""
+        for i, g in enumerate(self.rows):
+            if g is not None and g.cancelled:
+                if g.tool is not None:
+                    g.tool.cancel()
+                self._release(i, "cancelled")
+        self._resume()
+        self._admit()
+        ran = self._decode()
+        with self._lock:
+            busy = any(g is not None for g in self.rows) or bool(self.waiting)
+            paused = [g.tool for g in self.rows if g is not None and g.tool is not None]
+        if busy and not ran and paused and not any(f.done() for f in paused):
+            # every row waits on its tool: sleep until one returns (or a new request arrives)
+            concurrent.futures.wait(paused, timeout=0.05, return_when=concurrent.futures.FIRST_COMPLETED)
+        return busy
+
+    def run_until_idle(self, timeout: float | None = None):
+        start = time.perf_counter()
+        while self.step():
+            if timeout is not None and time.perf_counter() - start > timeout:
+                raise TimeoutError(f"engine still busy after {timeout} s")
+
+    def start(self) -> "Engine":
+        """Step on a background thread while there is work (for a server)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def _serve(self):
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._closed or self.waiting or any(g is not None for g in self.rows))
+                if self._closed:
+                    return
+            try:
+                self.step()
+            except Exception as e:  # a device or tool failure: fail the requests in flight, keep serving
+                log.exception("engine step failed; failing the requests in flight")
+                self._fail_all(e)
+
+    def close(self):
+        with self._wake:
+            self._closed = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._fail_all(EngineClosed("the engine was closed"))
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _fail_all(self, error: BaseException):
+        with self._lock:
+            gens = [g for g in self.rows if g is not None] + list(self.waiting)
+            self.rows = [None] * self.slots
+            self.waiting.clear()
+        for g in gens:
+            if not g.done():
+                g._end(error=error)
+
+    # -- 1. observations ----------------------------------------------------------------------
+    def _resume(self):
+        """Append the observations that are ready (tool results back, corrective messages) in one batch."""
+        ready: dict[int, list[int]] = {}
+        for i, g in enumerate(self.rows):
+            if g is None:
+                continue
+            if g.tool is not None:
+                if not g.tool.done():
+                    continue
+                fut, g.tool = g.tool, None
+                try:
+                    body = fut.result()[0]
+                except Exception as e:  # a failing tool ends its request with the error, not the engine
+                    self._release(i, error=e)
+                    continue
+                g.obs_text, body, replaced = self.agent.observation(body, g.calls)
+                g.turns[-1]["observation"] = body
+                if replaced:
+                    g.turns[-1]["invalid_text"] = replaced
+                g.obs_tool = True
+            if g.obs_text is None:
+                continue
+            ids = self.agent.obs_ids(g.obs_text)
+            g.obs_text = None
+            if not observation_fits(len(g.ids), len(ids), g.limit):
+                self._release(i, "length")
+                continue
+            ready[i] = ids
+        if not ready:
+            return
+        width = min(bucket(self.rc.max_obs_tokens), bucket(max(len(x) for x in ready.values())))
+        obs = np.zeros((self.slots, width), np.int32)
+        obs_len = np.zeros(self.slots, np.int32)
+        do = np.zeros(self.slots, bool)
+        for i, ids in ready.items():
+            obs[i, :len(ids)], obs_len[i], do[i] = ids, len(ids), True
+        self._ensure(int(self._indices().max()) + width + 1)
+        self.state, obs_routes = append(self.base, self.adapters, self.state, jnp.asarray(obs), jnp.asarray(obs_len),
+                                        jnp.asarray(do), spec=self.spec)
+        obs_routes = np.asarray(obs_routes)
+        for i, ids in ready.items():
+            g = self.rows[i]
+            g.spans.append((len(g.ids), len(ids), g.obs_tool))
+            g.ids += ids
+            g.mask += [0.0] * len(ids)
+            g.logprobs += [0.0] * len(ids)
+            g.routes += obs_routes[i, :len(ids)].tolist()
+            g.recorded = False
+            g._emit({"kind": "observation", "ids": ids, "text": g.turns[-1].get("observation") if g.obs_tool else
+                     self.agent.protocol.invalid_message})
+            if g.last_turn:
+                self._release(i, "budget")
+            else:
+                self._start_turn(g)
+        self.stats["appends"] += 1
+
+    # -- 2. admission -------------------------------------------------------------------------
+    def _admit(self):
+        with self._lock:
+            free = [i for i, g in enumerate(self.rows) if g is None]
+            take = []
+            while free and self.waiting:
+                g = self.waiting.popleft()
+                if g.cancelled:
+                    g._end("cancelled")
+                    continue
+                i = free.pop(0)
+                self.rows[i] = g
+                take.append((i, g))
+        if not take:
+            return
+        pad = self.agent.tok.pad_token_id if self.agent.tok.pad_token_id is not None else 0
+        prompts = [list(g.request.prompt) for _, g in take]
+        u = bucket(len(take)) if len(take) > 1 else 1
+        width = cache_bucket(max(len(p) for p in prompts))
+        tokens, positions = left_pad(prompts + [prompts[0]] * (u - len(take)), pad)
+        extra = width - tokens.shape[1]
+        tokens = jnp.pad(tokens, ((0, 0), (extra, 0)), constant_values=pad)
+        positions = jnp.pad(positions, ((0, 0), (extra, 0)), constant_values=-1)
+        rows = np.full(u, self.slots, np.int32)  # padding entries: out of range, dropped
+        rows[:len(take)] = [i for i, _ in take]
+        keys = jnp.stack([request_key(g.request.seed) for _, g in take] + [request_key(0)] * (u - len(take)))
+        temp = np.zeros(u, np.float32)
+        top_p = np.ones(u, np.float32)
+        temp[:len(take)] = [g.request.temperature for _, g in take]
+        top_p[:len(take)] = [g.request.top_p for _, g in take]
+        self._ensure(width + self.segment + 1)
+        self.state = _admit(self.base, self.adapters, self.state, tokens, positions, jnp.asarray(rows), keys,
+                            jnp.asarray(temp), jnp.asarray(top_p), spec=self.spec)
+        for _, g in take:
+            g.recorded = False
+            self._start_turn(g)
+        self.stats["admits"] += 1
+        self.stats["admitted"] += len(take)
+
+    def _start_turn(self, g: Generation):
+        """A new turn: its token budget as the agent loop gives a segment (rollout.agent.Agent.run)."""
+        g.turn_ids = []
+        room = g.limit - len(g.ids)
+        g.turn_cap = int(np.clip(min(room, self.rc.max_tokens_per_turn), 1, bucket(self.rc.max_tokens_per_turn)))
+
+    # -- 3. decode ------------------------------------------------------------------------------
+    def _decode(self) -> bool:
+        b, n_stops = self.slots, len(self.spec.stops)
+        active = np.zeros(b, bool)
+        enabled = np.ones((b, n_stops), bool)
+        budget = np.ones(b, np.int32)
+        history = np.full((b, self.window), -1, np.int32)
+        recorded = np.zeros(b, bool)
+        for i, g in enumerate(self.rows):
+            if g is None or g.tool is not None or g.obs_text is not None or g.done():
+                continue
+            active[i] = True
+            if g.calls >= self.rc.max_turns or not g.request.tools:
+                enabled[i, self.agent.stop_groups["tool"]] = False
+            budget[i] = min(g.turn_cap - len(g.turn_ids), self.segment)
+            tail = g.turn_ids[-self.window:]
+            if tail:
+                history[i, -len(tail):] = tail
+            recorded[i] = g.recorded
+        if not active.any():
+            return False
+        self._ensure(int(self._indices().max()) + self.segment + 1)
+        self.state, seg = decode_segment(self.base, self.adapters, self.state, jnp.asarray(active),
+                                         jnp.asarray(enabled), jnp.asarray(budget), jnp.asarray(history),
+                                         jnp.asarray(recorded), spec=self.spec, length=self.segment)
+        seg = jax.device_get(seg)
+        self.stats["segments"] += 1
+        now = time.perf_counter()
+        for i in np.nonzero(active)[0]:
+            g = self.rows[i]
+            n = int(seg.count[i])
+            ids = seg.tokens[i, :n].tolist()
+            if n and g.first_token is None:
+                g.first_token = now
+            g.ids += ids
+            g.mask += [1.0] * n
+            g.logprobs += seg.logprobs[i, :n].tolist()
+            g.routes += seg.routes[i, :n].tolist()
+            g.turn_ids += ids
+            g.recorded = True
+            self.stats["tokens"] += n
+            if ids:
+                g._emit({"kind": "tokens", "ids": ids})
+            stopped = int(seg.finish[i]) == STOPPED
+            if stopped or len(g.turn_ids) >= g.turn_cap:
+                self._end_turn(int(i), g, STOPPED if stopped else LENGTH, int(seg.stop_index[i]))
+        return True
+
+    def _end_turn(self, i: int, g: Generation, finish: int, stop_index: int):
+        end, d = self.agent.end_turn(g.turn_ids, finish, stop_index, len(g.ids), g.calls, g.limit)
+        g.turns.append({"tokens": len(g.turn_ids), "action": d.action,
+                        "query": end.query if d.action == "tool" else None, "observation": None})
+        g.turn_count += 1
+        if d.action == "tool":
+            g.calls += 1
+        if d.finish is not None:
+            self._release(i, d.finish)
+            return
+        if d.call:
+            g._emit({"kind": "tool", "query": end.query})
+            g.tool = self.pool.submit(self.tool, [end.query], [dict(g.request.meta)])
+        elif d.corrective:
+            g.obs_text, g.obs_tool = self.agent.protocol.invalid_message, False
+        if g.turn_count >= self.agent.turn_limit():  # the agent loop's last turn: still going means "budget"
+            if g.tool is None and g.obs_text is None:
+                self._release(i, "budget")
+            else:
+                g.last_turn = True  # its observation joins the response first, as in the agent loop
+
+    def _release(self, i: int, finish: str | None = None, error: BaseException | None = None):
+        g = self.rows[i]
+        with self._lock:
+            self.rows[i] = None
+        g._end(finish, error)
+        self.stats["finished"] += 1
+
+    def warmup(self, prompt_len: int = 128, obs_len: int = 128):
+        """Compile the shapes a request meets (prefill of 1..slots prompts, a segment, an append) with
+        dummy work, so the first real request does not wait on the compiler."""
+        width = cache_bucket(prompt_len)
+        self._ensure(width + bucket(obs_len) + 2 * self.segment + 1)
+        state = self.state
+        for u in sorted({1} | {bucket(k) for k in range(2, self.slots + 1)}):
+            tokens = jnp.zeros((u, width), jnp.int32)
+            positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (u, width))
+            rows = jnp.full((u,), self.slots, jnp.int32)  # every entry dropped: nothing is admitted
+            state = _admit(self.base, self.adapters, state, tokens, positions, rows,
+                           jnp.stack([request_key(0)] * u), jnp.zeros(u), jnp.ones(u), spec=self.spec)
+        b = self.slots
+        state, _ = decode_segment(self.base, self.adapters, state, jnp.zeros(b, bool),
+                                  jnp.ones((b, len(self.spec.stops)), bool), jnp.ones(b, jnp.int32),
+                                  jnp.full((b, self.window), -1, jnp.int32), jnp.zeros(b, bool),
+                                  spec=self.spec, length=self.segment)
+        self.state = state
+
+
+class Overloaded(RuntimeError):
+    """The engine's waiting queue is full: retry later (a server answers 429 with Retry-After)."""
+
+
+def generation_text(agent: Agent, traj: dict) -> str:
+    return agent.tok.decode(traj["ids"], skip_special_tokens=True)
+
+
+def route_counts(traj: dict, names: dict[int, str] | None = None) -> dict[str, int]:
+    """Generated tokens per route id (DART: 0 reasoning, 1 tool; mode_routes), named by `names`."""
+    out: dict[str, int] = {}
+    for r, m in zip(traj["routes"], traj["mask"]):
+        if m:
+            key = (names or {}).get(r, str(r))
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+__all__ = ["Engine", "EngineClosed", "Generation", "Overloaded", "Request", "generation_text", "request_key",
+           "route_counts"]
