@@ -96,8 +96,9 @@ class Generation:
     """A request in flight: its response so far, turn records and events (`stream()` yields text /
     token deltas as segments land; `result()` waits for the end)."""
 
-    def __init__(self, request: Request, uid: int, agent: Agent, limit: int):
+    def __init__(self, request: Request, uid: int, limit: int, listener: Callable[[dict], None] | None = None):
         self.request, self.uid, self.limit = request, uid, limit
+        self.listener = listener  # called with every event, on the engine's thread (a server's queue feeder)
         self.ids: list[int] = []
         self.mask: list[float] = []
         self.logprobs: list[float] = []
@@ -163,6 +164,8 @@ class Generation:
         with self._cond:
             self._events.append(event)
             self._cond.notify_all()
+        if self.listener is not None:
+            self.listener(event)
 
     def _end(self, finish: str | None = None, error: BaseException | None = None):
         with self._cond:
@@ -171,6 +174,8 @@ class Generation:
             self.finished_at = time.perf_counter()
             self._events.append({"kind": "done", "finish": self.finish})
             self._cond.notify_all()
+        if self.listener is not None:
+            self.listener({"kind": "done", "finish": self.finish})
 
 
 def _set_rows(a: jnp.ndarray, rows: jnp.ndarray, val) -> jnp.ndarray:
@@ -267,8 +272,9 @@ class Engine:
         return np.asarray(jax.device_get(self.state.cache["index"]))
 
     # -- client side --------------------------------------------------------------------------
-    def submit(self, request: Request) -> Generation:
-        """Queue a request (thread-safe). Raises `Overloaded` when the waiting queue is full."""
+    def submit(self, request: Request, listener: Callable[[dict], None] | None = None) -> Generation:
+        """Queue a request (thread-safe). Raises `Overloaded` when the waiting queue is full. `listener`
+        receives the generation's events as they land (on the engine's thread: keep it short)."""
         prompt_len = len(request.prompt)
         context = self.spec.model.max_position_embeddings
         if prompt_len >= context:
@@ -277,7 +283,7 @@ class Engine:
         limit = self.agent.response_limit(prompt_len)
         if request.max_tokens:
             limit = min(limit, request.max_tokens)
-        gen = Generation(request, next(self._uid), self.agent, limit)
+        gen = Generation(request, next(self._uid), limit, listener)
         with self._wake:
             if self._closed:
                 raise EngineClosed("the engine is closed")

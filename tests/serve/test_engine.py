@@ -7,61 +7,14 @@ A tiny random Llama with SmolLM2's tokenizer and a protocol whose tool tags are 
 over lab world 1's corpus. Tolerances: ids, routes, finish and turns exact; log-probs 2e-5 (the batch
 of 1 and the batch of `slots` rows round their matmuls differently)."""
 
-import dataclasses
-import os
 
 import numpy as np
 import pytest
 
-from dart_jax.checkpoints.registry import load_model
-from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
-from dart_jax.rollout.protocol import QA
+from dart_jax.rollout.agent import Agent
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.serve.engine import Engine, Overloaded, Request
-from dart_jax.tokenization.sentinels import SENTINEL_TAGS, add_sentinel_tokens, grow_embeddings
-from dart_jax.tokenization.tokenizer import encode_chat, load_tokenizer
-from dart_jax.tools.lexical import LexicalRetriever, build_lexical_index
-from dart_jax.tools.retrieval import RetrievalTool
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FREQUENT = dataclasses.replace(QA, tool_open=" the", tool_close=".")
-RC = RolloutConfig(max_turns=2, max_tokens_per_turn=40, max_response_tokens=260, max_obs_tokens=64,
-                   invalid_action="search_r1")
-QUESTIONS = ["Who founded the Pomorn Brothers?", "When was the Furnish Bridge published?",
-             "Where was the mayor of Kalwick born?", "How many pages does the book have?",
-             "Which company employs the most people?", "Is the town older than the firm?"]
-
-
-@pytest.fixture(scope="module")
-def setup(tiny_smollm_dir, tmp_path_factory):
-    import jax
-    tok = load_tokenizer(tiny_smollm_dir)
-    add_sentinel_tokens(tok)
-    cfg, base = load_model(tiny_smollm_dir)
-    base, cfg = grow_embeddings(base, cfg, tok, SENTINEL_TAGS, jax.random.PRNGKey(0))
-    prompts = [encode_chat(tok, [{"role": "user", "content": q}]) for q in QUESTIONS]
-    base = _favour(base, cfg, prompts, [tok.encode(t, add_special_tokens=False)[0] for t in (" the", ".")])
-    index = build_lexical_index(os.path.join(ROOT, "data/lab/world1/corpus.jsonl"),
-                                str(tmp_path_factory.mktemp("lex")))
-    tool = tool_for(QA, RetrievalTool(LexicalRetriever(index), topk=1))
-    agent = Agent(cfg, tok, FREQUENT, tool, SamplingConfig(temperature=1.0), RC)
-    return agent, base, prompts
-
-
-def _favour(base, cfg, prompts, ids, logit=9.0):
-    """The random model's output head made to write `ids` often: their head columns point along the
-    mean final hidden state (logit ≈ `logit` on average, 49k-way softmax), so random text holds tool
-    tags and the loop pauses, resumes and finishes in every way."""
-    import jax.numpy as jnp
-
-    from dart_jax.models.generate import left_pad
-    from dart_jax.models.transformer import hidden_states
-    tokens, positions = left_pad(prompts, 0)
-    h, _ = hidden_states(base, None, tokens, positions, None, None, cfg=cfg)
-    m = np.asarray(h, np.float32)[np.asarray(positions) >= 0].mean(0)
-    head = np.array(base["lm_head"], np.float32)
-    head[:, ids] = (m / (m @ m) * logit)[:, None]
-    return {**base, "lm_head": jnp.asarray(head, base["lm_head"].dtype)}
+from serve_setup import RC
 
 
 def _alone(agent, base, prompt, temperature, seed):
@@ -83,8 +36,8 @@ def _same(got: dict, want: dict):
     np.testing.assert_allclose(np.asarray(got["logprobs"]), want["logprobs"], atol=2e-5)
 
 
-def test_continuous_batching_equals_each_request_alone(setup):
-    agent, base, prompts = setup
+def test_continuous_batching_equals_each_request_alone(serve_setup):
+    agent, base, prompts = serve_setup
     settings = [(1.0, 11), (0.0, 0), (0.7, 5), (1.0, 3), (1.0, 11), (0.5, 9)]
     engine = Engine(agent, base, None, slots=4, segment=8, tool_workers=2)
     gens = [engine.submit(Request(tuple(prompts[k]), temperature=t, seed=s))
@@ -102,8 +55,8 @@ def test_continuous_batching_equals_each_request_alone(setup):
         _same(r, _alone(agent, base, prompts[k], *settings[k]))
 
 
-def test_streamed_events_rebuild_the_response_and_the_queue_is_bounded(setup):
-    agent, base, prompts = setup
+def test_streamed_events_rebuild_the_response_and_the_queue_is_bounded(serve_setup):
+    agent, base, prompts = serve_setup
     engine = Engine(agent, base, None, slots=2, segment=8, max_waiting=2).start()
     try:
         gen = engine.submit(Request(tuple(prompts[0]), temperature=1.0, seed=4))

@@ -1,0 +1,3 @@
+"""The serving tests' fixture (tests/serve_setup.py)."""
+
+from serve_setup import serve_setup  # noqa: F401
