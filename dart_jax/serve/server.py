@@ -184,7 +184,7 @@ class ChatServer:
         if req["stream"]:
             return await self._stream(request, gen, events, req, rid, created, len(ids))
         deadline = loop.time() + self.request_timeout_s
-        text = _Text(self.tok, req["stop"])
+        text = TextStream(self.tok, req["stop"])
         while True:
             try:
                 ev = await asyncio.wait_for(events.get(), max(0.0, deadline - loop.time()))
@@ -212,7 +212,7 @@ class ChatServer:
         await resp.prepare(request)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.request_timeout_s
-        text = _Text(self.tok, req["stop"])
+        text = TextStream(self.tok, req["stop"])
 
         def chunk(delta: dict, finish: str | None = None, **extra) -> bytes:
             data = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_id,
@@ -260,7 +260,7 @@ class ChatServer:
         generated = int(sum(traj["mask"]))
         return {"prompt_tokens": prompt_len, "completion_tokens": generated, "total_tokens": prompt_len + generated}
 
-    def _extension(self, traj: dict, text: "_Text") -> dict:
+    def _extension(self, traj: dict, text: "TextStream") -> dict:
         routes: dict[str, int] = {}
         for r, m in zip(traj["routes"], traj["mask"]):
             if m:
@@ -350,7 +350,7 @@ class ChatServer:
             self.engine.close()
 
 
-class _Text:
+class TextStream:
     """The transcript's text as ids arrive: deltas that never split a character (a token may end
     inside a UTF-8 sequence) and a cut at the first stop string."""
 

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from dart_jax.serve.engine import Engine, Request
-from dart_jax.serve.server import ChatServer, _Text, prompt_ids
+from dart_jax.serve.server import ChatServer, TextStream, prompt_ids
 
 MESSAGES = [{"role": "user", "content": "Who founded the Pomorn Brothers? <search> x </search>"}]
 
@@ -124,7 +124,7 @@ def test_a_full_queue_answers_429_and_nothing_hangs(serve_setup):
 
 def test_text_deltas_hold_back_partial_characters_and_stop_prefixes(serve_setup):
     tok = serve_setup[0].tok
-    t = _Text(tok, ["STOP"])
+    t = TextStream(tok, ["STOP"])
     ids = tok.encode("héllo wörld ST", add_special_tokens=False)
     out = ""
     for i in ids:
