@@ -51,28 +51,18 @@ class Served:
 
 def load_served(f: dict) -> Served:
     """The agent the policy flags describe (`define_policy_flags`'s dict of flag holders)."""
-    from configs import evaluate as eval_config
     from dart_jax.data.paths import DATA, repo_path
-    from dart_jax.eval import as_trained
     from dart_jax.eval.policy import load_eval_policy
     from dart_jax.rollout.agent import Agent, tool_for
     from dart_jax.rollout.protocol import PROTOCOLS
     from dart_jax.rollout.sampling import SamplingConfig
-    from dart_jax.run.demo import default_warm_start
     from dart_jax.run.policy import run_mesh
     from dart_jax.run.spec import run_spec
     from dart_jax.run.task import make_tool
 
     checkpoint = f["checkpoint"].value
-    run = as_trained.locate(checkpoint) if checkpoint else None
-    task = (run.task if run is not None else None) or f["task"].value or "qa"
-    if run is not None and f["task"].value and f["task"].value != task:
-        raise SystemExit(f"--task={f['task'].value}: {checkpoint} was trained on {task}")
-    config = eval_config.get_config(task)
-    if run is not None:
-        as_trained.adopt(config, run)
-    else:
-        config.warm_start = default_warm_start(config.model.path, task)
+    config, run = run_config(checkpoint, f["task"].value)
+    task = config.task
     if f["retriever_url"].value:
         config.retriever.url = f["retriever_url"].value
     if f["max_turns"].value is not None:
@@ -98,6 +88,29 @@ def load_served(f: dict) -> Served:
              template)
     return Served(agent, policy.base, policy.adapters, template, str(name), route_names,
                   repo_path(db_root) if db_root else None, policy.source, spec)
+
+
+def run_config(checkpoint: str | None, task: str | None = None):
+    """-> (the evaluation config of `checkpoint` as it was trained, or of the embedded SmolLM2 with its
+    task's shipped warm start; the TrainedRun or None)."""
+    from configs import evaluate as eval_config
+    from dart_jax.eval import as_trained
+    from dart_jax.run.demo import default_warm_start
+    run = as_trained.locate(checkpoint) if checkpoint else None
+    trained = run.task if run is not None else None
+    if trained and task and task != trained:
+        raise SystemExit(f"--task={task}: {checkpoint} was trained on {trained}")
+    config = eval_config.get_config(trained or task or "qa")
+    if run is not None:
+        as_trained.adopt(config, run)
+    else:
+        config.warm_start = default_warm_start(config.model.path, config.task)
+    return config, run
+
+
+def run_spec_of(checkpoint: str):
+    from dart_jax.run.spec import run_spec
+    return run_spec(run_config(checkpoint)[0])
 
 
 def _run_template(task: str, run) -> str:

@@ -8,24 +8,15 @@ import io
 import os
 
 import openai
-import pytest
 
-from trained_run import PASSAGES, QUERY_WORD, passage_server, searching_qwen2, train_tiny_run
+from trained_run import PASSAGES, QUERY_WORD
 
 OURS = {p["contents"].split("\n")[1] for p in PASSAGES}
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, tiny_smollm_dir):
-    server = passage_server(tmp_path_factory.mktemp("tiny_index"))
-    qwen = searching_qwen2(str(tmp_path_factory.mktemp("tiny_qwen2")), tiny_smollm_dir)
-    yield train_tiny_run(qwen, server.url, tmp_path_factory.mktemp("run")), server
-    server.stop()
-
-
-def test_ask_shows_each_turn_and_the_routes(run, capsys):
+def test_ask_shows_each_turn_and_the_routes(trained, capsys):
     from launch import ask
-    path, server = run
+    path, server = trained
     before = server.stats["queries"]
     assert ask.main([f"--checkpoint={path}", "Where is Vellmoor Abbey?", "Who was Orrin Delacourt?"]) == 0
     out = capsys.readouterr().out
@@ -41,12 +32,12 @@ def test_ask_shows_each_turn_and_the_routes(run, capsys):
     assert server.stats["queries"] == before and '"tool_calls": 0' in capsys.readouterr().out
 
 
-def test_serve_to_the_openai_client_and_chat(run):
+def test_serve_to_the_openai_client_and_chat(trained):
     from dart_jax.serve.engine import Engine
     from dart_jax.serve.server import ChatServer
     from launch import chat, serve
     from launch._served import load_served
-    path, _ = run
+    path, _ = trained
     serve.CLI.parse([f"--checkpoint={path}", "--port=0"])
     served = load_served(serve.POLICY)
     assert served.source["variant"] == "dart" and served.template == "search_r1"
