@@ -3,7 +3,7 @@ tool call, what came back, the answer, and how many tokens each adapter wrote.
 
     python -m launch.ask --checkpoint=runs/quickstart "Who wrote the novel Dracula?"
     python -m launch.ask --checkpoint=runs/lab_quickstart "Who founded the company that published The Furnish Bridge?"
-    python -m launch.ask --checkpoint=runs/quickstart --dataset=nq_heldout --n=3      # with the gold answers
+    python -m launch.ask --checkpoint=runs/quickstart --dataset=nq_corpus_heldout --n=3      # with the gold answers
     python -m launch.ask "Who wrote Hamlet?"          # the embedded SmolLM2 + its shipped QA warm start
     python -m launch.ask --task=sql --db-id=concert_singer "How many singers are there?"
 
