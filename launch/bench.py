@@ -12,6 +12,7 @@
     python -m launch.bench methods                    training state and update time: DART, LoRA-16, full, MixLoRA, 2-Agent (full / LoRA)
     python -m launch.bench retrieval --clients=64     load on the retrieval service (or --url=another server)
     python -m launch.bench corpus --passages=1000000  passages by byte offset vs held as objects: memory per million
+    python -m launch.bench serve --clients=1,8,32,64  the chat server under load vs one at a time vs fixed batches
     python -m launch.bench --json=suite.json suite    an accelerator in one command: train MFU (DART, LoRA-16, full),
                                                       decode bandwidth, cuDNN vs XLA attention, resume vs re-prefill,
                                                       on a Qwen2.5-3B-shaped random model (--shape=3b|small|tiny;
@@ -39,14 +40,15 @@ from launch._cli import Command
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 BENCHES = ("forward", "adapters", "sampler", "resume", "cache_blocks", "train", "prefill", "group_update", "handoff",
-           "retrieval", "methods", "suite", "corpus")
+           "retrieval", "methods", "suite", "corpus", "serve")
 DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(batch=4, length=256, repeats=5),
             "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4),
             "cache_blocks": dict(batch=32, length=768, repeats=4), "train": dict(batch=4, length=512,
                                                                                           repeats=5),
             "prefill": dict(batch=2, repeats=3), "group_update": dict(batch=8, length=320, prompt_len=704, repeats=3),
             "handoff": dict(batch=1, repeats=3), "retrieval": dict(repeats=1),
-            "methods": dict(batch=4, length=256, repeats=3), "suite": dict(repeats=None), "corpus": dict(repeats=1)}
+            "methods": dict(batch=4, length=256, repeats=3), "suite": dict(repeats=None), "corpus": dict(repeats=1),
+            "serve": dict(repeats=1)}
 CLI = Command("launch.bench", __doc__)
 F = CLI.flags
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
@@ -71,8 +73,9 @@ REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_bat
 CAPACITY = flags.DEFINE_integer("capacity", None, "cache_blocks: cache slots (default 2 × --length, the slots "
                                 "written)", flag_values=F)
 GROUP = flags.DEFINE_integer("group", 4, "prefill: samples per prompt (GRPO group size)", flag_values=F)
-CLIENTS = flags.DEFINE_integer("clients", 64, "retrieval: concurrent clients", flag_values=F)
-REQUESTS = flags.DEFINE_integer("requests", 20, "retrieval: requests per client", flag_values=F)
+CLIENTS = flags.DEFINE_string("clients", None, "retrieval: concurrent clients (64); serve: client counts "
+                              "(1,8,32,64)", flag_values=F)
+REQUESTS = flags.DEFINE_integer("requests", None, "retrieval: requests per client (20); serve: (2)", flag_values=F)
 HOSTILE = flags.DEFINE_bool("hostile", True, "retrieval: slow-body, 1 MB and bad-length clients alongside",
                             flag_values=F)
 URL = flags.DEFINE_string("url", None, "retrieval: load this server instead of starting ours", flag_values=F)
@@ -156,7 +159,11 @@ def run(args) -> dict:
                          json_path=args.json)
     if which == "retrieval":
         from dart_jax.bench.retrieval_load import bench_retrieval
-        return bench_retrieval(URL.value, CLIENTS.value, REQUESTS.value, HOSTILE.value)
+        return bench_retrieval(URL.value, int(CLIENTS.value or 64), REQUESTS.value or 20, HOSTILE.value)
+    if which == "serve":
+        from dart_jax.bench.serve_load import bench_serve
+        return bench_serve(args.model, tuple(int(x) for x in (CLIENTS.value or "1,8,32,64").split(",")),
+                           REQUESTS.value or 2)
     from dart_jax.bench.corpus import bench_corpus
     return bench_corpus(PASSAGES.value)
 

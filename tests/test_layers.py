@@ -55,7 +55,7 @@ ALLOWED = {
     # warm start
     "sft": {"checkpoints", "data", "lab", "rewards", "rl", "roles", "rollout", "run", "tokenization", "tools"},
     # the continuous-batching engine, the OpenAI-compatible server, ask / chat, exports
-    "serve": {"data", "models", "roles", "rollout", "tokenization"},
+    "serve": {"checkpoints", "data", "models", "roles", "rollout", "tokenization"},
     # evaluation (never the trainer's internals)
     "eval": {"adapters", "analysis", "checkpoints", "data", "lab", "models", "parallel", "rewards", "rollout", "run",
              "tools"},
@@ -63,7 +63,7 @@ ALLOWED = {
     "parity": {"adapters", "analysis", "checkpoints", "data", "models", "rl", "roles", "run", "tokenization"},
     # benchmarks
     "bench": {"adapters", "analysis", "checkpoints", "data", "models", "parallel", "parity", "rl", "roles", "rollout",
-              "run", "tokenization", "tools"},
+              "run", "serve", "tokenization", "tools"},
     # a run's fit to its machine before it starts
     "preflight": {"adapters", "bench", "models", "parallel", "rl", "rollout", "run"},
     # the CEA, gradient and methods studies: stage drivers, sampling, role gradients, archive, reports
@@ -74,7 +74,7 @@ ALLOWED = {
     "configs": {"data", "eval", "experiments", "run"},
     # command lines
     "launch": {"adapters", "analysis", "bench", "configs", "data", "eval", "experiments", "lab", "parallel",
-               "parity", "preflight", "rl", "run", "sft", "tokenization", "tools"},
+               "parity", "preflight", "rl", "rollout", "run", "serve", "sft", "tokenization", "tools"},
 }
 LIBRARY = [node for node in ALLOWED if node not in TOP]
 

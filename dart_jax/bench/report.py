@@ -184,9 +184,31 @@ def corpus(res: dict) -> str:
             f"({res['as_objects_load_s']:.1f} s to load)")
 
 
+def serve(res: dict) -> str:
+    a = res["alone"]
+    lines = [f"serve: {res['policy']}; tool {res['tool']}",
+             f"  alone (1 slot, one at a time): {a['requests_per_s']:.3f} requests/s, "
+             f"{a['generated_tokens_per_s']:.0f} generated tokens/s, "
+             f"latency p50 {a['p50_latency_s']:.2f} s, p95 {a['p95_latency_s']:.2f} s"]
+    for c, s in res["serve"].items():
+        b = res["batch"][c]
+        lines.append(f"  {c:>3} clients: {s['requests_per_s']:.3f} requests/s "
+                     f"({s['throughput_over_alone']:.2f}x alone, "
+                     f"{s['throughput_over_batch']:.2f}x fixed batches of {c}: {b['requests_per_s']:.3f}), "
+                     f"{s['generated_tokens_per_s']:.0f} tokens/s, "
+                     f"TTFT p50 {s['p50_ttft_s']:.2f} / p95 {s['p95_ttft_s']:.2f} s, "
+                     f"latency p50 {s['p50_latency_s']:.2f} / p95 {s['p95_latency_s']:.2f} s "
+                     f"({s['p95_latency_over_lone']:.2f}x a lone request's), {s['errors']} errors, "
+                     f"tokens as alone {s['same_tokens_as_alone']}")
+    o = res["overload"]
+    lines.append(f"  overload: burst of {o['burst']} on {o['slots']} slots + queue {o['max_waiting']}: "
+                 f"{o['codes']}, {o['hung']} hung")
+    return "\n".join(lines)
+
+
 TEXT = {"forward": forward, "adapters": adapters, "sampler": sampler, "resume": resume, "cache_blocks": cache_blocks,
         "train": train, "prefill": prefill, "group_update": group_update, "handoff": handoff, "retrieval": retrieval,
-        "methods": methods, "suite": suite, "corpus": corpus}
+        "methods": methods, "suite": suite, "corpus": corpus, "serve": serve}
 
 
 def text(which: str, res: dict) -> str:

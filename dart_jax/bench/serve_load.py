@@ -1,0 +1,233 @@
+"""`launch.bench serve`: the OpenAI-compatible server under load, against serving one request at a time
+and against the batch-synchronous sampler fed fixed batches.
+
+The policy is the embedded default's DART policy: SmolLM2-135M-Instruct with the shipped QA warm start
+merged and a routed reasoning / tool adapter pair (rank 8, fresh: B = 0, so its tokens are the warm
+start's while every forward runs both adapters, routed per token, as a trained pair costs). The tool is
+the shipped MiniLM index over the shipped corpus; questions are held-out NQ (`nq_corpus_heldout`'s
+rows), greedy. Sides, on the same questions:
+
+  alone   each request served by the engine with one slot, one after another (what a server without
+          batching gives; its per-request latency is "a lone request's")
+  batch   the batch-synchronous agent loop (rollout.agent) on fixed batches of C questions, each batch
+          waiting for its longest row
+  serve   C clients over HTTP (streaming, each sending `requests` questions back to back) against
+          `launch.serve`'s server with `slots` = C: requests/s, generated tokens/s, p50 / p95 time to
+          first token and end-to-end latency, errors; the tokens of every request compared with `alone`
+Then an overload probe: a server with 2 slots and a queue of 2 taking a burst of 32 requests without
+client retries must answer each 200 or 429 / 503, and none may hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import jax
+import numpy as np
+
+from dart_jax.adapters.method import MethodSpec, init_adapters
+from dart_jax.checkpoints.registry import load_model, load_tagged_model
+from dart_jax.data.corpus import read_jsonl
+from dart_jax.data.paths import DATA, repo_path
+from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
+from dart_jax.rollout.protocol import QA
+from dart_jax.rollout.sampling import SamplingConfig
+from dart_jax.rollout.tasks import qa_task
+from dart_jax.run.demo import default_warm_start
+from dart_jax.run.policy import merge_warm_start
+from dart_jax.serve.engine import Engine, Request
+from dart_jax.serve.server import ChatServer
+from dart_jax.tools.retrieval import RetrievalTool, Retriever, ensure_index
+
+HELDOUT_OFFSET = 1024 + 640  # nq_corpus_heldout (eval.datasets): questions no shipped run trained on
+RC = RolloutConfig(max_turns=2, max_tokens_per_turn=128, max_response_tokens=1024, max_obs_tokens=400,
+                   invalid_action="none", route_mode="role")
+
+
+def _policy(model: str, tool=None):
+    """The model with its shipped QA warm start merged (if one is shipped for it), a fresh routed DART
+    pair and the tool (default: MiniLM over the shipped corpus, top-3)."""
+    warm = default_warm_start(model, "qa")
+    if warm:
+        cfg, base = load_model(model)
+        base, cfg, tok = merge_warm_start(repo_path(warm), base, cfg)
+    else:
+        cfg, base, tok = load_tagged_model(model, jax.random.PRNGKey(0))
+    adapters = init_adapters(MethodSpec(variant="dart", rank=8, alpha=16.0), cfg, jax.random.PRNGKey(0))
+    tool = tool or tool_for(QA, RetrievalTool(Retriever(ensure_index()), topk=3))
+    agent = Agent(cfg, tok, QA, tool, SamplingConfig(temperature=0.0), RC)
+    return agent, base, adapters
+
+
+def _questions(n: int) -> list[dict]:
+    rows = list(read_jsonl(os.path.join(DATA, "qa", "nq_oracle.jsonl")))[HELDOUT_OFFSET:HELDOUT_OFFSET + n]
+    if len(rows) < n:
+        raise ValueError(f"only {len(rows)} held-out NQ questions; asked for {n}")
+    return rows
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return round(float(np.percentile(np.asarray(xs), q)), 3) if xs else float("nan")
+
+
+def _alone(agent, base, adapters, prompts: list[list[int]]) -> dict:
+    engine = Engine(agent, base, adapters, slots=1)
+    engine.warmup(prompt_len=max(len(p) for p in prompts))
+    lat, ids, tokens = [], [], 0
+    t0 = time.perf_counter()
+    for p in prompts:
+        t = time.perf_counter()
+        g = engine.submit(Request(tuple(p)))
+        engine.run_until_idle()
+        traj = g.result()
+        lat.append(time.perf_counter() - t)
+        ids.append(traj["ids"])
+        tokens += int(sum(traj["mask"]))
+    wall = time.perf_counter() - t0
+    engine.close()
+    return {"requests": len(prompts), "wall_s": round(wall, 2), "requests_per_s": round(len(prompts) / wall, 3),
+            "generated_tokens_per_s": round(tokens / wall, 1), "p50_latency_s": _pct(lat, 50),
+            "p95_latency_s": _pct(lat, 95), "ids": ids}
+
+
+def _batch(agent, base, adapters, prompts: list[list[int]], size: int) -> dict:
+    agent.rollout(base, adapters, prompts[:size], list(range(size)))  # compile
+    t0 = time.perf_counter()
+    tokens = 0
+    for s in range(0, len(prompts), size):
+        chunk = prompts[s:s + size]
+        tb = agent.rollout(base, adapters, chunk, list(range(len(chunk))))
+        tokens += int(tb.loss_mask.sum())
+    wall = time.perf_counter() - t0
+    return {"batch": size, "requests": len(prompts), "wall_s": round(wall, 2),
+            "requests_per_s": round(len(prompts) / wall, 3), "generated_tokens_per_s": round(tokens / wall, 1)}
+
+
+def _ask(url: str, question: str, timeout: float) -> dict:
+    """One streamed chat completion -> {status, ttft_s, latency_s, text, dart, usage} (status ≠ 200: error)."""
+    body = json.dumps({"model": "dart", "messages": [{"role": "user", "content": question}], "temperature": 0,
+                       "stream": True}).encode()
+    req = urllib.request.Request(url + "/chat/completions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    t = time.perf_counter()
+    out = {"status": 0, "ttft_s": None, "text": "", "dart": None, "usage": None}
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            out["status"] = r.status
+            for line in r:
+                line = line.strip()
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                delta = chunk["choices"][0]["delta"].get("content") or ""
+                if delta and out["ttft_s"] is None:
+                    out["ttft_s"] = time.perf_counter() - t
+                out["text"] += delta
+                if "dart" in chunk:
+                    out["dart"], out["usage"] = chunk["dart"], chunk["usage"]
+    except urllib.error.HTTPError as e:
+        out["status"] = e.code
+    except Exception as e:  # noqa: BLE001 — counted by kind
+        out["status"] = type(e).__name__
+    out["latency_s"] = time.perf_counter() - t
+    return out
+
+
+def _serve(agent, base, adapters, questions: list[str], clients: int, requests: int, timeout: float) -> dict:
+    engine = Engine(agent, base, adapters, slots=clients)
+    engine.warmup()
+    server = ChatServer(engine, "dart", "search_r1", port=0, request_timeout_s=timeout).start()
+    results: list[list[dict]] = [[] for _ in range(clients)]
+    barrier = threading.Barrier(clients + 1)
+
+    def client(c: int):
+        barrier.wait()
+        for r in range(requests):
+            results[c].append(_ask(server.url, questions[(c * requests + r) % len(questions)], timeout))
+
+    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join(timeout * requests + 60)
+    wall = time.perf_counter() - t0
+    hung = sum(t.is_alive() for t in threads)
+    server.stop()
+    flat = [(c, r, x) for c, rs in enumerate(results) for r, x in enumerate(rs)]
+    ok = [x for _, _, x in flat if x["status"] == 200 and x["dart"] is not None]
+    errors: dict[str, int] = {}
+    for _, _, x in flat:
+        if not (x["status"] == 200 and x["dart"] is not None):
+            errors[str(x["status"])] = errors.get(str(x["status"]), 0) + 1
+    tokens = sum(x["usage"]["completion_tokens"] for x in ok)
+    return {"clients": clients, "requests_per_client": requests, "requests": len(flat), "ok": len(ok),
+            "errors": sum(errors.values()) + hung, "errors_by_kind": errors, "hung_clients": hung,
+            "wall_s": round(wall, 2), "requests_per_s": round(len(ok) / wall, 3),
+            "generated_tokens_per_s": round(tokens / wall, 1),
+            "p50_ttft_s": _pct([x["ttft_s"] for x in ok if x["ttft_s"] is not None], 50),
+            "p95_ttft_s": _pct([x["ttft_s"] for x in ok if x["ttft_s"] is not None], 95),
+            "p50_latency_s": _pct([x["latency_s"] for x in ok], 50),
+            "p95_latency_s": _pct([x["latency_s"] for x in ok], 95),
+            "texts": {(c * requests + r) % len(questions): x["text"] for c, r, x in flat if x["status"] == 200}}
+
+
+def _overload(agent, base, adapters, questions: list[str], burst: int = 32, timeout: float = 600.0) -> dict:
+    engine = Engine(agent, base, adapters, slots=2, max_waiting=2)
+    server = ChatServer(engine, "dart", "search_r1", port=0, request_timeout_s=timeout).start()
+    out: list = []
+    lock = threading.Lock()
+
+    def one(k):
+        x = _ask(server.url, questions[k % len(questions)], timeout)
+        with lock:
+            out.append(x["status"])
+
+    threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(burst)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 60)
+    hung = sum(t.is_alive() for t in threads)
+    server.stop()
+    codes: dict[str, int] = {}
+    for s in out:
+        codes[str(s)] = codes.get(str(s), 0) + 1
+    return {"burst": burst, "slots": 2, "max_waiting": 2, "codes": codes, "hung": hung,
+            "wall_s": round(time.perf_counter() - t0, 2),
+            "only_200_429_503": set(codes) <= {"200", "429", "503"}}
+
+
+def bench_serve(model: str = "smollm2-135m-instruct", clients: tuple[int, ...] = (1, 8, 32, 64),
+                requests: int = 2, alone_n: int = 16, timeout: float = 900.0, tool=None, burst: int = 32) -> dict:
+    """`tool`: the agent's tool function (default the MiniLM retriever over the shipped corpus)."""
+    agent, base, adapters = _policy(model, tool)
+    n = max(alone_n, max(clients) * requests)
+    rows = _questions(n)
+    questions = [r["question"] for r in rows]
+    prompts = qa_task(agent.tok, rows)[0]
+    alone = _alone(agent, base, adapters, prompts[:alone_n])
+    texts_alone = {k: agent.tok.decode(ids, skip_special_tokens=True) for k, ids in enumerate(alone.pop("ids"))}
+    out = {"model": model, "policy": "SmolLM2-135M + QA warm start + DART pair (rank 8, routed per token)",
+           "tool": "MiniLM over the shipped corpus, top-3", "rollout": dict(RC.__dict__), "alone": alone,
+           "batch": {}, "serve": {}}
+    for c in clients:
+        out["batch"][c] = _batch(agent, base, adapters, prompts[:c * requests], c)
+        res = _serve(agent, base, adapters, questions, c, requests, timeout)
+        texts = res.pop("texts")
+        same = [texts[k] == texts_alone[k] for k in texts if k in texts_alone]
+        res["same_tokens_as_alone"] = f"{sum(same)}/{len(same)}"
+        res["throughput_over_alone"] = round(res["requests_per_s"] / alone["requests_per_s"], 2)
+        res["p95_latency_over_lone"] = round(res["p95_latency_s"] / statistics.median([alone["p50_latency_s"]]), 2)
+        res["throughput_over_batch"] = round(res["requests_per_s"] / out["batch"][c]["requests_per_s"], 2)
+        out["serve"][c] = res
+    out["overload"] = _overload(agent, base, adapters, questions, burst)
+    return out

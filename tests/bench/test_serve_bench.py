@@ -1,0 +1,29 @@
+"""`launch.bench serve` end to end at toy size (a tiny random Llama with SmolLM2's tokenizer, the real
+lexical retriever over lab world 1): every side runs, the served tokens equal the lone requests', no
+errors, and the overload probe answers only 200 / 429 / 503 with nothing hung. Times are not checked."""
+
+import os
+
+from dart_jax.bench import report
+from dart_jax.bench.serve_load import bench_serve
+from dart_jax.rollout.agent import tool_for
+from dart_jax.rollout.protocol import QA
+from dart_jax.tools.lexical import LexicalRetriever, build_lexical_index
+from dart_jax.tools.retrieval import RetrievalTool
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_serve_bench_runs_every_side(tiny_smollm_dir, tmp_path):
+    index = build_lexical_index(os.path.join(ROOT, "data/lab/world1/corpus.jsonl"), str(tmp_path / "lex"))
+    tool = tool_for(QA, RetrievalTool(LexicalRetriever(index), topk=1))
+    res = bench_serve(tiny_smollm_dir, clients=(1, 3), requests=1, alone_n=3, timeout=300, tool=tool, burst=8)
+    assert res["alone"]["requests"] == 3
+    for c in (1, 3):
+        s = res["serve"][c]
+        assert s["errors"] == 0 and s["ok"] == c and s["hung_clients"] == 0
+        assert s["same_tokens_as_alone"] == f"{c}/{c}"
+        assert res["batch"][c]["requests"] == c
+    o = res["overload"]
+    assert o["hung"] == 0 and o["only_200_429_503"] and sum(o["codes"].values()) == 8
+    assert "clients" in report.text("serve", res)
