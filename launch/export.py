@@ -3,7 +3,7 @@ the serving base, a merged single-role model per adapter, and the DART adapter d
 serves with per-token routing. What each is for: docs/serving.md.
 
     python -m launch.export --checkpoint=runs/quickstart --out=exports/quickstart
-    python -m launch.export --checkpoint=runs/quickstart --out=exports/q --parts=peft --dtype=float16
+    python -m launch.export --checkpoint=runs/quickstart --out=exports/q --parts=base,peft --dtype=float16
 
 OUT/
   base/              HF model: the base with the run's warm start merged and its trained tag rows
@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(PARTS.value) - set(PARTS_KNOWN))
     if unknown:
         raise SystemExit(f"--parts: unknown {unknown}; expected some of {list(PARTS_KNOWN)}")
+    if "peft" in PARTS.value and "base" not in PARTS.value:
+        raise SystemExit("--parts: peft sits on the exported base: add base (--parts=base,peft)")
     if os.path.exists(OUT.value) and os.listdir(OUT.value):
         raise SystemExit(f"--out={OUT.value} exists and is not empty: pick a new folder")
     from dart_jax.eval.policy import load_eval_policy

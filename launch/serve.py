@@ -56,9 +56,18 @@ def main(argv: list[str] | None = None) -> int:
                     max_waiting=MAX_WAITING.value)
     if WARMUP.value:
         print(f"compiling for {SLOTS.value} slots ...", flush=True)
-        engine.warmup()
+        from dart_jax.serve.server import prompt_ids
+        tok = served.agent.tok
+        short, long = ("Who wrote it?", "Which " + "very " * 60 + "long question is this?")
+        db = None
+        if served.template == "sql":
+            import glob
+            db = next(iter(sorted(glob.glob(f"{served.db_root}/*/*.sqlite"))), None)
+        lens = [] if served.template == "sql" and db is None else [
+            len(prompt_ids(tok, [{"role": "user", "content": q}], served.template, db)) for q in (short, long)]
+        engine.warmup(tuple(lens) or (128,))
     server = ChatServer(engine, MODEL_ID.value, served.template, HOST.value, PORT.value, TIMEOUT.value,
-                        served.db_root, served.route_names)
+                        served.db_root, served.route_names, default_tools=POLICY["tools"].value)
     try:
         server.serve_forever(on_ready=lambda s: print(f"serving {served.name} as {MODEL_ID.value!r} at {s.url} "
                                                       f"(POST /chat/completions, GET /models, GET /health)",

@@ -78,7 +78,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 def _alone(agent, base, adapters, prompts: list[list[int]]) -> dict:
     engine = Engine(agent, base, adapters, slots=1)
-    engine.warmup(prompt_len=max(len(p) for p in prompts))
+    engine.warmup(tuple(len(p) for p in prompts))
     lat, ids, tokens = [], [], 0
     t0 = time.perf_counter()
     for p in prompts:
@@ -139,9 +139,10 @@ def _ask(url: str, question: str, timeout: float) -> dict:
     return out
 
 
-def _serve(agent, base, adapters, questions: list[str], clients: int, requests: int, timeout: float) -> dict:
+def _serve(agent, base, adapters, questions: list[str], prompt_lens: tuple[int, ...], clients: int, requests: int,
+           timeout: float) -> dict:
     engine = Engine(agent, base, adapters, slots=clients)
-    engine.warmup()
+    engine.warmup(prompt_lens)
     server = ChatServer(engine, "dart", "search_r1", port=0, request_timeout_s=timeout).start()
     results: list[list[dict]] = [[] for _ in range(clients)]
     barrier = threading.Barrier(clients + 1)
@@ -221,7 +222,7 @@ def bench_serve(model: str = "smollm2-135m-instruct", clients: tuple[int, ...] =
            "batch": {}, "serve": {}}
     for c in clients:
         out["batch"][c] = _batch(agent, base, adapters, prompts[:c * requests], c)
-        res = _serve(agent, base, adapters, questions, c, requests, timeout)
+        res = _serve(agent, base, adapters, questions, tuple(len(p) for p in prompts), c, requests, timeout)
         texts = res.pop("texts")
         same = [texts[k] == texts_alone[k] for k in texts if k in texts_alone]
         res["same_tokens_as_alone"] = f"{sum(same)}/{len(same)}"

@@ -48,6 +48,7 @@ from dart_jax.roles.router import route_roles, state_after
 from dart_jax.rollout.agent import Agent
 from dart_jax.rollout.placement import decode_params
 from dart_jax.rollout.sampler import (
+    BUCKETS as SAMPLER_BUCKETS,
     LENGTH,
     STOPPED,
     DecodeState,
@@ -164,8 +165,14 @@ class Generation:
         with self._cond:
             self._events.append(event)
             self._cond.notify_all()
+        self._tell(event)
+
+    def _tell(self, event: dict):
         if self.listener is not None:
-            self.listener(event)
+            try:
+                self.listener(event)
+            except Exception:  # noqa: BLE001 — a listener (e.g. a closed server loop) never fails the engine
+                log.warning("request %d: its listener failed on a %s event", self.uid, event["kind"], exc_info=True)
 
     def _end(self, finish: str | None = None, error: BaseException | None = None):
         with self._cond:
@@ -174,8 +181,7 @@ class Generation:
             self.finished_at = time.perf_counter()
             self._events.append({"kind": "done", "finish": self.finish})
             self._cond.notify_all()
-        if self.listener is not None:
-            self.listener({"kind": "done", "finish": self.finish})
+        self._tell({"kind": "done", "finish": self.finish})
 
 
 def _set_rows(a: jnp.ndarray, rows: jnp.ndarray, val) -> jnp.ndarray:
@@ -216,6 +222,14 @@ def _admit(base, adapters, state: DecodeState, tokens: jnp.ndarray, positions: j
                                             top_p=_set_rows(old.top_p, rows, top_p)))
 
 
+@functools.partial(jax.jit, donate_argnames=("state",))
+def _reset_rows(state: DecodeState, rows: jnp.ndarray) -> DecodeState:
+    """Rows `rows` (bool[B]) emptied: write index 0, every slot's position −1."""
+    c = state.cache
+    return state.replace(cache=KVCache(k=c["k"], v=c["v"], pos=jnp.where(rows[:, None], -1, c["pos"]),
+                                       index=jnp.where(rows, 0, c["index"])))
+
+
 def request_key(seed: int) -> jax.Array:
     """A request's sampling key: row 0's key of a one-prompt batch sampled with `seed` (sampler.initial_keys)."""
     return initial_keys(jax.random.PRNGKey(seed), 1)[0]
@@ -229,7 +243,11 @@ class Engine:
     `tool_workers`: threads running tool calls outside the decode step."""
 
     def __init__(self, agent: Agent, base, adapters, slots: int = 16, segment: int = 16, tool_workers: int = 4,
-                 max_waiting: int = 1024, tool: Callable[[list[str], list[dict]], list[str]] | None = None):
+                 max_waiting: int = 1024, tool: Callable[[list[str], list[dict]], list[str]] | None = None,
+                 capacity: int = 0):
+        """`capacity`: KV slots per row allocated up front (0: grown on demand in 256-slot steps, each new
+        size compiling the step functions once — on an accelerator with memory to spare, allocate the
+        longest request's need, `max_capacity()`, and no growth ever compiles on the hot path)."""
         if slots < 1 or segment < 1:
             raise ValueError(f"slots={slots} and segment={segment} must be ≥ 1")
         self.agent, self.spec, self.rc = agent, agent.spec, agent.rc
@@ -248,7 +266,9 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.stats = collections.Counter()
-        self.state = self._empty_state(cache_bucket(self.segment + 1))
+        self._freed: set[int] = set()  # released rows whose cache index is still set
+        self.failure: str | None = None  # the last step failure (health reports it)
+        self.state = self._empty_state(cache_bucket(capacity or self.segment + 1))
 
     # -- state --------------------------------------------------------------------------------
     def _empty_state(self, capacity: int) -> DecodeState:
@@ -262,6 +282,12 @@ class Engine:
 
     def capacity(self) -> int:
         return int(self.state.cache["pos"].shape[1])
+
+    def max_capacity(self) -> int:
+        """KV slots the longest request can need: the longest prompt the context admits with one turn
+        of response, its response budget, an observation chunk and a segment."""
+        return cache_bucket(self.spec.model.max_position_embeddings + bucket(self.rc.max_obs_tokens)
+                            + self.segment + 1)
 
     def _ensure(self, need: int):
         if need > self.capacity():
@@ -301,10 +327,16 @@ class Engine:
 
     # -- the loop ------------------------------------------------------------------------------
     def cancel(self, gen: Generation):
-        """Stop a request (a client that went away, a deadline): it ends "cancelled" at the next step."""
+        """Stop a request (a client that went away, a deadline): a waiting one ends "cancelled" now, a
+        running one at the next step."""
         gen.cancelled = True
         with self._wake:
+            waiting = gen in self.waiting
+            if waiting:
+                self.waiting.remove(gen)
             self._wake.notify_all()
+        if waiting:
+            gen._end("cancelled")
 
     def step(self) -> bool:
         """One engine iteration (module doc). -> whether anything is still in flight or waiting."""
@@ -313,6 +345,11 @@ class Engine:
                 if g.tool is not None:
                     g.tool.cancel()
                 self._release(i, "cancelled")
+        if self._freed:  # finished rows' indices back to 0: attention and growth go by the live rows
+            rows = np.zeros(self.slots, bool)
+            rows[list(self._freed)] = True
+            self.state = _reset_rows(self.state, jnp.asarray(rows))
+            self._freed.clear()
         self._resume()
         self._admit()
         ran = self._decode()
@@ -347,14 +384,18 @@ class Engine:
                 self.step()
             except Exception as e:  # a device or tool failure: fail the requests in flight, keep serving
                 log.exception("engine step failed; failing the requests in flight")
+                self.failure = f"{type(e).__name__}: {e}"
                 self._fail_all(e)
+                # the step donated the state: start again from an empty one of the same size
+                self.state = self._empty_state(self.capacity() if not self.state.cache["pos"].is_deleted()
+                                               else cache_bucket(self.segment + 1))
 
     def close(self):
         with self._wake:
             self._closed = True
             self._wake.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._thread.join()  # a step in flight (or compiling) finishes first
         self._fail_all(EngineClosed("the engine was closed"))
         self.pool.shutdown(wait=False, cancel_futures=True)
 
@@ -426,19 +467,29 @@ class Engine:
 
     # -- 2. admission -------------------------------------------------------------------------
     def _admit(self):
+        dropped = []
         with self._lock:
             free = [i for i, g in enumerate(self.rows) if g is None]
             take = []
             while free and self.waiting:
                 g = self.waiting.popleft()
                 if g.cancelled:
-                    g._end("cancelled")
+                    dropped.append(g)
                     continue
                 i = free.pop(0)
                 self.rows[i] = g
+                self._freed.discard(i)
                 take.append((i, g))
-        if not take:
-            return
+        for g in dropped:
+            g._end("cancelled")
+        # prompts of one width bucket are prefilled together: a request's prefill shape is its own
+        groups: dict[int, list] = {}
+        for i, g in take:
+            groups.setdefault(cache_bucket(len(g.request.prompt)), []).append((i, g))
+        for group in groups.values():
+            self._admit_group(group)
+
+    def _admit_group(self, take: list):
         pad = self.agent.tok.pad_token_id if self.agent.tok.pad_token_id is not None else 0
         prompts = [list(g.request.prompt) for _, g in take]
         u = bucket(len(take)) if len(take) > 1 else 1
@@ -481,7 +532,7 @@ class Engine:
             if g is None or g.tool is not None or g.obs_text is not None or g.done():
                 continue
             active[i] = True
-            if g.calls >= self.rc.max_turns or not g.request.tools:
+            if g.calls >= self.rc.max_turns or not g.request.tools:  # the answer-only segment
                 enabled[i, self.agent.stop_groups["tool"]] = False
             budget[i] = min(g.turn_cap - len(g.turn_ids), self.segment)
             tail = g.turn_ids[-self.window:]
@@ -518,7 +569,9 @@ class Engine:
         return True
 
     def _end_turn(self, i: int, g: Generation, finish: int, stop_index: int):
-        end, d = self.agent.end_turn(g.turn_ids, finish, stop_index, len(g.ids), g.calls, g.limit)
+        # tools off: every turn is the answer-only one (no corrective message asking for a search)
+        calls = g.calls if g.request.tools else max(g.calls, self.rc.max_turns)
+        end, d = self.agent.end_turn(g.turn_ids, finish, stop_index, len(g.ids), calls, g.limit)
         g.turns.append({"tokens": len(g.turn_ids), "action": d.action,
                         "query": end.query if d.action == "tool" else None, "observation": None})
         g.turn_count += 1
@@ -539,25 +592,31 @@ class Engine:
                 g.last_turn = True  # its observation joins the response first, as in the agent loop
 
     def _release(self, i: int, finish: str | None = None, error: BaseException | None = None):
-        g = self.rows[i]
         with self._lock:
-            self.rows[i] = None
-        g._end(finish, error)
-        self.stats["finished"] += 1
+            g, self.rows[i] = self.rows[i], None
+            self._freed.add(i)
+        if g is not None:
+            g._end(finish, error)
+            self.stats["finished"] += 1
 
-    def warmup(self, prompt_len: int = 128, obs_len: int = 128):
-        """Compile the shapes a request meets (prefill of 1..slots prompts, a segment, an append) with
-        dummy work, so the first real request does not wait on the compiler."""
-        width = cache_bucket(prompt_len)
-        self._ensure(width + bucket(obs_len) + 2 * self.segment + 1)
-        state = self.state
-        for u in sorted({1} | {bucket(k) for k in range(2, self.slots + 1)}):
-            tokens = jnp.zeros((u, width), jnp.int32)
-            positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (u, width))
-            rows = jnp.full((u,), self.slots, jnp.int32)  # every entry dropped: nothing is admitted
-            state = _admit(self.base, self.adapters, state, tokens, positions, rows,
-                           jnp.stack([request_key(0)] * u), jnp.zeros(u), jnp.ones(u), spec=self.spec)
-        b = self.slots
+    def warmup(self, prompt_lens: tuple[int, ...] = (128,)):
+        """Compile what requests meet before they do: the prefill of 1..slots prompts at each width
+        bucket of `prompt_lens`, an append of every observation width bucket, and a decode segment, at
+        the current capacity (grown first to fit them). Nothing is admitted or written."""
+        widths = sorted({cache_bucket(n) for n in prompt_lens})
+        obs_widths = [w for w in SAMPLER_BUCKETS if w <= bucket(self.rc.max_obs_tokens)]
+        self._ensure(max(widths[-1], obs_widths[-1] + 1) + 2 * self.segment + 1)
+        b, state = self.slots, self.state
+        for width in widths:
+            for u in sorted({1} | {bucket(k) for k in range(2, b + 1)}):
+                tokens = jnp.zeros((u, width), jnp.int32)
+                positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (u, width))
+                rows = jnp.full((u,), b, jnp.int32)  # every entry dropped: nothing is admitted
+                state = _admit(self.base, self.adapters, state, tokens, positions, rows,
+                               jnp.stack([request_key(0)] * u), jnp.zeros(u), jnp.ones(u), spec=self.spec)
+        for width in obs_widths:
+            state, _ = append(self.base, self.adapters, state, jnp.zeros((b, width), jnp.int32),
+                              jnp.zeros(b, jnp.int32), jnp.zeros(b, bool), spec=self.spec)
         state, _ = decode_segment(self.base, self.adapters, state, jnp.zeros(b, bool),
                                   jnp.ones((b, len(self.spec.stops)), bool), jnp.ones(b, jnp.int32),
                                   jnp.full((b, self.window), -1, jnp.int32), jnp.zeros(b, bool),

@@ -31,6 +31,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import threading
 import time
 import uuid
@@ -83,8 +84,19 @@ def _number(body: dict, name: str, default, lo: float, hi: float, kind=float, lo
     return kind(v)
 
 
-def parse_chat(body, default_template: str, db_root: str | None, max_tokens_cap: int) -> dict:
-    """A chat-completions body -> the request's settings (BadRequest naming what is wrong)."""
+def _flag(body: dict, name: str, default: bool) -> bool:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise BadRequest(f"{name} must be true or false, got {v!r}")
+    return v
+
+
+def parse_chat(body, default_template: str, db_root: str | None, max_tokens_cap: int,
+               default_tools: bool = True) -> dict:
+    """A chat-completions body -> the request's settings (BadRequest naming what is wrong). max_tokens
+    above the server's response budget is cut to it; no seed: a random one (returned in dart.seed)."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     messages = body.get("messages")
@@ -114,13 +126,14 @@ def parse_chat(body, default_template: str, db_root: str | None, max_tokens_cap:
         if not os.path.isfile(db_path):
             raise BadRequest(f"no database {db_id!r} under the server's database root")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    return {"messages": messages, "stream": bool(body.get("stream", False)), "stop": stop,
+    seed = body.get("seed")
+    return {"messages": messages, "stream": _flag(body, "stream", False), "stop": stop,
             "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),
             "top_p": _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-            "seed": _number(body, "seed", 0, 0, 2 ** 31 - 1, int),
-            "max_tokens": 0 if max_tokens is None else _number({"max_tokens": max_tokens}, "max_tokens", 0, 1,
-                                                               max_tokens_cap, int),
-            "tools": bool(ext.get("tools", True)), "template": str(ext.get("template", default_template)),
+            "seed": random.randrange(2 ** 31) if seed is None else _number(body, "seed", 0, 0, 2 ** 31 - 1, int),
+            "max_tokens": 0 if max_tokens is None else min(max_tokens_cap, _number(
+                {"max_tokens": max_tokens}, "max_tokens", 0, 1, float("inf"), int)),
+            "tools": _flag(ext, "tools", default_tools), "template": str(ext.get("template", default_template)),
             "db_path": db_path}
 
 
@@ -130,13 +143,14 @@ class ChatServer:
 
     def __init__(self, engine: Engine, model_id: str, template: str = "search_r1", host: str = "127.0.0.1",
                  port: int = 8001, request_timeout_s: float = 600.0, db_root: str | None = None,
-                 route_names: dict[int, str] | None = None, max_body: int = 1 << 20):
+                 route_names: dict[int, str] | None = None, max_body: int = 1 << 20, default_tools: bool = True):
         if template not in TEMPLATES:
             raise ValueError(f"template {template!r}; expected one of {TEMPLATES}")
         self.engine, self.model_id, self.template = engine, model_id, template
         self.host, self.port, self.request_timeout_s, self.db_root = host, port, request_timeout_s, db_root
         self.route_names = route_names or {0: "reasoning", 1: "tool"}
         self.max_body = max_body
+        self.default_tools = default_tools  # the tool loop when a request does not say (launch.serve --notools)
         self.tok = engine.agent.tok
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: asyncio.Event | None = None
@@ -145,7 +159,9 @@ class ChatServer:
 
     # -- handlers -----------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "model": self.model_id, **self.engine.load(), **self.stats})
+        status = "ok" if self.engine.failure is None else "degraded"
+        return web.json_response({"status": status, "model": self.model_id, **self.engine.load(), **self.stats,
+                                  **({"last_failure": self.engine.failure} if self.engine.failure else {})})
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model_id, "object": "model",
@@ -161,7 +177,8 @@ class ChatServer:
         except (ValueError, UnicodeDecodeError) as e:
             return _error(400, f"the body is not valid JSON: {e}")
         try:
-            req = parse_chat(body, self.template, self.db_root, self.engine.rc.max_response_tokens)
+            req = parse_chat(body, self.template, self.db_root, self.engine.rc.max_response_tokens,
+                             self.default_tools)
             ids = prompt_ids(self.tok, req["messages"], req["template"], req["db_path"])
             ereq = Request(tuple(ids), max_tokens=req["max_tokens"], temperature=req["temperature"],
                            top_p=req["top_p"], seed=req["seed"], tools=req["tools"],
@@ -185,17 +202,20 @@ class ChatServer:
             return await self._stream(request, gen, events, req, rid, created, len(ids))
         deadline = loop.time() + self.request_timeout_s
         text = TextStream(self.tok, req["stop"])
-        while True:
-            try:
-                ev = await asyncio.wait_for(events.get(), max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(events.get(), max(0.0, deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    self.stats["timeouts"] += 1
+                    return _error(504, f"not finished in {self.request_timeout_s} s (request_timeout_s)", "timeout")
+                if ev["kind"] in ("tokens", "observation") and text.add(ev["ids"], ev["kind"] == "tokens"):
+                    self.engine.cancel(gen)  # a stop string: the rest is not wanted
+                if ev["kind"] == "done":
+                    break
+        finally:  # a deadline, a client gone (the handler cancelled): its work stops
+            if not gen.done():
                 self.engine.cancel(gen)
-                self.stats["timeouts"] += 1
-                return _error(504, f"not finished in {self.request_timeout_s} s (request_timeout_s)", "timeout")
-            if ev["kind"] in ("tokens", "observation") and text.add(ev["ids"]):
-                self.engine.cancel(gen)  # a stop string: the rest is not wanted
-            if ev["kind"] == "done":
-                break
         if gen.error is not None:
             self.stats["errors"] += 1
             return _error(500, f"generation failed: {type(gen.error).__name__}: {gen.error}", "server_error")
@@ -205,7 +225,7 @@ class ChatServer:
             "id": rid, "object": "chat.completion", "created": created, "model": self.model_id,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text.final()},
                          "finish_reason": finish, "logprobs": None}],
-            "usage": self._usage(len(ids), traj), "dart": self._extension(traj, text)})
+            "usage": self._usage(len(ids), traj), "dart": {**self._extension(traj, text), "seed": req["seed"]}})
 
     async def _stream(self, request, gen, events, req, rid, created, prompt_len) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -224,14 +244,15 @@ class ChatServer:
             timed_out = False
             while True:
                 try:
-                    ev = await asyncio.wait_for(events.get(), max(0.0, deadline - loop.time()))
+                    ev = await (events.get() if timed_out else
+                                asyncio.wait_for(events.get(), max(0.0, deadline - loop.time())))
                 except asyncio.TimeoutError:
                     self.engine.cancel(gen)
                     self.stats["timeouts"] += 1
-                    timed_out = True
-                    continue  # the cancelled generation still sends its "done"
+                    timed_out = True  # the cancelled generation still sends its "done": wait for it
+                    continue
                 if ev["kind"] in ("tokens", "observation"):
-                    if text.add(ev["ids"]):
+                    if text.add(ev["ids"], ev["kind"] == "tokens"):
                         self.engine.cancel(gen)
                     delta = text.take()
                     if delta:
@@ -243,16 +264,16 @@ class ChatServer:
                 await resp.write(chunk({"content": delta}))
             traj = gen.trajectory()
             finish = "stop" if text.stopped else FINISH.get(traj["finish"], "stop")
-            ext = self._extension(traj, text)
+            ext = {**self._extension(traj, text), "seed": req["seed"]}
             if gen.error is not None:
                 ext["error"] = f"{type(gen.error).__name__}: {gen.error}"
             if timed_out:
                 ext["error"] = f"not finished in {self.request_timeout_s} s (request_timeout_s)"
             await resp.write(chunk({}, finish, usage=self._usage(prompt_len, traj), dart=ext))
             await resp.write(b"data: [DONE]\n\n")
-        except (ConnectionResetError, asyncio.CancelledError):  # the client went away: stop its work
-            self.engine.cancel(gen)
-            raise
+        finally:  # the client went away (a reset, the handler cancelled): its work stops
+            if not gen.done():
+                self.engine.cancel(gen)
         return resp
 
     # -- pieces -------------------------------------------------------------------------------
@@ -360,14 +381,21 @@ class TextStream:
         self.full = ""
         self.sent = 0
         self.stopped = False
+        self._searched = 0  # text before this is observation or already searched for stop strings
 
-    def add(self, ids: list[int]) -> bool:
-        """-> True when a stop string just appeared (the text is cut before it)."""
+    def add(self, ids: list[int], generated: bool = True) -> bool:
+        """-> True when a stop string just appeared in generated text (the text is cut before it);
+        observation text (`generated` False: a passage, a SQL result) never stops the answer."""
         if self.stopped:
             return False
+        start = len(self.full)
         self.ids += ids
         self.full = self.tok.decode(self.ids, skip_special_tokens=True)
-        hits = [self.full.find(s) for s in self.stops if s in self.full]
+        if not generated:
+            self._searched = len(self.full)
+            return False
+        since = max(self._searched, start - max((len(s) for s in self.stops), default=0))
+        hits = [self.full.find(s, since) for s in self.stops if self.full.find(s, since) >= 0]
         if hits:
             self.full = self.full[:min(hits)]
             self.stopped = True

@@ -106,7 +106,7 @@ def test_responses_stop_at_the_context(model):
     message, then a second turn cut at the context)."""
     cfg, base, tok, lens = model
     ag = agent(cfg, tok, max_turns=2, invalid_action="search_r1")
-    obs = len(ag._obs_ids(QA.invalid_message))
+    obs = len(ag.obs_ids(QA.invalid_message))
     p = lens[0]
     small = cfg.replace(max_position_embeddings=p + 16 + obs + 5)  # 5 positions left for turn 2
     ag = agent(small, tok, max_turns=2, invalid_action="search_r1")

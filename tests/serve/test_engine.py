@@ -77,3 +77,18 @@ def test_streamed_events_rebuild_the_response_and_the_queue_is_bounded(serve_set
         closed.submit(Request(tuple(prompts[2])))
     with pytest.raises(ValueError, match="top_p"):
         Request((1, 2), top_p=0.0)
+
+
+def test_cancel_drops_a_waiting_request_at_once_and_tools_off_never_calls(serve_setup):
+    agent, base, prompts = serve_setup
+    engine = Engine(agent, base, None, slots=1, segment=8, max_waiting=2)
+    first = engine.submit(Request(tuple(prompts[0]), temperature=1.0, seed=2, tools=False))
+    waiting = engine.submit(Request(tuple(prompts[1])))
+    engine.cancel(waiting)
+    assert waiting.done() and waiting.finish == "cancelled" and engine.load()["waiting"] == 1  # the first
+    engine.submit(Request(tuple(prompts[2])))  # its place in the queue is free again
+    engine.run_until_idle(timeout=300)
+    traj = first.result(timeout=1)
+    # tools off: no call, no corrective message asking for one; every turn is the answer-only one
+    assert traj["tool_calls"] == 0 and not traj["spans"] and traj["finish"] in ("answer", "budget", "length")
+    engine.close()

@@ -65,8 +65,11 @@ def test_chat_completion_and_stream_match_the_engine(server, serve_setup):
 
 
 def test_stop_strings_cut_the_transcript(server, serve_setup):
-    _, _, text = _expected(serve_setup, 0.8, 7)
-    cut = text[len(text) // 3: len(text) // 3 + 4]
+    _, traj, text = _expected(serve_setup, 0.8, 7)
+    # a stop string from generated text (observations never stop an answer)
+    first_obs = traj["spans"][0][0] if traj["spans"] else len(traj["ids"])
+    written = serve_setup[0].tok.decode(traj["ids"][:first_obs], skip_special_tokens=True)
+    cut = written[len(written) // 3: len(written) // 3 + 4]
     client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=300)
     r = client.chat.completions.create(model="tiny-dart", messages=MESSAGES, temperature=0.8, seed=7, stop=[cut])
     assert r.choices[0].message.content == text[:text.find(cut)]
@@ -133,3 +136,22 @@ def test_text_deltas_hold_back_partial_characters_and_stop_prefixes(serve_setup)
     assert "\ufffd" not in out and not out.endswith("ST") and out.startswith("héllo")
     assert t.add(tok.encode("OP and more", add_special_tokens=False)) and t.full == "héllo wörld "
     assert out + t.take(final=True) == "héllo wörld "
+
+
+def test_a_request_past_its_deadline_is_cancelled(serve_setup):
+    agent, base, _ = serve_setup
+    srv = ChatServer(Engine(agent, base, None, slots=1, segment=8), "tiny-dart", template="lab", port=0,
+                     request_timeout_s=0.05).start()
+    try:
+        client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0, timeout=300)
+        with pytest.raises(openai.APIStatusError) as e:
+            client.chat.completions.create(model="tiny-dart", messages=MESSAGES, seed=1)
+        assert e.value.status_code == 504
+        last = None
+        for chunk in client.chat.completions.create(model="tiny-dart", messages=MESSAGES, seed=1, stream=True):
+            last = chunk
+        assert last.model_extra["dart"]["finish"] == "cancelled" and "request_timeout_s" in \
+            last.model_extra["dart"]["error"]
+        assert srv.stats["timeouts"] == 2
+    finally:
+        srv.stop()
