@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import dataclasses
 import functools
 import itertools
 import logging
@@ -64,124 +63,9 @@ from dart_jax.rollout.sampler import (
 )
 from dart_jax.rollout.sampling import RowSampling
 from dart_jax.rollout.turn import observation_fits
+from dart_jax.serve.requests import EngineClosed, Generation, Overloaded, Request
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-    """One generation. `prompt`: token ids (chat template applied); `max_tokens`: the response budget
-    (generated + observation tokens, as rollout.max_response_tokens; 0: the engine's); `tools`: run
-    the tool loop (off: the tool stop is disabled and the model answers without searching)."""
-    prompt: tuple[int, ...]
-    max_tokens: int = 0
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    tools: bool = True
-    meta: dict = dataclasses.field(default_factory=dict)  # what the tool needs per request (SQL: db_path)
-
-    def __post_init__(self):
-        if not self.prompt:
-            raise ValueError("a request needs a non-empty prompt")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_tokens < 0:
-            raise ValueError(f"temperature={self.temperature} (≥ 0), top_p={self.top_p} (in (0, 1]), "
-                             f"max_tokens={self.max_tokens} (≥ 0)")
-
-
-class EngineClosed(RuntimeError):
-    """The engine was closed before the request finished."""
-
-
-class Generation:
-    """A request in flight: its response so far, turn records and events (`stream()` yields text /
-    token deltas as segments land; `result()` waits for the end)."""
-
-    def __init__(self, request: Request, uid: int, limit: int, listener: Callable[[dict], None] | None = None):
-        self.request, self.uid, self.limit = request, uid, limit
-        self.listener = listener  # called with every event, on the engine's thread (a server's queue feeder)
-        self.ids: list[int] = []
-        self.mask: list[float] = []
-        self.logprobs: list[float] = []
-        self.routes: list[int] = []
-        self.turns: list[dict] = []
-        self.spans: list[tuple[int, int, bool]] = []
-        self.turn_ids: list[int] = []
-        self.turn_cap = 0
-        self.turn_count = 0
-        self.calls = 0
-        self.finish: str | None = None
-        self.error: BaseException | None = None
-        self.recorded = False      # its pending token was returned by an earlier segment of this turn
-        self.last_turn = False     # the agent loop's last turn: after its observation, "budget"
-        self.cancelled = False
-        self.tool: concurrent.futures.Future | None = None
-        self.obs_text: str | None = None  # an observation (tool result or corrective message) to append
-        self.obs_tool = False
-        self.submitted = time.perf_counter()
-        self.first_token: float | None = None
-        self.finished_at: float | None = None
-        self._events: collections.deque = collections.deque()
-        self._cond = threading.Condition()
-
-    # -- consumer side -----------------------------------------------------------------------
-    def done(self) -> bool:
-        return self.finish is not None or self.error is not None
-
-    def result(self, timeout: float | None = None) -> dict:
-        with self._cond:
-            if not self._cond.wait_for(self.done, timeout):
-                raise TimeoutError(f"request {self.uid} not finished after {timeout} s")
-        if self.error is not None:
-            raise self.error
-        return self.trajectory()
-
-    def stream(self, timeout: float | None = None):
-        """Yields events as they land: {"kind": "tokens", "ids": [...]} for generated tokens,
-        {"kind": "observation", "ids": [...], "text": ...}, {"kind": "tool", "query": ...}, and finally
-        {"kind": "done", "finish": ...}."""
-        while True:
-            with self._cond:
-                if not self._cond.wait_for(lambda: self._events or self.done(), timeout):
-                    raise TimeoutError(f"request {self.uid}: no event for {timeout} s")
-                events = list(self._events)
-                self._events.clear()
-                finished = self.done() and not events
-            yield from events
-            if finished:
-                if self.error is not None:
-                    raise self.error
-                return
-
-    def trajectory(self) -> dict:
-        return {"uid": self.uid, "prompt": list(self.request.prompt), "ids": self.ids, "mask": self.mask,
-                "logprobs": self.logprobs, "routes": self.routes, "turns": self.turns, "spans": self.spans,
-                "finish": self.finish, "tool_calls": self.calls,
-                "time_to_first_token_s": None if self.first_token is None else self.first_token - self.submitted,
-                "latency_s": None if self.finished_at is None else self.finished_at - self.submitted}
-
-    # -- engine side -------------------------------------------------------------------------
-    def _emit(self, event: dict):
-        with self._cond:
-            self._events.append(event)
-            self._cond.notify_all()
-        self._tell(event)
-
-    def _tell(self, event: dict):
-        if self.listener is not None:
-            try:
-                self.listener(event)
-            except Exception:  # noqa: BLE001 — a listener (e.g. a closed server loop) never fails the engine
-                log.warning("request %d: its listener failed on a %s event", self.uid, event["kind"], exc_info=True)
-
-    def _end(self, finish: str | None = None, error: BaseException | None = None):
-        with self._cond:
-            self.finish = finish if error is None else (finish or "error")
-            self.error = error
-            self.finished_at = time.perf_counter()
-            self._events.append({"kind": "done", "finish": self.finish})
-            self._cond.notify_all()
-        self._tell({"kind": "done", "finish": self.finish})
 
 
 def _set_rows(a: jnp.ndarray, rows: jnp.ndarray, val) -> jnp.ndarray:
@@ -624,23 +508,4 @@ class Engine:
         self.state = state
 
 
-class Overloaded(RuntimeError):
-    """The engine's waiting queue is full: retry later (a server answers 429 with Retry-After)."""
-
-
-def generation_text(agent: Agent, traj: dict) -> str:
-    return agent.tok.decode(traj["ids"], skip_special_tokens=True)
-
-
-def route_counts(traj: dict, names: dict[int, str] | None = None) -> dict[str, int]:
-    """Generated tokens per route id (DART: 0 reasoning, 1 tool; mode_routes), named by `names`."""
-    out: dict[str, int] = {}
-    for r, m in zip(traj["routes"], traj["mask"]):
-        if m:
-            key = (names or {}).get(r, str(r))
-            out[key] = out.get(key, 0) + 1
-    return out
-
-
-__all__ = ["Engine", "EngineClosed", "Generation", "Overloaded", "Request", "generation_text", "request_key",
-           "route_counts"]
+__all__ = ["Engine", "EngineClosed", "Generation", "Overloaded", "Request", "request_key"]

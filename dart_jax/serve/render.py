@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 
 from dart_jax.rollout.protocol import Protocol
+from dart_jax.serve.requests import route_counts
 
 OBS_CHARS = 240
 
@@ -65,10 +66,7 @@ def transcript(tokenizer, protocol: Protocol, traj: dict, question: str | None =
             lines.append("result  " + shown.replace("\n", "\n        "))
             continue
         turn += 1
-        counts: dict[str, int] = {}
-        for r in routes:
-            n = names.get(int(r), "base" if int(r) < 0 else str(r))
-            counts[n] = counts.get(n, 0) + 1
+        counts = route_counts(routes, [1.0] * len(routes), names)
         lines.append(f"── turn {turn} · " + ", ".join(f"{k} {v}" for k, v in counts.items()) + " tokens")
         thinks = _tag_body(text, "<think>", "</think>")
         calls = _tag_body(text, protocol.tool_open, protocol.tool_close)
@@ -83,11 +81,7 @@ def transcript(tokenizer, protocol: Protocol, traj: dict, question: str | None =
             else:
                 lines.append("text    " + text.strip()[:OBS_CHARS].replace("\n", "\n        "))
     answer = answer_of(everything, protocol)
-    total: dict[str, int] = {}
-    for r, m in zip(traj["routes"], traj["mask"]):
-        if m:
-            n = names.get(int(r), "base" if int(r) < 0 else str(r))
-            total[n] = total.get(n, 0) + 1
+    total = route_counts(traj["routes"], traj["mask"], names)
     tail = f"finish {traj['finish']} · {traj['tool_calls']} tool call{'s' if traj['tool_calls'] != 1 else ''}"
     if total:
         tail += " · " + " / ".join(f"{k} {v}" for k, v in total.items()) + " tokens"

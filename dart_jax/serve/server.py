@@ -39,7 +39,8 @@ import uuid
 from aiohttp import web
 
 from dart_jax.data.prompts import LAB_TEMPLATE, SEARCH_R1_TEMPLATE, qa_prompt, sql_prompt
-from dart_jax.serve.engine import Engine, EngineClosed, Overloaded, Request
+from dart_jax.serve.engine import Engine
+from dart_jax.serve.requests import EngineClosed, Overloaded, Request, route_counts
 from dart_jax.tokenization.tokenizer import Untrusted, encode_chat
 
 log = logging.getLogger(__name__)
@@ -282,11 +283,7 @@ class ChatServer:
         return {"prompt_tokens": prompt_len, "completion_tokens": generated, "total_tokens": prompt_len + generated}
 
     def _extension(self, traj: dict, text: "TextStream") -> dict:
-        routes: dict[str, int] = {}
-        for r, m in zip(traj["routes"], traj["mask"]):
-            if m:
-                name = self.route_names.get(int(r), "base" if int(r) < 0 else str(r))
-                routes[name] = routes.get(name, 0) + 1
+        routes = route_counts(traj["routes"], traj["mask"], self.route_names)
         proto = self.engine.agent.protocol
         full = text.full
         answer = None
