@@ -15,7 +15,7 @@ report written with --config.methods.report=docs/results/data/lab/methods/report
 from ml_collections import ConfigDict
 
 from configs import lab_quickstart
-from dart_jax.experiments.methods_run import apply_method
+from dart_jax.experiments.methods_run import METHODS, apply_method
 
 OUT = "runs/methods_lab"
 ARCHIVE = "docs/results/data/lab/methods/archive"
@@ -28,7 +28,9 @@ def get_config(arg: str | None = None):
         raise ValueError(f"configs/methods_lab.py:{arg}: expected METHOD[,SEED]")
     c = lab_quickstart.get_config()
     c.methods = ConfigDict(dict(out=OUT, methods="dart", seeds="0,1,2", datasets="lab_world1", limit=48, batch=16,
-                                archive=ARCHIVE, report=""))
+                                archive=ARCHIVE, report="",
+                                # every method's rate × 5 (DART: 1e-3, the quickstart's lab_quickstart.LR)
+                                lr_scale=lab_quickstart.LR / METHODS["dart"]["lr"]))
     c.eval.n = 0  # the eval stage is the held-out evaluation (the first 48 questions: 4 per (hops, op) cell)
     method = parts[0] if parts else "dart"
     seed = int(parts[1]) if len(parts) > 1 else 0

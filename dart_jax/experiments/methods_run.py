@@ -89,7 +89,9 @@ def apply_method(c, method: str, seed: int):
     if method not in METHODS:
         raise ValueError(f"method {method!r}; expected one of {sorted(METHODS)}")
     m = dict(METHODS[method])
-    c.optim.lr = m.pop("lr")
+    # a study may scale every method's learning rate alike (methods.lr_scale: the lab's 8 steps, where the
+    # NQ comparison's rates move nothing); the ratios between methods stay the comparison's
+    c.optim.lr = m.pop("lr") * float(c.methods.get("lr_scale", 1.0))
     if "invalid_action" in m:
         c.rollout.invalid_action = m.pop("invalid_action")
     # execution settings (what is kept for the backward pass, how often to checkpoint): no change to the math

@@ -39,6 +39,15 @@ def test_runs_differ_only_in_method_and_seed():
         methods_quickstart.get_config("sft")
 
 
+def test_lab_scales_every_method_rate_alike():
+    from configs import lab_quickstart, methods_lab
+    from dart_jax.experiments.methods_run import METHODS
+    assert methods_lab.get_config("dart,0").optim.lr == pytest.approx(lab_quickstart.LR)
+    for m in ("dart", "full", "2agent"):
+        lab, nq = methods_lab.get_config(f"{m},0").optim.lr, methods_quickstart.get_config(f"{m},0").optim.lr
+        assert nq == METHODS[m]["lr"] and lab == pytest.approx(nq * lab_quickstart.LR / METHODS["dart"]["lr"])
+
+
 def test_paired_mcnemar_by_hand():
     a = {("nq", str(i)): i < 7 for i in range(10)}          # right on 0..6
     b = {("nq", str(i)): i in (0, 7) for i in range(10)}     # right on 0 and 7
