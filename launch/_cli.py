@@ -233,16 +233,23 @@ def config_arg(argv: list[str]) -> str | None:
     return value
 
 
+def load_config_file(spec: str):
+    """The config `spec` (FILE[:ARG]) names, loaded as ml_collections does (its get_config(ARG))."""
+    path, *arg = spec.split(":", 1)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file {path} not found")
+    module_spec = importlib.util.spec_from_file_location("_launch_config_check", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(*arg)
+
+
 def _load_config(spec: str | None):
     """The config `spec` (FILE[:ARG]) names, loaded as ml_collections does; None if it cannot be."""
     if not spec:
         return None
-    path, *arg = spec.split(":", 1)
     try:
-        module_spec = importlib.util.spec_from_file_location("_launch_config_check", path)
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-        return module.get_config(*arg)
+        return load_config_file(spec)
     except Exception:  # noqa: BLE001 — the real parse reports the config's own failure
         return None
 

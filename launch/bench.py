@@ -13,6 +13,7 @@
     python -m launch.bench retrieval --clients=64     load on the retrieval service (or --url=another server)
     python -m launch.bench corpus --passages=1000000  passages by byte offset vs held as objects: memory per million
     python -m launch.bench serve --clients=1,8,32,64  the chat server under load vs one at a time vs fixed batches
+    python -m launch.bench rollouts --questions=16    the lab's rollouts on the continuous engine vs fixed batches
     python -m launch.bench --json=suite.json suite    an accelerator in one command: train MFU (DART, LoRA-16, full),
                                                       decode bandwidth, cuDNN vs XLA attention, resume vs re-prefill,
                                                       on a Qwen2.5-3B-shaped random model (--shape=3b|small|tiny;
@@ -40,7 +41,7 @@ from launch._cli import Command
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 BENCHES = ("forward", "adapters", "sampler", "resume", "cache_blocks", "train", "prefill", "group_update", "handoff",
-           "retrieval", "methods", "suite", "corpus", "serve")
+           "retrieval", "methods", "suite", "corpus", "serve", "rollouts")
 DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(batch=4, length=256, repeats=5),
             "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4),
             "cache_blocks": dict(batch=32, length=768, repeats=4), "train": dict(batch=4, length=512,
@@ -48,11 +49,12 @@ DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(ba
             "prefill": dict(batch=2, repeats=3), "group_update": dict(batch=8, length=320, prompt_len=704, repeats=3),
             "handoff": dict(batch=1, repeats=3), "retrieval": dict(repeats=1),
             "methods": dict(batch=4, length=256, repeats=3), "suite": dict(repeats=None), "corpus": dict(repeats=1),
-            "serve": dict(repeats=1)}
+            "serve": dict(repeats=1), "rollouts": dict(batch=8, repeats=2)}
 CLI = Command("launch.bench", __doc__)
 F = CLI.flags
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
-BATCH = flags.DEFINE_integer("batch", None, "rows (forward 8, adapters 4, resume 8, train 4)", flag_values=F)
+BATCH = flags.DEFINE_integer("batch", None, "rows (forward 8, adapters 4, resume 8, train 4; rollouts: the "
+                             "batch and the engine's rows, 8)", flag_values=F)
 LENGTH = flags.DEFINE_integer("length", None, "tokens per row (forward 512, adapters 256, train 512; "
                               "cache_blocks: slots written, 768)", flag_values=F)
 REPEATS = flags.DEFINE_integer("repeats", None, "interleaved rounds (5; resume 4)", flag_values=F)
@@ -84,6 +86,11 @@ METHODS = flags.DEFINE_string("methods", None, "methods: comma-separated subset 
 SHAPE = flags.DEFINE_enum("shape", None, ["3b", "small", "tiny"], "suite: model shape (default: 3b on an "
                           "accelerator, small on CPU)", flag_values=F)
 PASSAGES = flags.DEFINE_integer("passages", 1_000_000, "corpus: synthetic passages", flag_values=F)
+ROLLOUT_CONFIG = flags.DEFINE_string("rollout-config", "configs/lab_quickstart.py", "rollouts: the run config "
+                                     "whose policy, rollout settings and held-out questions are used",
+                                     flag_values=F)
+QUESTIONS = flags.DEFINE_integer("questions", 16, "rollouts: held-out questions rolled out per side and round",
+                                 flag_values=F)
 JSON_OUT = flags.DEFINE_string("json", None, "also write the result to this file", flag_values=F)
 
 
@@ -164,6 +171,10 @@ def run(args) -> dict:
         from dart_jax.bench.serve_load import bench_serve
         return bench_serve(args.model, tuple(int(x) for x in (CLIENTS.value or "1,8,32,64").split(",")),
                            REQUESTS.value or 2)
+    if which == "rollouts":
+        from dart_jax.bench.engine_rollouts import bench_rollouts
+        from launch._cli import load_config_file
+        return bench_rollouts(load_config_file(ROLLOUT_CONFIG.value), QUESTIONS.value, args.batch, args.repeats)
     from dart_jax.bench.corpus import bench_corpus
     return bench_corpus(PASSAGES.value)
 

@@ -27,6 +27,11 @@ a flagged set is an error exit):
 
     python -m launch.evaluate --checkpoint=runs/lab --dataset=lab_world1,lab_world1_easy,lab_world0 --limit=120
 
+--config.rollout.engine=continuous rolls the questions out on the serving engine (serve.rollouts): --batch
+rows, a finished row refilled with the next question at once, tool calls off the decode step; each row
+draws what it would in its batch, so the records are the batch evaluation's. One policy on one device
+(not with --compose-*, a multi-device mesh or several processes).
+
 Run again into the same --out (e.g. after an interruption, or with a larger --limit), an evaluation
 reuses the batches already sampled with the same settings and samples only the rest; the records are
 the ones a single uninterrupted run writes (dart_jax/eval/resume.py).

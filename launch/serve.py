@@ -38,6 +38,12 @@ SEGMENT = flags.DEFINE_integer("segment", 16, "tokens per decode segment: reques
 MAX_WAITING = flags.DEFINE_integer("max-waiting", 256, "requests queued beyond the slots; more get 429",
                                    flag_values=F)
 TIMEOUT = flags.DEFINE_float("request-timeout", 600.0, "seconds a request may take (then 504)", flag_values=F)
+CAPACITY = flags.DEFINE_integer("capacity", 0, "KV slots per row allocated up front (0: grown on demand, each new size "
+                                "compiling once; on an accelerator with memory to spare, the longest request's need "
+                                "leaves no compile on the hot path)", flag_values=F)
+MIN_PREFIX = flags.DEFINE_integer("min-prefix", 32, "prompt prefixes of at least this many tokens shared with a recent "
+                                  "prompt (a system prompt, the instructions) are prefilled once and their KV reused "
+                                  "(0: off)", flag_values=F)
 WARMUP = flags.DEFINE_bool("warmup", True, "compile the common shapes before serving", flag_values=F)
 
 
@@ -46,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     for flag in (SLOTS, SEGMENT, MAX_WAITING):
         if flag.value < 1:
             raise SystemExit(f"--{flag.name}={flag.value}: must be ≥ 1")
+    for flag in (CAPACITY, MIN_PREFIX):
+        if flag.value < 0:
+            raise SystemExit(f"--{flag.name}={flag.value}: must be ≥ 0")
     if TIMEOUT.value <= 0:
         raise SystemExit(f"--request-timeout={TIMEOUT.value}: must be > 0")
     check_port(HOST.value, PORT.value)  # a port in use: one line now, not after the model loads
@@ -53,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from dart_jax.serve.server import ChatServer
     served = load_served(POLICY)
     engine = Engine(served.agent, served.base, served.adapters, slots=SLOTS.value, segment=SEGMENT.value,
-                    max_waiting=MAX_WAITING.value)
+                    max_waiting=MAX_WAITING.value, capacity=CAPACITY.value, min_prefix=MIN_PREFIX.value)
     if WARMUP.value:
         print(f"compiling for {SLOTS.value} slots ...", flush=True)
         from dart_jax.serve.server import prompt_ids

@@ -58,7 +58,7 @@ ALLOWED = {
     "serve": {"checkpoints", "data", "models", "roles", "rollout", "tokenization"},
     # evaluation (never the trainer's internals)
     "eval": {"adapters", "analysis", "checkpoints", "data", "lab", "models", "parallel", "rewards", "rollout", "run",
-             "tools"},
+             "serve", "tools"},
     # PyTorch cross-checks
     "parity": {"adapters", "analysis", "checkpoints", "data", "models", "rl", "roles", "run", "tokenization"},
     # benchmarks

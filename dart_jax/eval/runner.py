@@ -163,6 +163,8 @@ class Evaluator:
         """The batches not kept, in rounds of one batch per process (parallel.distributed.rounds: a
         batch is the same batch, with the same seed, on any number of processes), each round's records
         gathered in batch order on every process; `out` (process 0's) gets them appended."""
+        if self.agent.rc.engine == "continuous":
+            return self._run_set_continuous(s, items, kept, base, adapters, bar, out)
         from dart_jax.parallel.distributed import gather_results, mine, rounds
         b = self.options.batch
         recs = list(kept)
@@ -179,15 +181,52 @@ class Evaluator:
             bar.set_postfix({s.name: f"{np.mean([r['score'] for r in recs]):.3f}"})
         return recs
 
-    def _batch(self, s: EvalSet, chunk: list[tuple[dict, int]], start: int, base, adapters) -> list[dict]:
+    def _run_set_continuous(self, s: EvalSet, items: list[tuple[dict, int]], kept: list[dict], base, adapters,
+                            bar, out) -> list[dict]:
+        """rollout.engine=continuous: the items not kept as requests to one engine of `batch` rows
+        (serve.rollouts), each drawing as it would in its batch (the batch's seed, its row); records
+        are written in item order as soon as every earlier item's is (what resume reads back)."""
+        from dart_jax.serve.rollouts import check_engine, continuous_rollouts
+        check_engine(self.agent, getattr(self, "composition", None), jax.process_count())
+        b, first = self.options.batch, len(kept)
+        todo = items[first:]
+        if not todo:
+            return list(kept)
+        prompts, uids, metas = self._prompts(s, todo)
+        tool = self._set_tool(s)
+        draws = [(self.options.seed + hash_seed(s.name, j - j % b), j % b) for j in range(first, len(items))]
+        recs, done, written = list(kept), {}, 0
+        for i, tb in continuous_rollouts(self.agent, base, adapters, prompts, uids, metas, draws, b, tool):
+            done[i] = self._record(s, *todo[i], tb, 0)
+            bar.update(1)
+            while written in done:
+                rec = done.pop(written)
+                recs.append(rec)
+                written += 1
+                if out:
+                    out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            if out:
+                out.flush()
+            bar.set_postfix({s.name: f"{np.mean([r['score'] for r in recs]):.3f}" if recs else "-"})
+        return recs
+
+    def _prompts(self, s: EvalSet, chunk: list[tuple[dict, int]]) -> tuple[list, list, list[dict]]:
         task_fn = qa_task if s.task == "qa" else sql_task
         prompts, uids, metas = task_fn(self.tok, [r for r, _ in chunk], self.agent.rc.prompt_tags)
         metas = [dict(m, uid=r["id"], sample=k, question=r["question"], db_id=r.get("db_id", ""))
                  for m, (r, k) in zip(metas, chunk)]
+        return prompts, uids, metas
+
+    def _set_tool(self, s: EvalSet):
         tool = self.set_tools.get(s.name, self.tool_fn)
         self.agent.tool = tool  # this set's tool (a lab world's questions: its own world's corpus)
         if hasattr(tool, "reset"):
             tool.reset()
+        return tool
+
+    def _batch(self, s: EvalSet, chunk: list[tuple[dict, int]], start: int, base, adapters) -> list[dict]:
+        prompts, uids, metas = self._prompts(s, chunk)
+        self._set_tool(s)
         seed = self.options.seed + hash_seed(s.name, start)
         if getattr(self, "composition", None):
             tb = compose_rollout(self.agent, *self.composition, prompts, uids, metas, seed=seed)

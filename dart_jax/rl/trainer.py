@@ -220,6 +220,9 @@ class Trainer:
             log.info("steps %d-%d: each rolls out %d prompts × %d samples, scores them, then updates; the first "
                      "step compiles the rollout and the update programs", loop.start + 1, tc.steps,
                      tc.prompts_per_step, tc.group_size)
+        if self.spec.rollout.engine != "batch":
+            log.info("rollout.engine=%s is evaluation's (launch.evaluate, the studies' evaluations): a GRPO step's "
+                     "rows and its held-out check decode batch-synchronously", self.spec.rollout.engine)
         every = self.spec.eval.every  # plus the first (step 0) and the last step
         if self.eval_rows and loop.start == 0:
             loop.write(0, self.evaluate())  # the starting policy, before any update

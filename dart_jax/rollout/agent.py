@@ -41,7 +41,11 @@ from dart_jax.tokenization.tokenizer import encode_text
 
 INVALID_POLICIES = ("search_r1", "none")
 # rollout settings that place, split or share arrays, not what the trajectories are
-LAYOUT_ONLY = ("decode_layout", "chunk_rows", "share_prompt_prefill")
+LAYOUT_ONLY = ("decode_layout", "chunk_rows", "share_prompt_prefill", "engine", "engine_segment")
+# how rollouts are decoded: "batch" (Agent.run: a batch's turns in lockstep, each turn waiting for its
+# longest row) or "continuous" (serve.engine: rows refilled as they finish, tool calls off the decode
+# step; evaluation only — each row draws as it would in its batch)
+ENGINES = ("batch", "continuous")
 
 
 def trajectory_settings(rollout: dict) -> dict:
@@ -65,6 +69,8 @@ class RolloutConfig:
     # trajectories decoded at once (whole GRPO groups, rl.stages.rollout): the KV cache holds this many
     # rows instead of the step's whole share; 0 = the share in one batch. Same draws either way.
     chunk_rows: int = 0
+    engine: str = "batch"              # ENGINES
+    engine_segment: int = 32           # continuous: tokens per decode segment (the refill granularity)
 
     def __post_init__(self):
         if self.invalid_action not in INVALID_POLICIES:
@@ -76,6 +82,10 @@ class RolloutConfig:
         if self.max_obs_tokens < MIN_OBS_TOKENS:
             raise ValueError(f"rollout.max_obs_tokens={self.max_obs_tokens}: an observation needs at least "
                              f"{MIN_OBS_TOKENS} tokens (its closing tag and newlines alone take several)")
+        if self.engine not in ENGINES:
+            raise ValueError(f"rollout.engine={self.engine!r}; expected one of {ENGINES}")
+        if self.engine_segment < 1:
+            raise ValueError(f"rollout.engine_segment={self.engine_segment} must be ≥ 1")
         if self.chunk_rows < 0:
             raise ValueError(f"rollout.chunk_rows={self.chunk_rows} must be ≥ 0 (0: the step's share in one batch)")
         for name in ("max_turns", "max_tokens_per_turn", "max_response_tokens"):
@@ -244,12 +254,17 @@ class Agent:
                         turns[i][-1]["invalid_text"] = replaced
             self._observe(decoder, obs_texts, resp, finish, spans, tool_rows={int(i) for i in q_rows}, limit=limit)
         finish = [f or "budget" for f in finish]
-        decode = lambda ids: self.tok.decode(ids, skip_special_tokens=True)  # noqa: E731
-        texts = [decode(r["ids"]) for r in resp]
-        views = [reward_views(decode, self.protocol, r["ids"], sp) for r, sp in zip(resp, spans)]
+        texts = self.texts(resp, spans)
         p_routes, resp = decoder.final_routes(prompts, resp)
-        return assemble(prompts, p_routes, resp, uids, finish, turns, texts, reward_texts=[v[0] for v in views],
-                        observed=[v[1] for v in views])
+        return assemble(prompts, p_routes, resp, uids, finish, turns, texts[0], reward_texts=texts[1],
+                        observed=texts[2])
+
+    def texts(self, resp: list[dict], spans: list[list]) -> tuple[list[str], list[str], list[list[str]]]:
+        """Responses (ids, and their observations' `spans`) -> (response texts, reward texts, observed
+        bodies): rollout.trajectory.reward_views."""
+        decode = lambda ids: self.tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+        views = [reward_views(decode, self.protocol, r["ids"], sp) for r, sp in zip(resp, spans)]
+        return [decode(r["ids"]) for r in resp], [v[0] for v in views], [v[1] for v in views]
 
     def _observe(self, decoder: Decoder, obs_texts: dict[int, str], resp: list[dict], finish: list,
                  spans: list[list], tool_rows: set, limit: list[int] | None = None) -> None:

@@ -10,7 +10,9 @@ Device side: one DecodeState of `slots` rows whose KV cache has a write index pe
 (models.cache), so each row writes where it is and a refilled row starts again at slot 0. A step
   1. appends the observations of rows whose tool call came back (sampler.append, one batch),
   2. admits waiting requests into free rows: their prompts are prefilled alone ([U, T], no other
-     row's work) and scattered into those rows (`_admit`),
+     row's work) and scattered into those rows (`_admit`); a prompt that starts with a prefix the
+     engine has seen shared (a system prompt and instructions) takes that prefix's KV slots, copied
+     (`_place_prefix`), and only the rest of the prompt is encoded (as an observation is appended),
   3. decodes one segment of at most `segment` tokens for every running row (sampler.decode_segment
      with each row's stop history, so a turn may span segments),
   4. hands each row's tokens to its request; a row whose turn ended is decided as the agent loop
@@ -18,6 +20,12 @@ Device side: one DecodeState of `slots` rows whose KV cache has a write index pe
      tool call pauses it, and the tool runs on a worker thread outside the decode step.
 Compiled shapes are bucketed (prefill width and rows, observation width, cache capacity), so a new
 request only compiles a shape the engine has not met yet; `warmup()` compiles the common ones first.
+
+Prefix reuse: a prompt whose first ≥ `min_prefix` tokens (rounded down to 16) equal a recent prompt's
+makes those tokens a shared prefix, prefilled once (its last token held pending, as rollout.compose
+resumes a policy) and kept in an LRU of `prefixes` entries; later prompts that start with it skip its
+forward. The tokens are the same as prefilling the whole prompt (floating-point rounding aside:
+tests/serve/test_engine.py).
 
 Each request samples with its own temperature, top-p and seed (top-k is the engine's), keyed by
 (seed, position) as the batch sampler keys row 0 of a one-prompt batch: a request's tokens and
@@ -58,6 +66,7 @@ from dart_jax.rollout.sampler import (
     grow_state,
     initial_keys,
     last_logits,
+    prefill,
     sample_pending,
     stop_window,
 )
@@ -106,6 +115,58 @@ def _admit(base, adapters, state: DecodeState, tokens: jnp.ndarray, positions: j
                                             top_p=_set_rows(old.top_p, rows, top_p)))
 
 
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
+def _append_rows(base, adapters, state: DecodeState, rows: jnp.ndarray, obs: jnp.ndarray, obs_len: jnp.ndarray, *,
+                 spec) -> tuple[DecodeState, jnp.ndarray]:
+    """sampler.append on rows `rows` (i32[U]; ≥ B: padding) only: their state gathered, each one's pending
+    token and observation (obs i32[U, W] right-padded, obs_len i32[U]) encoded as a [U, W + 1] chunk and
+    sampled from, and scattered back. A forward of U rows, not of the engine's B (rows pause for their tool
+    and come back at different times). -> (state, routes i32[U, W] of the observation positions)."""
+    b = state.pending.shape[0]
+    valid = rows < b
+    sub = jax.tree_util.tree_map(lambda a: a[jnp.minimum(rows, b - 1)], state)
+    sub, routes = append(base, adapters, sub, obs, obs_len, valid, spec=spec)
+    return jax.tree_util.tree_map(lambda a, x: a.at[rows].set(x, mode="drop"), state, sub), routes
+
+
+@functools.partial(jax.jit, donate_argnames=("state",))
+def _place_prefix(state: DecodeState, rows: jnp.ndarray, prefix: DecodeState, keys: jax.Array,
+                  temperature: jnp.ndarray, top_p: jnp.ndarray) -> DecodeState:
+    """Rows `rows` (i32[U]; ≥ B: padding) start from `prefix`, a one-row state of a shared prompt prefix
+    prefilled with its last token held pending (sampler.prefill(hold_last=True)): its W KV slots, write
+    index W, pending token, route, router state and next position; each row with its own key and
+    sampling settings. The state's capacity must be ≥ W."""
+    c, pc = state.cache, prefix.cache
+    u, w, s = rows.shape[0], pc["pos"].shape[1], c["pos"].shape[1]
+
+    def rows_of(a):  # the prefix's one row for each of the U rows
+        return jnp.broadcast_to(a, (u,) + a.shape[1:])
+    new_cache = KVCache(
+        k=tuple(kb.at[rows, :, :, :w].set(rows_of(pk), mode="drop") for kb, pk in zip(c["k"], pc["k"])),
+        v=tuple(vb.at[rows, :, :w, :].set(rows_of(pv), mode="drop") for vb, pv in zip(c["v"], pc["v"])),
+        pos=_set_rows(c["pos"], rows, rows_of(jnp.pad(pc["pos"], ((0, 0), (0, s - w)), constant_values=-1))),
+        index=_set_rows(c["index"], rows, jnp.full((u,), w, jnp.int32)))
+    old = state.sampling
+    return DecodeState(cache=new_cache, pending=_set_rows(state.pending, rows, rows_of(prefix.pending)),
+                       pending_lp=_set_rows(state.pending_lp, rows, jnp.zeros((u,), jnp.float32)),
+                       pending_route=_set_rows(state.pending_route, rows, rows_of(prefix.pending_route)),
+                       router=_set_rows(state.router, rows, rows_of(prefix.router)),
+                       next_pos=_set_rows(state.next_pos, rows, rows_of(prefix.next_pos)),
+                       keys=_set_rows(state.keys, rows, keys),
+                       sampling=RowSampling(temperature=_set_rows(old.temperature, rows, temperature),
+                                            top_p=_set_rows(old.top_p, rows, top_p)))
+
+
+def common_prefix(a, b) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    diff = np.nonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0]
+    return int(diff[0]) if len(diff) else n
+
+
+PREFIX_STEP = 16  # shared prefixes are cut to a multiple of this: fewer distinct prefixes, fewer shapes
+
+
 @functools.partial(jax.jit, donate_argnames=("state",))
 def _reset_rows(state: DecodeState, rows: jnp.ndarray) -> DecodeState:
     """Rows `rows` (bool[B]) emptied: write index 0, every slot's position −1."""
@@ -114,9 +175,9 @@ def _reset_rows(state: DecodeState, rows: jnp.ndarray) -> DecodeState:
                                        index=jnp.where(rows, 0, c["index"])))
 
 
-def request_key(seed: int) -> jax.Array:
-    """A request's sampling key: row 0's key of a one-prompt batch sampled with `seed` (sampler.initial_keys)."""
-    return initial_keys(jax.random.PRNGKey(seed), 1)[0]
+def request_key(seed: int, row: int = 0) -> jax.Array:
+    """A request's sampling key: row `row`'s key of a batch sampled with `seed` (sampler.initial_keys)."""
+    return initial_keys(jax.random.PRNGKey(seed), 1, row)[0]
 
 
 class Engine:
@@ -128,10 +189,12 @@ class Engine:
 
     def __init__(self, agent: Agent, base, adapters, slots: int = 16, segment: int = 16, tool_workers: int = 4,
                  max_waiting: int = 1024, tool: Callable[[list[str], list[dict]], list[str]] | None = None,
-                 capacity: int = 0):
+                 capacity: int = 0, min_prefix: int = 32, prefixes: int = 8):
         """`capacity`: KV slots per row allocated up front (0: grown on demand in 256-slot steps, each new
         size compiling the step functions once — on an accelerator with memory to spare, allocate the
-        longest request's need, `max_capacity()`, and no growth ever compiles on the hot path)."""
+        longest request's need, `max_capacity()`, and no growth ever compiles on the hot path).
+        `min_prefix`: the shortest prompt prefix shared with a recent prompt that is prefilled once and
+        reused (0: off); `prefixes`: how many such prefixes are kept (LRU)."""
         if slots < 1 or segment < 1:
             raise ValueError(f"slots={slots} and segment={segment} must be ≥ 1")
         self.agent, self.spec, self.rc = agent, agent.spec, agent.rc
@@ -152,6 +215,9 @@ class Engine:
         self.stats = collections.Counter()
         self._freed: set[int] = set()  # released rows whose cache index is still set
         self.failure: str | None = None  # the last step failure (health reports it)
+        self.min_prefix, self.max_prefixes = int(min_prefix), int(prefixes)
+        self.prefixes: collections.OrderedDict[tuple, DecodeState] = collections.OrderedDict()
+        self.recent: collections.deque[tuple] = collections.deque(maxlen=16)  # prompts a prefix is learnt from
         self.state = self._empty_state(cache_bucket(capacity or self.segment + 1))
 
     # -- state --------------------------------------------------------------------------------
@@ -323,23 +389,14 @@ class Engine:
             ready[i] = ids
         if not ready:
             return
-        width = min(bucket(self.rc.max_obs_tokens), bucket(max(len(x) for x in ready.values())))
-        obs = np.zeros((self.slots, width), np.int32)
-        obs_len = np.zeros(self.slots, np.int32)
-        do = np.zeros(self.slots, bool)
-        for i, ids in ready.items():
-            obs[i, :len(ids)], obs_len[i], do[i] = ids, len(ids), True
-        self._ensure(int(self._indices().max()) + width + 1)
-        self.state, obs_routes = append(self.base, self.adapters, self.state, jnp.asarray(obs), jnp.asarray(obs_len),
-                                        jnp.asarray(do), spec=self.spec)
-        obs_routes = np.asarray(obs_routes)
+        obs_routes = self._append(ready, min(bucket(self.rc.max_obs_tokens), bucket(max(map(len, ready.values())))))
         for i, ids in ready.items():
             g = self.rows[i]
             g.spans.append((len(g.ids), len(ids), g.obs_tool))
             g.ids += ids
             g.mask += [0.0] * len(ids)
             g.logprobs += [0.0] * len(ids)
-            g.routes += obs_routes[i, :len(ids)].tolist()
+            g.routes += obs_routes[i][:len(ids)]
             g.recorded = False
             g._emit({"kind": "observation", "ids": ids, "text": g.turns[-1].get("observation") if g.obs_tool else
                      self.agent.protocol.invalid_message})
@@ -348,6 +405,21 @@ class Engine:
             else:
                 self._start_turn(g)
         self.stats["appends"] += 1
+
+    def _append(self, ready: dict[int, list[int]], width: int) -> dict[int, list[int]]:
+        """Each ready row's pending token and ids (≤ `width`) encoded, gathered in a bucket of rows
+        (`_append_rows`) -> {row: the routes of its ids}."""
+        u = bucket(len(ready)) if len(ready) > 1 else 1
+        rows = np.full(u, self.slots, np.int32)  # padding entries: out of range, dropped
+        obs = np.zeros((u, width), np.int32)
+        obs_len = np.zeros(u, np.int32)
+        for k, (i, ids) in enumerate(ready.items()):
+            rows[k], obs[k, :len(ids)], obs_len[k] = i, ids, len(ids)
+        self._ensure(int(self._indices().max()) + width + 1)
+        self.state, routes = _append_rows(self.base, self.adapters, self.state, jnp.asarray(rows), jnp.asarray(obs),
+                                          jnp.asarray(obs_len), spec=self.spec)
+        routes = np.asarray(routes)
+        return {i: routes[k, :len(ids)].tolist() for k, (i, ids) in enumerate(ready.items())}
 
     # -- 2. admission -------------------------------------------------------------------------
     def _admit(self):
@@ -366,12 +438,85 @@ class Engine:
                 take.append((i, g))
         for g in dropped:
             g._end("cancelled")
-        # prompts of one width bucket are prefilled together: a request's prefill shape is its own
+        # prompts of one width bucket are prefilled together: a request's prefill shape is its own;
+        # prompts that start with a shared prefix take its KV slots and encode only the rest
         groups: dict[int, list] = {}
+        shared: dict[tuple, tuple[DecodeState, list]] = {}
         for i, g in take:
-            groups.setdefault(cache_bucket(len(g.request.prompt)), []).append((i, g))
+            found = self._prefix(g.request.prompt)
+            if found is None:
+                groups.setdefault(cache_bucket(len(g.request.prompt)), []).append((i, g))
+            else:
+                shared.setdefault(found[0], (found[1], []))[1].append((i, g))
         for group in groups.values():
             self._admit_group(group)
+        if shared:
+            self._admit_shared(shared)
+
+    def _prefix(self, prompt: tuple) -> tuple[tuple, DecodeState] | None:
+        """The shared prefix `prompt` starts with, as (its tokens, its one-row state): a known one, or one
+        learnt now from a recent prompt (module doc); None when there is none. The rest of the prompt
+        is encoded as an observation is, so it may be at most the widest observation bucket."""
+        if self.min_prefix <= 0:
+            return None
+        widest = bucket(self.rc.max_obs_tokens)
+        for key in reversed(self.prefixes):
+            if len(key) < len(prompt) and prompt[:len(key)] == key and len(prompt) - len(key) <= widest:
+                self.prefixes.move_to_end(key)
+                self.stats["prefix_hits"] += 1
+                return key, self.prefixes[key]
+        n = max((common_prefix(prompt, q) for q in self.recent), default=0)
+        self.recent.append(prompt)
+        n = min(n, len(prompt) - 1) // PREFIX_STEP * PREFIX_STEP
+        if n < max(self.min_prefix, 2) or len(prompt) - n > widest:
+            return None
+        key = tuple(prompt[:n])
+        self.prefixes[key] = self._prefill_prefix(key)
+        while len(self.prefixes) > self.max_prefixes:
+            self.prefixes.popitem(last=False)
+        self.stats["prefixes"] += 1
+        return key, self.prefixes[key]
+
+    def _prefill_prefix(self, key: tuple) -> DecodeState:
+        """A one-row state of prefix `key`: all but its last token encoded (left-padded to a width bucket),
+        the last held pending (sampler.prefill(hold_last=True))."""
+        pad = self.agent.tok.pad_token_id if self.agent.tok.pad_token_id is not None else 0
+        width = cache_bucket(len(key))
+        tokens, positions = left_pad([list(key)], pad)
+        extra = width - tokens.shape[1]
+        tokens = jnp.pad(tokens, ((0, 0), (extra, 0)), constant_values=pad)
+        positions = jnp.pad(positions, ((0, 0), (extra, 0)), constant_values=-1)
+        cache = cache_lib.init_cache(self.spec.model, 1, width - 1)
+        state, _ = prefill(self.base, self.adapters, tokens, positions, cache, jax.random.PRNGKey(0), spec=self.spec,
+                           hold_last=True)
+        return state
+
+    def _admit_shared(self, shared: dict[tuple, tuple[DecodeState, list]]):
+        """Rows that start from a shared prefix: its state placed in them (one call per prefix), then the
+        rest of every such prompt appended in one batch (sampler.append), which samples each first token."""
+        rest: dict[int, list[int]] = {}
+        for key, (prefix, take) in shared.items():
+            u = bucket(len(take)) if len(take) > 1 else 1
+            rows = np.full(u, self.slots, np.int32)  # padding entries: out of range, dropped
+            rows[:len(take)] = [i for i, _ in take]
+            keys = jnp.stack([request_key(g.request.seed, g.request.row) for _, g in take]
+                             + [request_key(0)] * (u - len(take)))
+            temp = np.zeros(u, np.float32)
+            top_p = np.ones(u, np.float32)
+            temp[:len(take)] = [g.request.temperature for _, g in take]
+            top_p[:len(take)] = [g.request.top_p for _, g in take]
+            self._ensure(int(prefix.cache["pos"].shape[1]) + self.segment + 1)
+            self.state = _place_prefix(self.state, jnp.asarray(rows), prefix, keys, jnp.asarray(temp),
+                                       jnp.asarray(top_p))
+            rest.update({i: list(g.request.prompt[len(key):]) for i, g in take})
+        self._append(rest, bucket(max(len(x) for x in rest.values())))
+        for _, take in shared.values():
+            for _, g in take:
+                g.recorded = False
+                self._start_turn(g)
+        self.stats["admits"] += 1
+        self.stats["admitted"] += len(rest)
+        self.stats["prefix_admitted"] += len(rest)
 
     def _admit_group(self, take: list):
         pad = self.agent.tok.pad_token_id if self.agent.tok.pad_token_id is not None else 0
@@ -384,7 +529,8 @@ class Engine:
         positions = jnp.pad(positions, ((0, 0), (extra, 0)), constant_values=-1)
         rows = np.full(u, self.slots, np.int32)  # padding entries: out of range, dropped
         rows[:len(take)] = [i for i, _ in take]
-        keys = jnp.stack([request_key(g.request.seed) for _, g in take] + [request_key(0)] * (u - len(take)))
+        keys = jnp.stack([request_key(g.request.seed, g.request.row) for _, g in take]
+                         + [request_key(0)] * (u - len(take)))
         temp = np.zeros(u, np.float32)
         top_p = np.ones(u, np.float32)
         temp[:len(take)] = [g.request.temperature for _, g in take]
@@ -499,8 +645,9 @@ class Engine:
                 state = _admit(self.base, self.adapters, state, tokens, positions, rows,
                                jnp.stack([request_key(0)] * u), jnp.zeros(u), jnp.ones(u), spec=self.spec)
         for width in obs_widths:
-            state, _ = append(self.base, self.adapters, state, jnp.zeros((b, width), jnp.int32),
-                              jnp.zeros(b, jnp.int32), jnp.zeros(b, bool), spec=self.spec)
+            for u in sorted({1} | {bucket(k) for k in range(2, b + 1)}):
+                state, _ = _append_rows(self.base, self.adapters, state, jnp.full((u,), b, jnp.int32),
+                                        jnp.zeros((u, width), jnp.int32), jnp.zeros(u, jnp.int32), spec=self.spec)
         state, _ = decode_segment(self.base, self.adapters, state, jnp.zeros(b, bool),
                                   jnp.ones((b, len(self.spec.stops)), bool), jnp.ones(b, jnp.int32),
                                   jnp.full((b, self.window), -1, jnp.int32), jnp.zeros(b, bool),

@@ -26,14 +26,17 @@ class Request:
     top_p: float = 1.0
     seed: int = 0
     tools: bool = True
+    # the draws of row `row` of a batch sampled with `seed` (rollout.sampler.initial_keys); 0: a one-prompt
+    # batch. An evaluation on the engine passes its batch's seed and the row, and draws as the batch would
+    row: int = 0
     meta: dict = dataclasses.field(default_factory=dict)  # what the tool needs per request (SQL: db_path)
 
     def __post_init__(self):
         if not self.prompt:
             raise ValueError("a request needs a non-empty prompt")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_tokens < 0:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_tokens < 0 or self.row < 0:
             raise ValueError(f"temperature={self.temperature} (≥ 0), top_p={self.top_p} (in (0, 1]), "
-                             f"max_tokens={self.max_tokens} (≥ 0)")
+                             f"max_tokens={self.max_tokens} (≥ 0), row={self.row} (≥ 0)")
 
 
 class EngineClosed(RuntimeError):

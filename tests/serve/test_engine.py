@@ -55,6 +55,37 @@ def test_continuous_batching_equals_each_request_alone(serve_setup):
         _same(r, _alone(agent, base, prompts[k], *settings[k]))
 
 
+INSTRUCTION = ("Answer the question about the fictional world. Search for each entity you need by its name, one "
+               "search at a time, state what each passage told you, then give the answer. Question: ")
+
+
+def test_a_shared_prompt_prefix_is_prefilled_once_and_changes_nothing(serve_setup):
+    """Prompts sharing a long instruction: the engine learns the prefix from the first two, prefills it
+    once and starts later requests from its KV slots; every request equals its decode alone (the whole
+    prompt prefilled), token for token."""
+    from dart_jax.serve.engine import PREFIX_STEP, common_prefix
+    from dart_jax.tokenization.tokenizer import encode_chat
+    from serve_setup import QUESTIONS
+    agent, base, _ = serve_setup
+    prompts = [encode_chat(agent.tok, [{"role": "user", "content": INSTRUCTION + q}]) for q in QUESTIONS]
+    shared = min(common_prefix(prompts[0], p) for p in prompts[1:])
+    assert shared >= 48, shared
+    settings = [(1.0, 11), (0.0, 0), (0.7, 5), (1.0, 3), (1.0, 11), (0.5, 9)]
+    engine = Engine(agent, base, None, slots=3, segment=8, tool_workers=2, min_prefix=32)
+    gens = [engine.submit(Request(tuple(prompts[k]), temperature=t, seed=s)) for k, (t, s) in enumerate(settings)]
+    engine.run_until_idle(timeout=600)
+    results = [g.result(timeout=1) for g in gens]
+    assert engine.stats["prefixes"] == 1 and engine.stats["prefix_admitted"] >= 4, engine.stats
+    (key,) = engine.prefixes
+    assert len(key) == shared // PREFIX_STEP * PREFIX_STEP
+    for k, r in enumerate(results):
+        _same(r, _alone(agent, base, prompts[k], *settings[k]))
+    off = Engine(agent, base, None, slots=3, segment=8, min_prefix=0)
+    g = off.submit(Request(tuple(prompts[5]), temperature=0.5, seed=9))
+    off.run_until_idle(timeout=600)
+    assert off.stats["prefixes"] == 0 and g.result()["ids"] == results[5]["ids"]
+
+
 def test_streamed_events_rebuild_the_response_and_the_queue_is_bounded(serve_setup):
     agent, base, prompts = serve_setup
     engine = Engine(agent, base, None, slots=2, segment=8, max_waiting=2).start()

@@ -1,0 +1,113 @@
+"""`launch.bench rollouts`: agentic rollouts on the continuous-batching engine (`rollout.engine=continuous`,
+serve.rollouts) against the batch-synchronous agent loop (rollout.agent), on the lab, where rows end
+after one to `max_turns` tool calls and pause for the tool at different times.
+
+The policy and rollout settings are a config's (default configs/lab_quickstart.py: SmolLM2-135M with the
+lab warm start merged and a fresh routed DART pair, six tool calls, the lexical retriever); the questions
+are its held-out check's (world 1, h = 2-3, every operation), searched over `eval.corpus`, greedy. Sides,
+on the same questions, in interleaved rounds (batch, continuous, batch, continuous, ...):
+
+  batch       fixed batches of `slots` questions, each batch's turns in lockstep (every turn waits for
+              the batch's longest row; the next batch starts when its last row ends)
+  continuous  one engine of `slots` rows: a finished row takes the next question at once, tool calls run
+              off the decode step
+
+Round 0 compiles both sides (its times are reported, not compared). Reported per side: wall time per
+round, trajectories/s and generated tokens/s; the continuous / batch speed-up per round with its median
+and range; and how many trajectories are token-identical between the sides (greedy: all, up to float
+rounding between batch shapes flipping a near-tie).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import jax
+
+from dart_jax.rollout.agent import Agent
+from dart_jax.rollout.protocol import PROTOCOLS
+from dart_jax.rollout.sampling import SamplingConfig
+from dart_jax.rollout.tasks import qa_task, sql_task
+from dart_jax.run.policy import load_policy
+from dart_jax.run.spec import run_spec
+from dart_jax.run.task import build_tool, load_eval_rows
+from dart_jax.serve.rollouts import continuous_rollouts
+
+
+def _setup(config, questions: int):
+    c = copy.deepcopy(config)
+    c.eval.n = int(questions)
+    if c.eval.get("corpus"):  # the held-out questions are searched over their own world's corpus
+        c.retriever.corpus = c.eval.corpus
+        c.retriever.index_dir = ""
+    spec = run_spec(c)
+    rows = load_eval_rows(spec)
+    if len(rows) < questions:
+        raise ValueError(f"the config's held-out set has {len(rows)} questions; asked for {questions}")
+    protocol = PROTOCOLS[spec.task]
+    cfg, base, tok, adapters = load_policy(spec, None, jax.random.PRNGKey(0))
+    agent = Agent(cfg, tok, protocol, build_tool(spec, protocol), SamplingConfig(temperature=0.0), spec.rollout,
+                  spec.router_convention)
+    task_fn = sql_task if protocol.name == "sql" else qa_task
+    prompts, uids, metas = task_fn(tok, rows, spec.rollout.prompt_tags)
+    return agent, base, adapters, prompts, uids, metas
+
+
+def _row_ids(tb, i: int) -> list[int]:
+    return tb.ids[i, int(tb.prompt_len[i]):int(tb.length[i])].tolist()
+
+
+def _batch(agent, base, adapters, prompts, uids, metas, slots: int) -> tuple[float, list, int, list]:
+    t0 = time.perf_counter()
+    ids, tokens, calls = [], 0, []
+    for s in range(0, len(prompts), slots):
+        tb = agent.rollout(base, adapters, prompts[s:s + slots], uids[s:s + slots], metas[s:s + slots], seed=s)
+        ids += [_row_ids(tb, i) for i in range(tb.batch_size)]
+        tokens += int(tb.loss_mask.sum())
+        calls += tb.tool_calls().tolist()
+    return time.perf_counter() - t0, ids, tokens, calls
+
+
+def _continuous(agent, base, adapters, prompts, uids, metas, slots: int) -> tuple[float, list, int, list]:
+    t0 = time.perf_counter()
+    ids, tokens, calls = [None] * len(prompts), 0, [0] * len(prompts)
+    draws = [(s - s % slots, s % slots) for s in range(len(prompts))]
+    for i, tb in continuous_rollouts(agent, base, adapters, prompts, uids, metas, draws, slots):
+        ids[i] = _row_ids(tb, 0)
+        tokens += int(tb.loss_mask.sum())
+        calls[i] = int(tb.tool_calls()[0])
+    return time.perf_counter() - t0, ids, tokens, calls
+
+
+def bench_rollouts(config, questions: int = 16, slots: int = 8, rounds: int = 2, log=print) -> dict:
+    """`config`: a run config (ml_collections) whose eval set holds ≥ `questions` questions."""
+    agent, base, adapters, prompts, uids, metas = _setup(config, questions)
+    sides = {"batch": _batch, "continuous": _continuous}
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    out = {}
+    for r in range(rounds + 1):
+        for name, fn in sides.items():
+            wall, ids, tokens, calls = fn(agent, base, adapters, prompts, uids, metas, slots)
+            times[name].append(wall)
+            out[name] = {"ids": ids, "tokens": tokens, "calls": calls}
+            log(f"round {r}{' (compiles)' if r == 0 else ''}: {name} {wall:.1f} s, {tokens} generated tokens")
+    timed = {k: v[1:] for k, v in times.items()}
+    speedups = [b / c for b, c in zip(timed["batch"], timed["continuous"])]
+    same = sum(a == b for a, b in zip(out["batch"]["ids"], out["continuous"]["ids"]))
+    calls = out["batch"]["calls"]
+    return {
+        "config": "lab" if "lab" in str(config.get("warm_start", "")) else str(config.get("warm_start", "")),
+        "questions": questions, "slots": slots, "rounds": rounds, "max_turns": agent.rc.max_turns,
+        "engine_segment": agent.rc.engine_segment,
+        "tool_calls_per_trajectory": {"min": min(calls), "median": statistics.median(calls), "max": max(calls)},
+        "compile_round_s": {k: round(v[0], 1) for k, v in times.items()},
+        **{k: {"wall_s": [round(x, 1) for x in v], "trajectories_per_s": round(questions / statistics.median(v), 4),
+               "generated_tokens_per_s": round(out[k]["tokens"] / statistics.median(v), 1)}
+           for k, v in timed.items()},
+        "speedup": {"median": round(statistics.median(speedups), 3), "min": round(min(speedups), 3),
+                    "max": round(max(speedups), 3), "per_round": [round(s, 3) for s in speedups]},
+        "identical_trajectories": f"{same}/{questions}",
+    }
+

@@ -1,0 +1,92 @@
+"""Rollouts on the continuous-batching engine (serve.engine): `rollout.engine=continuous` for evaluation.
+
+The batch sampler (rollout.agent.Agent.run) decodes a batch's turns in lockstep: every turn waits for
+the batch's longest row, and the next batch starts when the last row of this one ends. On agentic
+rollouts rows end after 1 to `max_turns` tool calls, so most of a batch's rows idle while a few finish.
+Here the same rows are requests to an engine of `slots` rows: a finished row is refilled with the next
+question at once and a row's tool call runs while the others decode.
+
+Each row draws what it would in its batch: row r of a batch sampled with seed s is the request (seed s,
+row r) (serve.requests.Request.row), so greedy and sampled trajectories are the batch sampler's, up to
+floating-point differences between batch shapes (tests/serve/test_rollouts.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterator
+
+import jax.numpy as jnp
+import numpy as np
+
+from dart_jax.roles.router import route_roles
+from dart_jax.rollout.agent import Agent
+from dart_jax.rollout.trajectory import TrajectoryBatch, assemble
+from dart_jax.serve.engine import Engine
+from dart_jax.serve.requests import Generation, Request
+
+log = logging.getLogger(__name__)
+
+
+def check_engine(agent: Agent, composition=None, processes: int = 1) -> None:
+    """Refuse, naming why, a rollout the engine cannot run: a two-model composition, several processes
+    or a mesh of several devices (the engine decodes on one device)."""
+    why = []
+    if composition:
+        why.append("a two-model composition (CEA's H_Tool / H_Reas, 2-Agent) decodes batch-synchronously")
+    if processes > 1:
+        why.append(f"{processes} processes (the engine serves one)")
+    placement = agent.spec.placement
+    if placement is not None and placement.mesh.devices.size > 1:
+        why.append(f"a mesh of {placement.mesh.devices.size} devices (the engine decodes on one)")
+    if why:
+        raise ValueError("rollout.engine=continuous: " + "; ".join(why) + ". Use rollout.engine=batch")
+
+
+def prompt_routes(agent: Agent, prompt: list[int]) -> list[int]:
+    """The adapter route of each prompt position, as the engine's prefill computed it."""
+    tokens = jnp.asarray([prompt], jnp.int32)
+    return np.asarray(agent.spec.routes(route_roles(tokens, agent.spec.router, tokens >= 0)))[0].tolist()
+
+
+def trajectory(agent: Agent, gen: Generation, uid=None) -> TrajectoryBatch:
+    """A finished generation as a one-row TrajectoryBatch (what Agent.run returns for that row)."""
+    prompt = list(gen.request.prompt)
+    resp = {"ids": gen.ids, "mask": gen.mask, "logprobs": gen.logprobs, "routes": gen.routes}
+    texts, rewards, observed = agent.texts([resp], [gen.spans])
+    uid = gen.uid if uid is None else uid
+    return assemble([prompt], [prompt_routes(agent, prompt)], [resp], [uid], [gen.finish], [gen.turns], texts,
+                    reward_texts=rewards, observed=observed)
+
+
+def continuous_rollouts(agent: Agent, base, adapters, prompts: list[list[int]], uids: list, metas: list[dict],
+                        draws: list[tuple[int, int]], slots: int, tool=None) -> Iterator[tuple[int, TrajectoryBatch]]:
+    """Roll out `prompts` on an engine of `slots` rows -> yields (index, its one-row TrajectoryBatch) as each
+    finishes (not in order). `draws[i]`: (seed, row) of prompt i's draws; `tool`: the ToolFn (None: the
+    agent's). Sampling settings are the agent's; a row's error (a failing tool) is raised."""
+    engine = Engine(agent, base, adapters, slots=slots, segment=agent.rc.engine_segment, tool=tool,
+                    max_waiting=len(prompts) + 1)
+    sampling = agent.spec.sampling
+    try:
+        gens = [engine.submit(Request(tuple(p), temperature=float(sampling.temperature), top_p=float(sampling.top_p),
+                                      seed=int(seed), row=int(row), meta=dict(meta)))
+                for p, meta, (seed, row) in zip(prompts, metas, draws)]
+        pending = list(range(len(gens)))
+        while pending:
+            busy = engine.step()
+            still = []
+            for i in pending:
+                g = gens[i]
+                if not g.done():
+                    still.append(i)
+                elif g.error is not None:
+                    raise g.error
+                else:
+                    yield i, trajectory(agent, g, uids[i])
+            pending = still
+            if pending and not busy:
+                raise RuntimeError(f"the engine went idle with {len(pending)} rollouts unfinished")
+        log.info("continuous rollouts: %d rows on %d slots, %d decode segments, %d admissions, %d appends",
+                 len(gens), slots, engine.stats["segments"], engine.stats["admits"], engine.stats["appends"])
+    finally:
+        engine.close()
