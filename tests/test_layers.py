@@ -55,7 +55,7 @@ ALLOWED = {
     # warm start
     "sft": {"checkpoints", "data", "lab", "rewards", "rl", "roles", "rollout", "run", "tokenization", "tools"},
     # the continuous-batching engine, the OpenAI-compatible server, ask / chat, exports
-    "serve": {"checkpoints", "data", "models", "roles", "rollout", "tokenization"},
+    "serve": {"adapters", "checkpoints", "data", "models", "roles", "rollout", "tokenization"},
     # evaluation (never the trainer's internals)
     "eval": {"adapters", "analysis", "checkpoints", "data", "lab", "models", "parallel", "rewards", "rollout", "run",
              "serve", "tools"},

@@ -187,7 +187,7 @@ class Evaluator:
         (serve.rollouts), each drawing as it would in its batch (the batch's seed, its row); records
         are written in item order as soon as every earlier item's is (what resume reads back)."""
         from dart_jax.serve.rollouts import check_engine, continuous_rollouts
-        check_engine(self.agent, getattr(self, "composition", None), jax.process_count())
+        check_engine(self.agent, getattr(self, "composition", None), jax.process_count(), base)
         b, first = self.options.batch, len(kept)
         todo = items[first:]
         if not todo:

@@ -17,7 +17,8 @@ Device side: one DecodeState of `slots` rows whose KV cache has a write index pe
      with each row's stop history, so a turn may span segments),
   4. hands each row's tokens to its request; a row whose turn ended is decided as the agent loop
      decides (rollout.agent.Agent.end_turn): answer / invalid / length end it and free the row; a
-     tool call pauses it, and the tool runs on a worker thread outside the decode step.
+     tool call pauses it; the step's tool calls run as one batch on the tool worker, outside the
+     decode step.
 Compiled shapes are bucketed (prefill width and rows, observation width, cache capacity), so a new
 request only compiles a shape the engine has not met yet; `warmup()` compiles the common ones first.
 
@@ -164,6 +165,15 @@ def common_prefix(a, b) -> int:
     return int(diff[0]) if len(diff) else n
 
 
+def row_bucket(n: int, slots: int) -> int:
+    """Rows a batch of `n` of the engine's `slots` rows is padded to: 1, 2, 4, ... capped at `slots`."""
+    return min(1 << max(0, n - 1).bit_length(), slots)
+
+
+def row_buckets(slots: int) -> list[int]:
+    return sorted({row_bucket(n, slots) for n in range(1, slots + 1)})
+
+
 PREFIX_STEP = 16  # shared prefixes are cut to a multiple of this: fewer distinct prefixes, fewer shapes
 
 
@@ -185,9 +195,12 @@ class Engine:
     config, tokenizer, protocol, tool and rollout settings (rollout.agent.Agent); `base`, `adapters`
     the policy (DART: both adapters, routed per token). `segment`: tokens per decode segment — the
     most a waiting request waits for a slot to free up, and the host round trip's amortisation.
-    `tool_workers`: threads running tool calls outside the decode step."""
+    `tool_workers`: threads running the tool outside the decode step. Each step's calls go to the tool as
+    one batch (one encoder forward for a step's searches; SQLite runs a batch on its own worker pool);
+    with one worker (the default) batches run one at a time, which a tool that is not thread-safe (a
+    tokenizer, a GPU faiss index) needs; more workers only for a tool safe to call from several threads."""
 
-    def __init__(self, agent: Agent, base, adapters, slots: int = 16, segment: int = 16, tool_workers: int = 4,
+    def __init__(self, agent: Agent, base, adapters, slots: int = 16, segment: int = 16, tool_workers: int = 1,
                  max_waiting: int = 1024, tool: Callable[[list[str], list[dict]], list[str]] | None = None,
                  capacity: int = 0, min_prefix: int = 32, prefixes: int = 8):
         """`capacity`: KV slots per row allocated up front (0: grown on demand in 256-slot steps, each new
@@ -215,10 +228,12 @@ class Engine:
         self.stats = collections.Counter()
         self._freed: set[int] = set()  # released rows whose cache index is still set
         self.failure: str | None = None  # the last step failure (health reports it)
+        self._calls: list = []  # (future, query, meta) of this step's tool calls
         self.min_prefix, self.max_prefixes = int(min_prefix), int(prefixes)
         self.prefixes: collections.OrderedDict[tuple, DecodeState] = collections.OrderedDict()
         self.recent: collections.deque[tuple] = collections.deque(maxlen=16)  # prompts a prefix is learnt from
-        self.state = self._empty_state(cache_bucket(capacity or self.segment + 1))
+        self.initial_capacity = cache_bucket(capacity or self.segment + 1)
+        self.state = self._empty_state(self.initial_capacity)
 
     # -- state --------------------------------------------------------------------------------
     def _empty_state(self, capacity: int) -> DecodeState:
@@ -338,7 +353,7 @@ class Engine:
                 self._fail_all(e)
                 # the step donated the state: start again from an empty one of the same size
                 self.state = self._empty_state(self.capacity() if not self.state.cache["pos"].is_deleted()
-                                               else cache_bucket(self.segment + 1))
+                                               else self.initial_capacity)
 
     def close(self):
         with self._wake:
@@ -409,13 +424,21 @@ class Engine:
     def _append(self, ready: dict[int, list[int]], width: int) -> dict[int, list[int]]:
         """Each ready row's pending token and ids (≤ `width`) encoded, gathered in a bucket of rows
         (`_append_rows`) -> {row: the routes of its ids}."""
-        u = bucket(len(ready)) if len(ready) > 1 else 1
+        u = row_bucket(len(ready), self.slots)
         rows = np.full(u, self.slots, np.int32)  # padding entries: out of range, dropped
         obs = np.zeros((u, width), np.int32)
         obs_len = np.zeros(u, np.int32)
         for k, (i, ids) in enumerate(ready.items()):
             rows[k], obs[k, :len(ids)], obs_len[k] = i, ids, len(ids)
         self._ensure(int(self._indices().max()) + width + 1)
+        if u == self.slots:  # every row's worth: the batch append with a mask, no gather or scatter
+            full, full_len, do = np.zeros((u, width), np.int32), np.zeros(u, np.int32), np.zeros(u, bool)
+            full[rows[:len(ready)]], full_len[rows[:len(ready)]], do[rows[:len(ready)]] = \
+                obs[:len(ready)], obs_len[:len(ready)], True
+            self.state, routes = append(self.base, self.adapters, self.state, jnp.asarray(full), jnp.asarray(full_len),
+                                        jnp.asarray(do), spec=self.spec)
+            routes = np.asarray(routes)
+            return {i: routes[i, :len(ids)].tolist() for i, ids in ready.items()}
         self.state, routes = _append_rows(self.base, self.adapters, self.state, jnp.asarray(rows), jnp.asarray(obs),
                                           jnp.asarray(obs_len), spec=self.spec)
         routes = np.asarray(routes)
@@ -465,8 +488,10 @@ class Engine:
                 self.prefixes.move_to_end(key)
                 self.stats["prefix_hits"] += 1
                 return key, self.prefixes[key]
-        n = max((common_prefix(prompt, q) for q in self.recent), default=0)
-        self.recent.append(prompt)
+        # another prompt (a repeated one, e.g. several samples of a question, would teach its own whole self)
+        n = max((common_prefix(prompt, q) for q in self.recent if q != prompt), default=0)
+        if prompt not in self.recent:
+            self.recent.append(prompt)
         n = min(n, len(prompt) - 1) // PREFIX_STEP * PREFIX_STEP
         if n < max(self.min_prefix, 2) or len(prompt) - n > widest:
             return None
@@ -521,7 +546,7 @@ class Engine:
     def _admit_group(self, take: list):
         pad = self.agent.tok.pad_token_id if self.agent.tok.pad_token_id is not None else 0
         prompts = [list(g.request.prompt) for _, g in take]
-        u = bucket(len(take)) if len(take) > 1 else 1
+        u = row_bucket(len(take), self.slots)
         width = cache_bucket(max(len(p) for p in prompts))
         tokens, positions = left_pad(prompts + [prompts[0]] * (u - len(take)), pad)
         extra = width - tokens.shape[1]
@@ -596,7 +621,30 @@ class Engine:
             stopped = int(seg.finish[i]) == STOPPED
             if stopped or len(g.turn_ids) >= g.turn_cap:
                 self._end_turn(int(i), g, STOPPED if stopped else LENGTH, int(seg.stop_index[i]))
+        self._flush_calls()
         return True
+
+    def _flush_calls(self):
+        """The tool calls this step's rows made, as one batched call on the tool worker."""
+        if self._calls:
+            calls, self._calls = self._calls, []
+            self.pool.submit(self._run_tool, calls)
+            self.stats["tool_batches"] += 1
+
+    def _run_tool(self, calls: list):
+        live = [c for c in calls if c[0].set_running_or_notify_cancel()]  # a cancelled row's call is dropped
+        if not live:
+            return
+        try:
+            bodies = self.tool([q for _, q, _ in live], [m for _, _, m in live])
+            if len(bodies) != len(live):
+                raise RuntimeError(f"the tool returned {len(bodies)} results for {len(live)} queries")
+        except Exception as e:  # noqa: BLE001 — each row's request ends with the error (`_resume`)
+            for f, _, _ in live:
+                f.set_exception(e)
+            return
+        for (f, _, _), body in zip(live, bodies):
+            f.set_result([body])
 
     def _end_turn(self, i: int, g: Generation, finish: int, stop_index: int):
         # tools off: every turn is the answer-only one (no corrective message asking for a search)
@@ -612,7 +660,8 @@ class Engine:
             return
         if d.call:
             g._emit({"kind": "tool", "query": end.query})
-            g.tool = self.pool.submit(self.tool, [end.query], [dict(g.request.meta)])
+            g.tool = concurrent.futures.Future()  # resolved by this step's batched tool call (_flush_calls)
+            self._calls.append((g.tool, end.query, dict(g.request.meta)))
         elif d.corrective:
             g.obs_text, g.obs_tool = self.agent.protocol.invalid_message, False
         if g.turn_count >= self.agent.turn_limit():  # the agent loop's last turn: still going means "budget"
@@ -638,16 +687,18 @@ class Engine:
         self._ensure(max(widths[-1], obs_widths[-1] + 1) + 2 * self.segment + 1)
         b, state = self.slots, self.state
         for width in widths:
-            for u in sorted({1} | {bucket(k) for k in range(2, b + 1)}):
+            for u in row_buckets(b):
                 tokens = jnp.zeros((u, width), jnp.int32)
                 positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (u, width))
                 rows = jnp.full((u,), b, jnp.int32)  # every entry dropped: nothing is admitted
                 state = _admit(self.base, self.adapters, state, tokens, positions, rows,
                                jnp.stack([request_key(0)] * u), jnp.zeros(u), jnp.ones(u), spec=self.spec)
         for width in obs_widths:
-            for u in sorted({1} | {bucket(k) for k in range(2, b + 1)}):
+            for u in row_buckets(b)[:-1]:
                 state, _ = _append_rows(self.base, self.adapters, state, jnp.full((u,), b, jnp.int32),
                                         jnp.zeros((u, width), jnp.int32), jnp.zeros(u, jnp.int32), spec=self.spec)
+            state, _ = append(self.base, self.adapters, state, jnp.zeros((b, width), jnp.int32),
+                              jnp.zeros(b, jnp.int32), jnp.zeros(b, bool), spec=self.spec)
         state, _ = decode_segment(self.base, self.adapters, state, jnp.zeros(b, bool),
                                   jnp.ones((b, len(self.spec.stops)), bool), jnp.ones(b, jnp.int32),
                                   jnp.full((b, self.window), -1, jnp.int32), jnp.zeros(b, bool),

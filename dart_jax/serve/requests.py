@@ -32,6 +32,7 @@ class Request:
     meta: dict = dataclasses.field(default_factory=dict)  # what the tool needs per request (SQL: db_path)
 
     def __post_init__(self):
+        object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))  # hashable, comparable to prefixes
         if not self.prompt:
             raise ValueError("a request needs a non-empty prompt")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_tokens < 0 or self.row < 0:

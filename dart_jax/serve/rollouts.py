@@ -19,6 +19,7 @@ from typing import Iterator
 import jax.numpy as jnp
 import numpy as np
 
+from dart_jax.adapters.method import TwoModels
 from dart_jax.roles.router import route_roles
 from dart_jax.rollout.agent import Agent
 from dart_jax.rollout.trajectory import TrajectoryBatch, assemble
@@ -28,11 +29,11 @@ from dart_jax.serve.requests import Generation, Request
 log = logging.getLogger(__name__)
 
 
-def check_engine(agent: Agent, composition=None, processes: int = 1) -> None:
-    """Refuse, naming why, a rollout the engine cannot run: a two-model composition, several processes
-    or a mesh of several devices (the engine decodes on one device)."""
+def check_engine(agent: Agent, composition=None, processes: int = 1, base=None) -> None:
+    """Refuse, naming why, a rollout the engine cannot run: a two-model composition (`composition`, or a
+    2-Agent policy's `base`), several processes or a mesh of several devices (the engine decodes on one)."""
     why = []
-    if composition:
+    if composition or isinstance(base, TwoModels):
         why.append("a two-model composition (CEA's H_Tool / H_Reas, 2-Agent) decodes batch-synchronously")
     if processes > 1:
         why.append(f"{processes} processes (the engine serves one)")

@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 
+from dart_jax.adapters.method import TwoModels
 from dart_jax.eval.datasets import resolve
 from dart_jax.eval.runner import EvalOptions, Evaluator
 from dart_jax.rollout.agent import RolloutConfig
@@ -56,6 +57,8 @@ def test_the_engine_refuses_what_it_cannot_run(serve_setup):
     agent, _, _ = serve_setup
     with pytest.raises(ValueError, match="two-model composition"):
         check_engine(agent, composition=("reasoning", "tool"))
+    with pytest.raises(ValueError, match="two-model composition"):  # a 2-Agent policy
+        check_engine(agent, base=TwoModels(reasoning={}, tool={}))
     with pytest.raises(ValueError, match="2 processes"):
         check_engine(agent, processes=2)
     with pytest.raises(ValueError, match="rollout.engine='fast'"):
