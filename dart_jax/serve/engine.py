@@ -131,8 +131,8 @@ def _append_rows(base, adapters, state: DecodeState, rows: jnp.ndarray, obs: jnp
 
 
 @functools.partial(jax.jit, donate_argnames=("state",))
-def _place_prefix(state: DecodeState, rows: jnp.ndarray, prefix: DecodeState, keys: jax.Array,
-                  temperature: jnp.ndarray, top_p: jnp.ndarray) -> DecodeState:
+def _place_prefix(state: DecodeState, rows: jnp.ndarray, keys: jax.Array, temperature: jnp.ndarray,
+                  top_p: jnp.ndarray, prefix: DecodeState) -> DecodeState:
     """Rows `rows` (i32[U]; ≥ B: padding) start from `prefix`, a one-row state of a shared prompt prefix
     prefilled with its last token held pending (sampler.prefill(hold_last=True)): its W KV slots, write
     index W, pending token, route, router state and next position; each row with its own key and
@@ -505,12 +505,8 @@ class Engine:
     def _prefill_prefix(self, key: tuple) -> DecodeState:
         """A one-row state of prefix `key`: all but its last token encoded (left-padded to a width bucket),
         the last held pending (sampler.prefill(hold_last=True))."""
-        pad = self.agent.tok.pad_token_id if self.agent.tok.pad_token_id is not None else 0
         width = cache_bucket(len(key))
-        tokens, positions = left_pad([list(key)], pad)
-        extra = width - tokens.shape[1]
-        tokens = jnp.pad(tokens, ((0, 0), (extra, 0)), constant_values=pad)
-        positions = jnp.pad(positions, ((0, 0), (extra, 0)), constant_values=-1)
+        tokens, positions = self._left_padded([list(key)], width)
         cache = cache_lib.init_cache(self.spec.model, 1, width - 1)
         state, _ = prefill(self.base, self.adapters, tokens, positions, cache, jax.random.PRNGKey(0), spec=self.spec,
                            hold_last=True)
@@ -521,18 +517,8 @@ class Engine:
         rest of every such prompt appended in one batch (sampler.append), which samples each first token."""
         rest: dict[int, list[int]] = {}
         for key, (prefix, take) in shared.items():
-            u = bucket(len(take)) if len(take) > 1 else 1
-            rows = np.full(u, self.slots, np.int32)  # padding entries: out of range, dropped
-            rows[:len(take)] = [i for i, _ in take]
-            keys = jnp.stack([request_key(g.request.seed, g.request.row) for _, g in take]
-                             + [request_key(0)] * (u - len(take)))
-            temp = np.zeros(u, np.float32)
-            top_p = np.ones(u, np.float32)
-            temp[:len(take)] = [g.request.temperature for _, g in take]
-            top_p[:len(take)] = [g.request.top_p for _, g in take]
             self._ensure(int(prefix.cache["pos"].shape[1]) + self.segment + 1)
-            self.state = _place_prefix(self.state, jnp.asarray(rows), prefix, keys, jnp.asarray(temp),
-                                       jnp.asarray(top_p))
+            self.state = _place_prefix(self.state, *self._row_settings(take), prefix=prefix)
             rest.update({i: list(g.request.prompt[len(key):]) for i, g in take})
         self._append(rest, bucket(max(len(x) for x in rest.values())))
         for _, take in shared.values():
@@ -543,16 +529,19 @@ class Engine:
         self.stats["admitted"] += len(rest)
         self.stats["prefix_admitted"] += len(rest)
 
-    def _admit_group(self, take: list):
+    def _left_padded(self, prompts: list[list[int]], width: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+        """Prompts left-padded to `width` columns -> (tokens, positions: −1 on padding)."""
         pad = self.agent.tok.pad_token_id if self.agent.tok.pad_token_id is not None else 0
-        prompts = [list(g.request.prompt) for _, g in take]
-        u = row_bucket(len(take), self.slots)
-        width = cache_bucket(max(len(p) for p in prompts))
-        tokens, positions = left_pad(prompts + [prompts[0]] * (u - len(take)), pad)
+        tokens, positions = left_pad(prompts, pad)
         extra = width - tokens.shape[1]
-        tokens = jnp.pad(tokens, ((0, 0), (extra, 0)), constant_values=pad)
-        positions = jnp.pad(positions, ((0, 0), (extra, 0)), constant_values=-1)
-        rows = np.full(u, self.slots, np.int32)  # padding entries: out of range, dropped
+        return (jnp.pad(tokens, ((0, 0), (extra, 0)), constant_values=pad),
+                jnp.pad(positions, ((0, 0), (extra, 0)), constant_values=-1))
+
+    def _row_settings(self, take: list) -> tuple[jnp.ndarray, jax.Array, jnp.ndarray, jnp.ndarray]:
+        """(rows, keys, temperatures, top-ps) of admitted requests `take` [(row, generation)], padded to
+        their row bucket (padding rows are out of range: dropped)."""
+        u = row_bucket(len(take), self.slots)
+        rows = np.full(u, self.slots, np.int32)
         rows[:len(take)] = [i for i, _ in take]
         keys = jnp.stack([request_key(g.request.seed, g.request.row) for _, g in take]
                          + [request_key(0)] * (u - len(take)))
@@ -560,9 +549,16 @@ class Engine:
         top_p = np.ones(u, np.float32)
         temp[:len(take)] = [g.request.temperature for _, g in take]
         top_p[:len(take)] = [g.request.top_p for _, g in take]
+        return jnp.asarray(rows), keys, jnp.asarray(temp), jnp.asarray(top_p)
+
+    def _admit_group(self, take: list):
+        prompts = [list(g.request.prompt) for _, g in take]
+        u = row_bucket(len(take), self.slots)
+        width = cache_bucket(max(len(p) for p in prompts))
+        tokens, positions = self._left_padded(prompts + [prompts[0]] * (u - len(take)), width)
         self._ensure(width + self.segment + 1)
-        self.state = _admit(self.base, self.adapters, self.state, tokens, positions, jnp.asarray(rows), keys,
-                            jnp.asarray(temp), jnp.asarray(top_p), spec=self.spec)
+        self.state = _admit(self.base, self.adapters, self.state, tokens, positions, *self._row_settings(take),
+                            spec=self.spec)
         for _, g in take:
             g.recorded = False
             self._start_turn(g)
