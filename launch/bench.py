@@ -172,6 +172,9 @@ def run(args) -> dict:
         return bench_serve(args.model, tuple(int(x) for x in (CLIENTS.value or "1,8,32,64").split(",")),
                            REQUESTS.value or 2)
     if which == "rollouts":
+        if QUESTIONS.value < 1 or args.batch < 1 or args.repeats < 1:
+            raise SystemExit(f"rollouts: --questions={QUESTIONS.value}, --batch={args.batch} and "
+                             f"--repeats={args.repeats} must each be ≥ 1")
         from dart_jax.bench.engine_rollouts import bench_rollouts
         from launch._cli import load_config_file
         return bench_rollouts(load_config_file(ROLLOUT_CONFIG.value), QUESTIONS.value, args.batch, args.repeats)

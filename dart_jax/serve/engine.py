@@ -10,9 +10,9 @@ Device side: one DecodeState of `slots` rows whose KV cache has a write index pe
 (models.cache), so each row writes where it is and a refilled row starts again at slot 0. A step
   1. appends the observations of rows whose tool call came back (sampler.append, one batch),
   2. admits waiting requests into free rows: their prompts are prefilled alone ([U, T], no other
-     row's work) and scattered into those rows (`_admit`); a prompt that starts with a prefix the
+     row's work) and scattered into those rows (`slots.admit_rows`); a prompt that starts with a prefix the
      engine has seen shared (a system prompt and instructions) takes that prefix's KV slots, copied
-     (`_place_prefix`), and only the rest of the prompt is encoded (as an observation is appended),
+     (`slots.place_prefix`), and only the rest of the prompt is encoded (as an observation is appended),
   3. decodes one segment of at most `segment` tokens for every running row (sampler.decode_segment
      with each row's stop history, so a turn may span segments),
   4. hands each row's tokens to its request; a row whose turn ended is decided as the agent loop
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import functools
 import itertools
 import logging
 import threading
@@ -49,10 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.models import cache as cache_lib
-from dart_jax.models.cache import KVCache
 from dart_jax.models.generate import left_pad
-from dart_jax.models.transformer import hidden_states
-from dart_jax.roles.router import route_roles, state_after
 from dart_jax.rollout.agent import Agent
 from dart_jax.rollout.placement import decode_params
 from dart_jax.rollout.sampler import (
@@ -65,129 +61,25 @@ from dart_jax.rollout.sampler import (
     cache_bucket,
     decode_segment,
     grow_state,
-    initial_keys,
-    last_logits,
     prefill,
-    sample_pending,
     stop_window,
 )
 from dart_jax.rollout.sampling import RowSampling
 from dart_jax.rollout.turn import observation_fits
 from dart_jax.serve.requests import EngineClosed, Generation, Overloaded, Request
+from dart_jax.serve.slots import (
+    PREFIX_STEP,
+    admit_rows,
+    append_rows,
+    common_prefix,
+    place_prefix,
+    request_key,
+    reset_rows,
+    row_bucket,
+    row_buckets,
+)
 
 log = logging.getLogger(__name__)
-
-
-def _set_rows(a: jnp.ndarray, rows: jnp.ndarray, val) -> jnp.ndarray:
-    return a.at[rows].set(val, mode="drop")  # rows ≥ len(a): padding entries, dropped
-
-
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
-def _admit(base, adapters, state: DecodeState, tokens: jnp.ndarray, positions: jnp.ndarray, rows: jnp.ndarray,
-           keys: jax.Array, temperature: jnp.ndarray, top_p: jnp.ndarray, *, spec) -> DecodeState:
-    """Prefill U left-padded prompts (tokens, positions: i32[U, T]) alone, sample each one's first token
-    with its own key and settings, and place them in rows `rows` (i32[U]; ≥ B: padding) of the
-    engine's state: the row's cache is replaced (slots [0, T) hold the prompt, the rest is empty) and
-    its per-row fields are set. The state's capacity must be ≥ T."""
-    u, t = tokens.shape
-    cache = state.cache
-    fresh = cache_lib.init_cache(spec.model, u, t, cache["k"][0].dtype)
-    valid = positions >= 0
-    routes = spec.routes(route_roles(tokens, spec.router, valid))
-    x, fresh = hidden_states(base, adapters, tokens, positions, routes, fresh, cfg=spec.model, cache_is_empty=True)
-    logits = last_logits(base, spec.model, x, jnp.full((u,), t - 1))
-    router0 = state_after(jnp.where(valid, tokens, -1), spec.router)
-    next_pos = jnp.max(positions, axis=1) + 1
-    sampling = RowSampling(temperature=temperature, top_p=top_p)
-    tok, lp, route, router = sample_pending(router0, logits, keys, next_pos, spec, sampling)
-    s = cache["pos"].shape[1]
-    new_cache = KVCache(
-        k=tuple(kb.at[rows, :, :, :t].set(fk, mode="drop") for kb, fk in zip(cache["k"], fresh["k"])),
-        v=tuple(vb.at[rows, :, :t, :].set(fv, mode="drop") for vb, fv in zip(cache["v"], fresh["v"])),
-        pos=_set_rows(cache["pos"], rows, jnp.pad(fresh["pos"], ((0, 0), (0, s - t)), constant_values=-1)),
-        index=_set_rows(cache["index"], rows, jnp.full((u,), t, jnp.int32)))
-    old = state.sampling
-    return DecodeState(cache=new_cache, pending=_set_rows(state.pending, rows, tok),
-                       pending_lp=_set_rows(state.pending_lp, rows, lp),
-                       pending_route=_set_rows(state.pending_route, rows, route),
-                       router=_set_rows(state.router, rows, router), next_pos=_set_rows(state.next_pos, rows, next_pos),
-                       keys=_set_rows(state.keys, rows, keys),
-                       sampling=RowSampling(temperature=_set_rows(old.temperature, rows, temperature),
-                                            top_p=_set_rows(old.top_p, rows, top_p)))
-
-
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
-def _append_rows(base, adapters, state: DecodeState, rows: jnp.ndarray, obs: jnp.ndarray, obs_len: jnp.ndarray, *,
-                 spec) -> tuple[DecodeState, jnp.ndarray]:
-    """sampler.append on rows `rows` (i32[U]; ≥ B: padding) only: their state gathered, each one's pending
-    token and observation (obs i32[U, W] right-padded, obs_len i32[U]) encoded as a [U, W + 1] chunk and
-    sampled from, and scattered back. A forward of U rows, not of the engine's B (rows pause for their tool
-    and come back at different times). -> (state, routes i32[U, W] of the observation positions)."""
-    b = state.pending.shape[0]
-    valid = rows < b
-    sub = jax.tree_util.tree_map(lambda a: a[jnp.minimum(rows, b - 1)], state)
-    sub, routes = append(base, adapters, sub, obs, obs_len, valid, spec=spec)
-    return jax.tree_util.tree_map(lambda a, x: a.at[rows].set(x, mode="drop"), state, sub), routes
-
-
-@functools.partial(jax.jit, donate_argnames=("state",))
-def _place_prefix(state: DecodeState, rows: jnp.ndarray, keys: jax.Array, temperature: jnp.ndarray,
-                  top_p: jnp.ndarray, prefix: DecodeState) -> DecodeState:
-    """Rows `rows` (i32[U]; ≥ B: padding) start from `prefix`, a one-row state of a shared prompt prefix
-    prefilled with its last token held pending (sampler.prefill(hold_last=True)): its W KV slots, write
-    index W, pending token, route, router state and next position; each row with its own key and
-    sampling settings. The state's capacity must be ≥ W."""
-    c, pc = state.cache, prefix.cache
-    u, w, s = rows.shape[0], pc["pos"].shape[1], c["pos"].shape[1]
-
-    def rows_of(a):  # the prefix's one row for each of the U rows
-        return jnp.broadcast_to(a, (u,) + a.shape[1:])
-    new_cache = KVCache(
-        k=tuple(kb.at[rows, :, :, :w].set(rows_of(pk), mode="drop") for kb, pk in zip(c["k"], pc["k"])),
-        v=tuple(vb.at[rows, :, :w, :].set(rows_of(pv), mode="drop") for vb, pv in zip(c["v"], pc["v"])),
-        pos=_set_rows(c["pos"], rows, rows_of(jnp.pad(pc["pos"], ((0, 0), (0, s - w)), constant_values=-1))),
-        index=_set_rows(c["index"], rows, jnp.full((u,), w, jnp.int32)))
-    old = state.sampling
-    return DecodeState(cache=new_cache, pending=_set_rows(state.pending, rows, rows_of(prefix.pending)),
-                       pending_lp=_set_rows(state.pending_lp, rows, jnp.zeros((u,), jnp.float32)),
-                       pending_route=_set_rows(state.pending_route, rows, rows_of(prefix.pending_route)),
-                       router=_set_rows(state.router, rows, rows_of(prefix.router)),
-                       next_pos=_set_rows(state.next_pos, rows, rows_of(prefix.next_pos)),
-                       keys=_set_rows(state.keys, rows, keys),
-                       sampling=RowSampling(temperature=_set_rows(old.temperature, rows, temperature),
-                                            top_p=_set_rows(old.top_p, rows, top_p)))
-
-
-def common_prefix(a, b) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    diff = np.nonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0]
-    return int(diff[0]) if len(diff) else n
-
-
-def row_bucket(n: int, slots: int) -> int:
-    """Rows a batch of `n` of the engine's `slots` rows is padded to: 1, 2, 4, ... capped at `slots`."""
-    return min(1 << max(0, n - 1).bit_length(), slots)
-
-
-def row_buckets(slots: int) -> list[int]:
-    return sorted({row_bucket(n, slots) for n in range(1, slots + 1)})
-
-
-PREFIX_STEP = 16  # shared prefixes are cut to a multiple of this: fewer distinct prefixes, fewer shapes
-
-
-@functools.partial(jax.jit, donate_argnames=("state",))
-def _reset_rows(state: DecodeState, rows: jnp.ndarray) -> DecodeState:
-    """Rows `rows` (bool[B]) emptied: write index 0, every slot's position −1."""
-    c = state.cache
-    return state.replace(cache=KVCache(k=c["k"], v=c["v"], pos=jnp.where(rows[:, None], -1, c["pos"]),
-                                       index=jnp.where(rows, 0, c["index"])))
-
-
-def request_key(seed: int, row: int = 0) -> jax.Array:
-    """A request's sampling key: row `row`'s key of a batch sampled with `seed` (sampler.initial_keys)."""
-    return initial_keys(jax.random.PRNGKey(seed), 1, row)[0]
 
 
 class Engine:
@@ -313,7 +205,7 @@ class Engine:
         if self._freed:  # finished rows' indices back to 0: attention and growth go by the live rows
             rows = np.zeros(self.slots, bool)
             rows[list(self._freed)] = True
-            self.state = _reset_rows(self.state, jnp.asarray(rows))
+            self.state = reset_rows(self.state, jnp.asarray(rows))
             self._freed.clear()
         self._resume()
         self._admit()
@@ -423,7 +315,7 @@ class Engine:
 
     def _append(self, ready: dict[int, list[int]], width: int) -> dict[int, list[int]]:
         """Each ready row's pending token and ids (≤ `width`) encoded, gathered in a bucket of rows
-        (`_append_rows`) -> {row: the routes of its ids}."""
+        (`slots.append_rows`) -> {row: the routes of its ids}."""
         u = row_bucket(len(ready), self.slots)
         rows = np.full(u, self.slots, np.int32)  # padding entries: out of range, dropped
         obs = np.zeros((u, width), np.int32)
@@ -439,7 +331,7 @@ class Engine:
                                         jnp.asarray(do), spec=self.spec)
             routes = np.asarray(routes)
             return {i: routes[i, :len(ids)].tolist() for i, ids in ready.items()}
-        self.state, routes = _append_rows(self.base, self.adapters, self.state, jnp.asarray(rows), jnp.asarray(obs),
+        self.state, routes = append_rows(self.base, self.adapters, self.state, jnp.asarray(rows), jnp.asarray(obs),
                                           jnp.asarray(obs_len), spec=self.spec)
         routes = np.asarray(routes)
         return {i: routes[k, :len(ids)].tolist() for k, (i, ids) in enumerate(ready.items())}
@@ -518,7 +410,7 @@ class Engine:
         rest: dict[int, list[int]] = {}
         for key, (prefix, take) in shared.items():
             self._ensure(int(prefix.cache["pos"].shape[1]) + self.segment + 1)
-            self.state = _place_prefix(self.state, *self._row_settings(take), prefix=prefix)
+            self.state = place_prefix(self.state, *self._row_settings(take), prefix=prefix)
             rest.update({i: list(g.request.prompt[len(key):]) for i, g in take})
         self._append(rest, bucket(max(len(x) for x in rest.values())))
         for _, take in shared.values():
@@ -557,7 +449,7 @@ class Engine:
         width = cache_bucket(max(len(p) for p in prompts))
         tokens, positions = self._left_padded(prompts + [prompts[0]] * (u - len(take)), width)
         self._ensure(width + self.segment + 1)
-        self.state = _admit(self.base, self.adapters, self.state, tokens, positions, *self._row_settings(take),
+        self.state = admit_rows(self.base, self.adapters, self.state, tokens, positions, *self._row_settings(take),
                             spec=self.spec)
         for _, g in take:
             g.recorded = False
@@ -687,11 +579,11 @@ class Engine:
                 tokens = jnp.zeros((u, width), jnp.int32)
                 positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (u, width))
                 rows = jnp.full((u,), b, jnp.int32)  # every entry dropped: nothing is admitted
-                state = _admit(self.base, self.adapters, state, tokens, positions, rows,
+                state = admit_rows(self.base, self.adapters, state, tokens, positions, rows,
                                jnp.stack([request_key(0)] * u), jnp.zeros(u), jnp.ones(u), spec=self.spec)
         for width in obs_widths:
             for u in row_buckets(b)[:-1]:
-                state, _ = _append_rows(self.base, self.adapters, state, jnp.full((u,), b, jnp.int32),
+                state, _ = append_rows(self.base, self.adapters, state, jnp.full((u,), b, jnp.int32),
                                         jnp.zeros((u, width), jnp.int32), jnp.zeros(u, jnp.int32), spec=self.spec)
             state, _ = append(self.base, self.adapters, state, jnp.zeros((b, width), jnp.int32),
                               jnp.zeros(b, jnp.int32), jnp.zeros(b, bool), spec=self.spec)

@@ -63,7 +63,7 @@ def test_a_shared_prompt_prefix_is_prefilled_once_and_changes_nothing(serve_setu
     """Prompts sharing a long instruction: the engine learns the prefix from the first two, prefills it
     once and starts later requests from its KV slots; every request equals its decode alone (the whole
     prompt prefilled), token for token."""
-    from dart_jax.serve.engine import PREFIX_STEP, common_prefix
+    from dart_jax.serve.slots import PREFIX_STEP, common_prefix
     from dart_jax.tokenization.tokenizer import encode_chat
     from serve_setup import QUESTIONS
     agent, base, _ = serve_setup
