@@ -45,5 +45,9 @@ def get_config():
     c.eval.corpus = f"{WORLD1}/corpus.jsonl"
     c.eval.n = EVAL_N
     c.output.dir = "runs/lab_quickstart"
-    c.output.checkpoint_every = 4
+    # recompute attention in the backward pass, keep the weight matmuls' outputs (as configs/quickstart_sql.py):
+    # without it an update held ~20 GB resident on 4×4×1,216-token micro-batches (the scores are O(T²) per layer)
+    c.model.remat_policy = "dots_no_batch"
+    # a step is ~5 min on 2 cores: a checkpoint every step (adapters and Adam moments, a few MB)
+    c.output.checkpoint_every = 1
     return c
