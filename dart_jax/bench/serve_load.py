@@ -10,10 +10,14 @@ rows), greedy. Sides, on the same questions:
   alone   each request served by the engine with one slot, one after another (what a server without
           batching gives; its per-request latency is "a lone request's")
   batch   the batch-synchronous agent loop (rollout.agent) on fixed batches of C questions, each batch
-          waiting for its longest row
+          waiting for its longest row (at most BATCH_ROUNDS batches: its rate, not every request)
   serve   C clients over HTTP (streaming, each sending `requests` questions back to back) against
           `launch.serve`'s server with `slots` = C: requests/s, generated tokens/s, p50 / p95 time to
           first token and end-to-end latency, errors; the tokens of every request compared with `alone`
+Every engine allocates the KV slots the longest request can need up front (`_capacity`), compiles its
+step shapes and serves two untimed requests (`_warm`: the second teaches it the template's shared prefix)
+before anything is timed, as a deployed server is warm after its first requests. Past the 991 shipped
+held-out questions (a 64×20 run) clients cycle through them.
 Then an overload probe: a server with 2 slots and a queue of 2 taking a burst of 32 requests without
 client retries must answer each 200 or 429 / 503, and none may hang.
 """
@@ -37,6 +41,7 @@ from dart_jax.data.corpus import read_jsonl
 from dart_jax.data.paths import DATA, repo_path
 from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
 from dart_jax.rollout.protocol import QA
+from dart_jax.rollout.sampler import bucket, cache_bucket
 from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.rollout.tasks import qa_task
 from dart_jax.run.demo import default_warm_start
@@ -45,6 +50,8 @@ from dart_jax.serve.engine import Engine, Request
 from dart_jax.serve.server import ChatServer
 from dart_jax.tools.retrieval import RetrievalTool, Retriever, ensure_index
 
+SEGMENT = 16  # decode steps per engine segment (the engine's default)
+BATCH_ROUNDS = 2  # fixed batches the batch-synchronous baseline runs per client count
 HELDOUT_OFFSET = 1024 + 640  # nq_corpus_heldout (eval.datasets): questions no shipped run trained on
 RC = RolloutConfig(max_turns=2, max_tokens_per_turn=128, max_response_tokens=1024, max_obs_tokens=400,
                    invalid_action="none", route_mode="role")
@@ -65,10 +72,15 @@ def _policy(model: str, tool=None):
     return agent, base, adapters
 
 
-def _questions(n: int) -> list[dict]:
-    rows = list(read_jsonl(os.path.join(DATA, "qa", "nq_oracle.jsonl")))[HELDOUT_OFFSET:HELDOUT_OFFSET + n]
-    if len(rows) < n:
-        raise ValueError(f"only {len(rows)} held-out NQ questions; asked for {n}")
+def _rows() -> list[dict]:
+    return list(read_jsonl(os.path.join(DATA, "qa", "nq_oracle.jsonl")))
+
+
+def _questions(n: int, least: int) -> list[dict]:
+    """Up to `n` held-out NQ rows (991 are shipped; clients cycle through them past that), at least `least`."""
+    rows = _rows()[HELDOUT_OFFSET:HELDOUT_OFFSET + n]
+    if len(rows) < least:
+        raise ValueError(f"only {len(rows)} held-out NQ questions; asked for {least}")
     return rows
 
 
@@ -76,9 +88,25 @@ def _pct(xs: list[float], q: float) -> float:
     return round(float(np.percentile(np.asarray(xs), q)), 3) if xs else float("nan")
 
 
-def _alone(agent, base, adapters, prompts: list[list[int]]) -> dict:
-    engine = Engine(agent, base, adapters, slots=1)
-    engine.warmup(tuple(len(p) for p in prompts))
+def _capacity(prompt_lens) -> int:
+    """KV slots the longest request here can need (its prompt, the response budget, one observation chunk and
+    a decode segment), allocated up front: no cache growth compiles while requests are timed."""
+    return cache_bucket(max(prompt_lens) + RC.max_response_tokens + bucket(RC.max_obs_tokens) + 2 * bucket(SEGMENT) + 1)
+
+
+def _warm(engine: Engine, prompt_lens, prompts: list[list[int]]):
+    """Compile the step shapes (`Engine.warmup`), then serve two different prompts untimed: the second
+    teaches the engine the prompt template's shared prefix and compiles its prefill and placement, which a
+    live server does once, on its first requests."""
+    engine.warmup(tuple(prompt_lens))
+    for p in prompts[:2]:
+        engine.submit(Request(tuple(p)))
+        engine.run_until_idle()
+
+
+def _alone(agent, base, adapters, prompts: list[list[int]], spare: list[list[int]]) -> dict:
+    engine = Engine(agent, base, adapters, slots=1, segment=SEGMENT, capacity=_capacity([len(p) for p in prompts]))
+    _warm(engine, [len(p) for p in prompts], spare)
     lat, ids, tokens = [], [], 0
     t0 = time.perf_counter()
     for p in prompts:
@@ -139,10 +167,11 @@ def _ask(url: str, question: str, timeout: float) -> dict:
     return out
 
 
-def _serve(agent, base, adapters, questions: list[str], prompt_lens: tuple[int, ...], clients: int, requests: int,
-           timeout: float) -> dict:
-    engine = Engine(agent, base, adapters, slots=clients)
-    engine.warmup(prompt_lens)
+def _serve(agent, base, adapters, questions: list[str], prompts: list[list[int]], clients: int, requests: int,
+           timeout: float, spare: list[list[int]]) -> dict:
+    prompt_lens = [len(p) for p in prompts]
+    engine = Engine(agent, base, adapters, slots=clients, segment=SEGMENT, capacity=_capacity(prompt_lens))
+    _warm(engine, prompt_lens, spare)
     server = ChatServer(engine, "dart", "search_r1", port=0, request_timeout_s=timeout).start()
     results: list[list[dict]] = [[] for _ in range(clients)]
     barrier = threading.Barrier(clients + 1)
@@ -212,17 +241,20 @@ def bench_serve(model: str = "smollm2-135m-instruct", clients: tuple[int, ...] =
     """`tool`: the agent's tool function (default the MiniLM retriever over the shipped corpus)."""
     agent, base, adapters = _policy(model, tool)
     n = max(alone_n, max(clients) * requests)
-    rows = _questions(n)
+    rows = _questions(n, alone_n)
     questions = [r["question"] for r in rows]
     prompts = qa_task(agent.tok, rows)[0]
-    alone = _alone(agent, base, adapters, prompts[:alone_n])
+    # two questions just before the held-out rows, served untimed to warm each engine (`_warm`)
+    spare = qa_task(agent.tok, _rows()[HELDOUT_OFFSET - 2:HELDOUT_OFFSET])[0]
+    alone = _alone(agent, base, adapters, prompts[:alone_n], spare)
     texts_alone = {k: agent.tok.decode(ids, skip_special_tokens=True) for k, ids in enumerate(alone.pop("ids"))}
     out = {"model": model, "policy": "SmolLM2-135M + QA warm start + DART pair (rank 8, routed per token)",
            "tool": "MiniLM over the shipped corpus, top-3", "rollout": dict(RC.__dict__), "alone": alone,
            "batch": {}, "serve": {}}
     for c in clients:
-        out["batch"][c] = _batch(agent, base, adapters, prompts[:c * requests], c)
-        res = _serve(agent, base, adapters, questions, tuple(len(p) for p in prompts), c, requests, timeout)
+        # the baseline's rate from at most BATCH_ROUNDS batches (a 64×20 check would batch 1,280 prompts)
+        out["batch"][c] = _batch(agent, base, adapters, prompts[:c * min(requests, BATCH_ROUNDS)], c)
+        res = _serve(agent, base, adapters, questions, prompts, c, requests, timeout, spare)
         texts = res.pop("texts")
         same = [texts[k] == texts_alone[k] for k in texts if k in texts_alone]
         res["same_tokens_as_alone"] = f"{sum(same)}/{len(same)}"

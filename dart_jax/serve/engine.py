@@ -131,9 +131,11 @@ class Engine:
     def _empty_state(self, capacity: int) -> DecodeState:
         b = self.slots
         cache = cache_lib.init_cache(self.spec.model, b, capacity, per_row=True)
-        zeros_i = jnp.zeros((b,), jnp.int32)
-        return DecodeState(cache=cache, pending=zeros_i, pending_lp=jnp.zeros((b,), jnp.float32),
-                           pending_route=zeros_i - 1, router=jnp.zeros((b,), bool), next_pos=zeros_i,
+        # a buffer of its own per field: the step functions donate the state, and one buffer donated
+        # twice is an error (met on the first step when `capacity` is allocated up front)
+        return DecodeState(cache=cache, pending=jnp.zeros((b,), jnp.int32), pending_lp=jnp.zeros((b,), jnp.float32),
+                           pending_route=jnp.full((b,), -1, jnp.int32), router=jnp.zeros((b,), bool),
+                           next_pos=jnp.zeros((b,), jnp.int32),
                            keys=jnp.stack([request_key(0)] * b),
                            sampling=RowSampling.of(np.zeros(b), np.ones(b)))
 

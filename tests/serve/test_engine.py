@@ -55,6 +55,19 @@ def test_continuous_batching_equals_each_request_alone(serve_setup):
         _same(r, _alone(agent, base, prompts[k], *settings[k]))
 
 
+def test_kv_slots_allocated_up_front_change_nothing(serve_setup):
+    """`capacity` allocated at construction (launch.serve --capacity; the serving benchmark): the first
+    step donates a state no growth has rebuilt, and the requests equal their decode alone."""
+    agent, base, prompts = serve_setup
+    settings = [(1.0, 11), (0.0, 0), (0.7, 5)]
+    engine = Engine(agent, base, None, slots=2, segment=8, capacity=1024)
+    gens = [engine.submit(Request(tuple(prompts[k]), temperature=t, seed=s)) for k, (t, s) in enumerate(settings)]
+    engine.run_until_idle(timeout=600)
+    assert engine.capacity() == 1024 and engine.stats["cache_grows"] == 0, engine.stats
+    for k, g in enumerate(gens):
+        _same(g.result(timeout=1), _alone(agent, base, prompts[k], *settings[k]))
+
+
 INSTRUCTION = ("Answer the question about the fictional world. Search for each entity you need by its name, one "
                "search at a time, state what each passage told you, then give the answer. Question: ")
 
