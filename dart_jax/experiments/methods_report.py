@@ -46,6 +46,27 @@ def paired(a: dict, b: dict, dataset: str) -> dict:
     return {"only_a": only_a, "only_b": only_b, "both": both, "n": len(keys), "p": p}
 
 
+def clustered_paired(a: dict, b: dict, dataset: str, cluster: dict) -> dict:
+    """`paired` with questions grouped into clusters (`cluster`: key -> cluster label, e.g. the gold query
+    several paraphrased questions share): the two-sided sign-flip test on each cluster's net change
+    (right only in b minus right only in a), flipping whole clusters, exact up to 2^16 sign patterns
+    (scipy.stats.permutation_test). Questions of one cluster are not independent, so this p is the
+    honest one where McNemar's counts them as if they were. -> {clusters, moved: clusters with a
+    non-zero net change, net, p}."""
+    import numpy as np
+    from scipy.stats import permutation_test
+    net: dict = {}
+    for k in a:
+        if k[0] == dataset and k in b:
+            net[cluster[k]] = net.get(cluster[k], 0) + int(b[k]) - int(a[k])
+    d = np.array([v for v in net.values() if v], float)
+    if len(d) < 2:  # one moved cluster: its two sign patterns have the same |sum|
+        return {"clusters": len(net), "moved": len(d), "net": int(d.sum()), "p": 1.0}
+    res = permutation_test((d,), np.sum, permutation_type="samples", alternative="two-sided",
+                           n_resamples=np.inf if len(d) <= 16 else 100_000, random_state=0)
+    return {"clusters": len(net), "moved": len(d), "net": int(d.sum()), "p": float(min(1.0, res.pvalue))}
+
+
 def _eval_counts(eval_dir: str, datasets: list[str]) -> dict:
     """{dataset: (correct, questions)} from an evaluation's per-question outcomes."""
     outcomes = _outcomes(eval_dir, datasets)

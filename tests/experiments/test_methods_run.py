@@ -7,7 +7,7 @@ import json
 import pytest
 
 from configs import methods_quickstart
-from dart_jax.experiments.methods_report import paired
+from dart_jax.experiments.methods_report import clustered_paired, paired
 from dart_jax.run.run_dir import config_dict
 from launch import methods as launch_methods
 
@@ -159,3 +159,18 @@ def test_methods_archive_outlives_the_output_directory(tiny_smollm_dir, tmp_path
     (archive / "eval" / "dart_s0" / "results.json").unlink()
     with pytest.raises(FileNotFoundError, match="has no finished checkpoint"):
         launch_methods.main(args + ["--stage=eval"])
+
+
+def test_clustered_paired_flips_whole_clusters_by_hand():
+    """Four questions gained, none lost: McNemar (independent questions) 2 × 0.5^4 = 0.125. Grouped into
+    clusters with net changes 1, 1, 2 (and one unmoved cluster), the sign flips of 3 clusters give
+    sums ±1 ±1 ±2, of which |sum| ≥ 4 only all-plus and all-minus: p = 2/8."""
+    a = {("sql", q): False for q in "abcde"}
+    b = {("sql", q): q != "e" for q in "abcde"}
+    cluster = {("sql", "a"): 0, ("sql", "b"): 1, ("sql", "c"): 2, ("sql", "d"): 2, ("sql", "e"): 3}
+    assert paired(a, b, "sql")["p"] == 0.125
+    got = clustered_paired(a, b, "sql", cluster)
+    assert got == {"clusters": 4, "moved": 3, "net": 4, "p": 0.25}
+    assert clustered_paired(a, a, "sql", cluster)["p"] == 1.0
+    one = {k: v if k[1] in "cd" else False for k, v in b.items()}  # only cluster 2 moved: p 1 (McNemar 0.5)
+    assert clustered_paired(a, one, "sql", cluster) == {"clusters": 4, "moved": 1, "net": 2, "p": 1.0}
