@@ -11,6 +11,10 @@ reward every step (`lab/tool_skill`, `lab/reasoning_skill`, `lab/copy_rate`, ...
 
     python -m launch.train --config=configs/lab_quickstart.py
 
+Measured (docs/results/lab.md, three seeds through configs/methods_lab.py): eight steps take 40-46 min
+on 2 cores (not the 25 the lab asked for); held-out accuracy fell on every seed (7/48 -> 3, 3, 2) and no
+role skill moved beyond the seed spread: only 2-5 of a run's 32 groups had mixed rewards at T = 1.
+
 Afterwards, per cell: `python -m launch.evaluate --checkpoint=runs/lab_quickstart --dataset=lab_world1`.
 """
 
