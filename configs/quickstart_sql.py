@@ -26,8 +26,8 @@ Measured (docs/results/quickstart_sql.md, 16 steps in 39 min on 2 cores, peak 11
 512 sampled trajectories rewarded, 11 of 64 groups with mixed outcomes; greedy Spider EX on the
 questions GRPO trained on 9/70 -> 15/70 (6 gained, 0 lost: 5 of 38 gold queries, sign-flip p = 0.062
 by gold query; 40 steps: 18/70, p = 0.031); held-out easy questions 9/56 -> 9/56, the all-level check
-4/32 -> 1/32: no transfer to held-out databases at this size. With SkyRL-SQL's set comparison instead (`reward.sql_match=set`)
-40 steps learned to drop ORDER BY: set criterion 11/70 -> 20/70, EX 9/70 -> 10/70.
+4/32 -> 1/32: no transfer to held-out databases at this size. With SkyRL-SQL's set comparison instead
+(`reward.sql_match=set`) 40 steps learned to drop ORDER BY: set criterion 11/70 -> 20/70, EX 9/70 -> 10/70.
 """
 
 from configs import base
