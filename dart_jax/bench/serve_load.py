@@ -91,6 +91,8 @@ def _pct(xs: list[float], q: float) -> float:
 def _capacity(prompt_lens) -> int:
     """KV slots the longest request here can need (its prompt, the response budget, one observation chunk and
     a decode segment), allocated up front: no cache growth compiles while requests are timed."""
+    # (a prompt is left-padded to its cache bucket, but an observation that would pass the response budget is
+    # not appended, so the need stays within this; `cache_grows` in the results would show otherwise)
     return cache_bucket(max(prompt_lens) + RC.max_response_tokens + bucket(RC.max_obs_tokens) + 2 * bucket(SEGMENT) + 1)
 
 
@@ -102,11 +104,13 @@ def _warm(engine: Engine, prompt_lens, prompts: list[list[int]]):
     for p in prompts[:2]:
         engine.submit(Request(tuple(p)))
         engine.run_until_idle()
+    engine.warmup_prefixes()  # the learnt prefix placed into every row bucket
 
 
 def _alone(agent, base, adapters, prompts: list[list[int]], spare: list[list[int]]) -> dict:
-    engine = Engine(agent, base, adapters, slots=1, segment=SEGMENT, capacity=_capacity([len(p) for p in prompts]))
-    _warm(engine, [len(p) for p in prompts], spare)
+    lens = [len(p) for p in prompts + spare]  # the warm-up prompts sized in: no growth once timing starts
+    engine = Engine(agent, base, adapters, slots=1, segment=SEGMENT, capacity=_capacity(lens))
+    _warm(engine, lens, spare)
     lat, ids, tokens = [], [], 0
     t0 = time.perf_counter()
     for p in prompts:
@@ -121,7 +125,7 @@ def _alone(agent, base, adapters, prompts: list[list[int]], spare: list[list[int
     engine.close()
     return {"requests": len(prompts), "wall_s": round(wall, 2), "requests_per_s": round(len(prompts) / wall, 3),
             "generated_tokens_per_s": round(tokens / wall, 1), "p50_latency_s": _pct(lat, 50),
-            "p95_latency_s": _pct(lat, 95), "ids": ids}
+            "p95_latency_s": _pct(lat, 95), "cache_grows": engine.stats["cache_grows"], "ids": ids}
 
 
 def _batch(agent, base, adapters, prompts: list[list[int]], size: int) -> dict:
@@ -169,7 +173,7 @@ def _ask(url: str, question: str, timeout: float) -> dict:
 
 def _serve(agent, base, adapters, questions: list[str], prompts: list[list[int]], clients: int, requests: int,
            timeout: float, spare: list[list[int]]) -> dict:
-    prompt_lens = [len(p) for p in prompts]
+    prompt_lens = [len(p) for p in prompts + spare]
     engine = Engine(agent, base, adapters, slots=clients, segment=SEGMENT, capacity=_capacity(prompt_lens))
     _warm(engine, prompt_lens, spare)
     server = ChatServer(engine, "dart", "search_r1", port=0, request_timeout_s=timeout).start()
@@ -201,6 +205,7 @@ def _serve(agent, base, adapters, questions: list[str], prompts: list[list[int]]
     return {"clients": clients, "requests_per_client": requests, "requests": len(flat), "ok": len(ok),
             "errors": sum(errors.values()) + hung, "errors_by_kind": errors, "hung_clients": hung,
             "wall_s": round(wall, 2), "requests_per_s": round(len(ok) / wall, 3),
+            "cache_grows": engine.stats["cache_grows"],
             "generated_tokens_per_s": round(tokens / wall, 1),
             "p50_ttft_s": _pct([x["ttft_s"] for x in ok if x["ttft_s"] is not None], 50),
             "p95_ttft_s": _pct([x["ttft_s"] for x in ok if x["ttft_s"] is not None], 95),

@@ -568,6 +568,17 @@ class Engine:
             g._end(finish, error)
             self.stats["finished"] += 1
 
+    def warmup_prefixes(self):
+        """Compile the placement of each learnt shared prefix into every row bucket (all rows out of range:
+        nothing admitted or written). Prefixes are learnt from live prompts, so `warmup` cannot compile
+        this beforehand: call it once the first requests have taught one."""
+        b = self.slots
+        for prefix in list(self.prefixes.values()):
+            self._ensure(int(prefix.cache["pos"].shape[1]) + self.segment + 1)
+            for u in row_buckets(b):
+                self.state = place_prefix(self.state, jnp.full((u,), b, jnp.int32), jnp.stack([request_key(0)] * u),
+                                          jnp.zeros(u, jnp.float32), jnp.ones(u, jnp.float32), prefix=prefix)
+
     def warmup(self, prompt_lens: tuple[int, ...] = (128,)):
         """Compile what requests meet before they do: the prefill of 1..slots prompts at each width
         bucket of `prompt_lens`, an append of every observation width bucket, and a decode segment, at

@@ -93,6 +93,12 @@ def test_a_shared_prompt_prefix_is_prefilled_once_and_changes_nothing(serve_setu
     assert len(key) == shared // PREFIX_STEP * PREFIX_STEP
     for k, r in enumerate(results):
         _same(r, _alone(agent, base, prompts[k], *settings[k]))
+    # the learnt prefix's placement compiled for every row bucket writes nothing: two more requests as before
+    engine.warmup_prefixes()
+    more = [engine.submit(Request(tuple(prompts[k]), temperature=t, seed=s)) for k, (t, s) in enumerate(settings[:2])]
+    engine.run_until_idle(timeout=600)
+    for k, g in enumerate(more):
+        assert g.result(timeout=1)["ids"] == results[k]["ids"]
     # the same prompt again (samples of one question) teaches no prefix of its own
     again = Engine(agent, base, None, slots=2, segment=8, min_prefix=32)
     for s in (1, 2):
