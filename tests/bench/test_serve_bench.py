@@ -4,8 +4,10 @@ errors, and the overload probe answers only 200 / 429 / 503 with nothing hung. T
 
 import os
 
+import pytest
+
 from dart_jax.bench import report
-from dart_jax.bench.serve_load import bench_serve
+from dart_jax.bench.serve_load import bench_serve, check_map_count
 from dart_jax.rollout.agent import tool_for
 from dart_jax.rollout.protocol import QA
 from dart_jax.tools.lexical import LexicalRetriever, build_lexical_index
@@ -28,3 +30,15 @@ def test_serve_bench_runs_every_side(tiny_smollm_dir, tmp_path):
     o = res["overload"]
     assert o["hung"] == 0 and o["only_200_429_503"] and sum(o["codes"].values()) == 8
     assert "clients" in report.text("serve", res)
+
+
+def test_a_map_limit_too_low_for_the_compiled_programs_is_refused_by_name(tmp_path):
+    """XLA:CPU's JIT maps ~1,400 regions per program; the 65,530 default holds ~46, fewer than one 64-slot
+    engine compiles: refused before anything loads, naming vm.max_map_count."""
+    limit = tmp_path / "max_map_count"
+    limit.write_text("65530\n")
+    with pytest.raises(SystemExit, match="vm.max_map_count"):
+        check_map_count((1, 8, 32, 64), str(limit))
+    limit.write_text("1048576\n")
+    assert 0 < check_map_count((1, 8, 32, 64), str(limit)) <= 1048576
+    assert check_map_count((8,), str(tmp_path / "absent")) == 0
