@@ -241,19 +241,20 @@ def _overload(agent, base, adapters, questions: list[str], burst: int = 32, time
             "only_200_429_503": set(codes) <= {"200", "429", "503"}}
 
 
-# memory maps one compiled engine program adds to the process on XLA:CPU (jax 0.10.2: 1,373-1,378 for an
-# append of SmolLM2-135M, per layer kernels); the LLVM JIT fails ("Cannot allocate memory") past vm.max_map_count
-MAPS_PER_PROGRAM = 1_400
+# memory maps a compiled engine program adds to the process on XLA:CPU, per model layer (jax 0.10.2: 1,373-1,378
+# for an append of SmolLM2-135M's 30 layers); the LLVM JIT fails ("Cannot allocate memory") past vm.max_map_count
+MAPS_PER_LAYER = 47
 
 
-def check_map_count(clients: tuple[int, ...], path: str = "/proc/sys/vm/max_map_count") -> int:
+def check_map_count(clients: tuple[int, ...], layers: int, path: str = "/proc/sys/vm/max_map_count") -> int:
     """Refuse, naming the setting, when the kernel's memory-map limit cannot hold the programs this benchmark
     compiles in one process: per engine (1 slot, then each client count) its row buckets × (2 prompt
     widths + 6 observation widths + the prefix placement) + a decode segment, and ~10 per batch baseline.
     -> the estimated number of maps (0 where the limit is not readable)."""
     from dart_jax.serve.slots import row_buckets
     programs = sum(len(row_buckets(c)) * 9 + 1 + 10 for c in (1, *clients))
-    need = programs * MAPS_PER_PROGRAM + 20_000
+    per_program = MAPS_PER_LAYER * layers
+    need = programs * per_program + 20_000
     try:
         with open(path) as f:
             limit = int(f.read())
@@ -261,7 +262,7 @@ def check_map_count(clients: tuple[int, ...], path: str = "/proc/sys/vm/max_map_
         return 0
     if limit < need:
         raise SystemExit(f"launch.bench serve: ~{programs} compiled programs need ~{need:,} memory maps on XLA:CPU "
-                         f"(~{MAPS_PER_PROGRAM:,} each), past vm.max_map_count = {limit:,}: raise it "
+                         f"(~{per_program:,} each), past vm.max_map_count = {limit:,}: raise it "
                          f"(sudo sysctl -w vm.max_map_count={max(need, 1 << 20)}) or pass fewer --clients")
     return need
 
@@ -269,8 +270,8 @@ def check_map_count(clients: tuple[int, ...], path: str = "/proc/sys/vm/max_map_
 def bench_serve(model: str = "smollm2-135m-instruct", clients: tuple[int, ...] = (1, 8, 32, 64),
                 requests: int = 2, alone_n: int = 16, timeout: float = 900.0, tool=None, burst: int = 32) -> dict:
     """`tool`: the agent's tool function (default the MiniLM retriever over the shipped corpus)."""
-    check_map_count(clients)
     agent, base, adapters = _policy(model, tool)
+    check_map_count(clients, agent.spec.model.num_layers)
     n = max(alone_n, max(clients) * requests)
     rows = _questions(n, alone_n)
     questions = [r["question"] for r in rows]

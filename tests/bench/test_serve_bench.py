@@ -38,7 +38,7 @@ def test_a_map_limit_too_low_for_the_compiled_programs_is_refused_by_name(tmp_pa
     limit = tmp_path / "max_map_count"
     limit.write_text("65530\n")
     with pytest.raises(SystemExit, match="vm.max_map_count"):
-        check_map_count((1, 8, 32, 64), str(limit))
+        check_map_count((1, 8, 32, 64), 30, str(limit))
     limit.write_text("1048576\n")
-    assert 0 < check_map_count((1, 8, 32, 64), str(limit)) <= 1048576
-    assert check_map_count((8,), str(tmp_path / "absent")) == 0
+    assert 0 < check_map_count((1, 8, 32, 64), 30, str(limit)) <= 1048576
+    assert check_map_count((8,), 30, str(tmp_path / "absent")) == 0
