@@ -72,13 +72,9 @@ def _policy(model: str, tool=None):
     return agent, base, adapters
 
 
-def _rows() -> list[dict]:
-    return list(read_jsonl(os.path.join(DATA, "qa", "nq_oracle.jsonl")))
-
-
-def _questions(n: int, least: int) -> list[dict]:
+def _questions(all_rows: list[dict], n: int, least: int) -> list[dict]:
     """Up to `n` held-out NQ rows (991 are shipped; clients cycle through them past that), at least `least`."""
-    rows = _rows()[HELDOUT_OFFSET:HELDOUT_OFFSET + n]
+    rows = all_rows[HELDOUT_OFFSET:HELDOUT_OFFSET + n]
     if len(rows) < least:
         raise ValueError(f"only {len(rows)} held-out NQ questions; asked for {least}")
     return rows
@@ -273,11 +269,12 @@ def bench_serve(model: str = "smollm2-135m-instruct", clients: tuple[int, ...] =
     agent, base, adapters = _policy(model, tool)
     check_map_count(clients, agent.spec.model.num_layers)
     n = max(alone_n, max(clients) * requests)
-    rows = _questions(n, alone_n)
+    all_rows = list(read_jsonl(os.path.join(DATA, "qa", "nq_oracle.jsonl")))
+    rows = _questions(all_rows, n, alone_n)
     questions = [r["question"] for r in rows]
     prompts = qa_task(agent.tok, rows)[0]
     # two questions just before the held-out rows, served untimed to warm each engine (`_warm`)
-    spare = qa_task(agent.tok, _rows()[HELDOUT_OFFSET - 2:HELDOUT_OFFSET])[0]
+    spare = qa_task(agent.tok, all_rows[HELDOUT_OFFSET - 2:HELDOUT_OFFSET])[0]
     alone = _alone(agent, base, adapters, prompts[:alone_n], spare)
     texts_alone = {k: agent.tok.decode(ids, skip_special_tokens=True) for k, ids in enumerate(alone.pop("ids"))}
     out = {"model": model, "policy": "SmolLM2-135M + QA warm start + DART pair (rank 8, routed per token)",
