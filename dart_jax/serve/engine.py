@@ -22,11 +22,8 @@ Device side: one DecodeState of `slots` rows whose KV cache has a write index pe
 Compiled shapes are bucketed (prefill width and rows, observation width, cache capacity), so a new
 request only compiles a shape the engine has not met yet; `warmup()` compiles the common ones first.
 
-Prefix reuse: a prompt whose first ≥ `min_prefix` tokens (rounded down to 16) equal a recent prompt's
-makes those tokens a shared prefix, prefilled once (its last token held pending, as rollout.compose
-resumes a policy) and kept in an LRU of `prefixes` entries; later prompts that start with it skip its
-forward. The tokens are the same as prefilling the whole prompt (floating-point rounding aside:
-tests/serve/test_engine.py).
+Prefix reuse (serve.prefixes): a prompt that starts with ≥ `min_prefix` tokens of a recent prompt
+makes them a shared prefix, prefilled once; later prompts that start with it skip its forward.
 
 Each request samples with its own temperature, top-p and seed (top-k is the engine's), keyed by
 (seed, position) as the batch sampler keys row 0 of a one-prompt batch: a request's tokens and
@@ -52,7 +49,6 @@ from dart_jax.models.generate import left_pad
 from dart_jax.rollout.agent import Agent
 from dart_jax.rollout.placement import decode_params
 from dart_jax.rollout.sampler import (
-    BUCKETS as SAMPLER_BUCKETS,
     LENGTH,
     STOPPED,
     DecodeState,
@@ -66,17 +62,16 @@ from dart_jax.rollout.sampler import (
 )
 from dart_jax.rollout.sampling import RowSampling
 from dart_jax.rollout.turn import observation_fits
+from dart_jax.serve import warmup as warmup_lib
+from dart_jax.serve.prefixes import PrefixCache
 from dart_jax.serve.requests import EngineClosed, Generation, Overloaded, Request
 from dart_jax.serve.slots import (
-    PREFIX_STEP,
     admit_rows,
     append_rows,
-    common_prefix,
     place_prefix,
     request_key,
     reset_rows,
     row_bucket,
-    row_buckets,
 )
 
 log = logging.getLogger(__name__)
@@ -121,9 +116,8 @@ class Engine:
         self._freed: set[int] = set()  # released rows whose cache index is still set
         self.failure: str | None = None  # the last step failure (health reports it)
         self._calls: list = []  # (future, query, meta) of this step's tool calls
-        self.min_prefix, self.max_prefixes = int(min_prefix), int(prefixes)
-        self.prefixes: collections.OrderedDict[tuple, DecodeState] = collections.OrderedDict()
-        self.recent: collections.deque[tuple] = collections.deque(maxlen=16)  # prompts a prefix is learnt from
+        self.prefixes = PrefixCache(self._prefill_prefix, bucket(self.rc.max_obs_tokens), self.stats,
+                                    min_prefix=min_prefix, size=prefixes)
         self.initial_capacity = cache_bucket(capacity or self.segment + 1)
         self.state = self._empty_state(self.initial_capacity)
 
@@ -360,7 +354,7 @@ class Engine:
         groups: dict[int, list] = {}
         shared: dict[tuple, tuple[DecodeState, list]] = {}
         for i, g in take:
-            found = self._prefix(g.request.prompt)
+            found = self.prefixes.find(g.request.prompt)
             if found is None:
                 groups.setdefault(cache_bucket(len(g.request.prompt)), []).append((i, g))
             else:
@@ -369,32 +363,6 @@ class Engine:
             self._admit_group(group)
         if shared:
             self._admit_shared(shared)
-
-    def _prefix(self, prompt: tuple) -> tuple[tuple, DecodeState] | None:
-        """The shared prefix `prompt` starts with, as (its tokens, its one-row state): a known one, or one
-        learnt now from a recent prompt (module doc); None when there is none. The rest of the prompt
-        is encoded as an observation is, so it may be at most the widest observation bucket."""
-        if self.min_prefix <= 0:
-            return None
-        widest = bucket(self.rc.max_obs_tokens)
-        for key in reversed(self.prefixes):
-            if len(key) < len(prompt) and prompt[:len(key)] == key and len(prompt) - len(key) <= widest:
-                self.prefixes.move_to_end(key)
-                self.stats["prefix_hits"] += 1
-                return key, self.prefixes[key]
-        # another prompt (a repeated one, e.g. several samples of a question, would teach its own whole self)
-        n = max((common_prefix(prompt, q) for q in self.recent if q != prompt), default=0)
-        if prompt not in self.recent:
-            self.recent.append(prompt)
-        n = min(n, len(prompt) - 1) // PREFIX_STEP * PREFIX_STEP
-        if n < max(self.min_prefix, 2) or len(prompt) - n > widest:
-            return None
-        key = tuple(prompt[:n])
-        self.prefixes[key] = self._prefill_prefix(key)
-        while len(self.prefixes) > self.max_prefixes:
-            self.prefixes.popitem(last=False)
-        self.stats["prefixes"] += 1
-        return key, self.prefixes[key]
 
     def _prefill_prefix(self, key: tuple) -> DecodeState:
         """A one-row state of prefix `key`: all but its last token encoded (left-padded to a width bucket),
@@ -569,42 +537,12 @@ class Engine:
             self.stats["finished"] += 1
 
     def warmup_prefixes(self):
-        """Compile the placement of each learnt shared prefix into every row bucket (all rows out of range:
-        nothing admitted or written). Prefixes are learnt from live prompts, so `warmup` cannot compile
-        this beforehand: call it once the first requests have taught one."""
-        b = self.slots
-        for prefix in list(self.prefixes.values()):
-            self._ensure(int(prefix.cache["pos"].shape[1]) + self.segment + 1)
-            for u in row_buckets(b):
-                self.state = place_prefix(self.state, jnp.full((u,), b, jnp.int32), jnp.stack([request_key(0)] * u),
-                                          jnp.zeros(u, jnp.float32), jnp.ones(u, jnp.float32), prefix=prefix)
+        """Compile the placement of each learnt shared prefix into every row bucket (serve.warmup)."""
+        warmup_lib.place_prefixes(self)
 
     def warmup(self, prompt_lens: tuple[int, ...] = (128,)):
-        """Compile what requests meet before they do: the prefill of 1..slots prompts at each width
-        bucket of `prompt_lens`, an append of every observation width bucket, and a decode segment, at
-        the current capacity (grown first to fit them). Nothing is admitted or written."""
-        widths = sorted({cache_bucket(n) for n in prompt_lens})
-        obs_widths = [w for w in SAMPLER_BUCKETS if w <= bucket(self.rc.max_obs_tokens)]
-        self._ensure(max(widths[-1], obs_widths[-1] + 1) + 2 * self.segment + 1)
-        b, state = self.slots, self.state
-        for width in widths:
-            for u in row_buckets(b):
-                tokens = jnp.zeros((u, width), jnp.int32)
-                positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (u, width))
-                rows = jnp.full((u,), b, jnp.int32)  # every entry dropped: nothing is admitted
-                state = admit_rows(self.base, self.adapters, state, tokens, positions, rows,
-                               jnp.stack([request_key(0)] * u), jnp.zeros(u), jnp.ones(u), spec=self.spec)
-        for width in obs_widths:
-            for u in row_buckets(b)[:-1]:
-                state, _ = append_rows(self.base, self.adapters, state, jnp.full((u,), b, jnp.int32),
-                                        jnp.zeros((u, width), jnp.int32), jnp.zeros(u, jnp.int32), spec=self.spec)
-            state, _ = append(self.base, self.adapters, state, jnp.zeros((b, width), jnp.int32),
-                              jnp.zeros(b, jnp.int32), jnp.zeros(b, bool), spec=self.spec)
-        state, _ = decode_segment(self.base, self.adapters, state, jnp.zeros(b, bool),
-                                  jnp.ones((b, len(self.spec.stops)), bool), jnp.ones(b, jnp.int32),
-                                  jnp.full((b, self.window), -1, jnp.int32), jnp.zeros(b, bool),
-                                  spec=self.spec, length=self.segment)
-        self.state = state
+        """Compile what requests meet before they do (serve.warmup.compile_steps)."""
+        warmup_lib.compile_steps(self, tuple(prompt_lens))
 
 
 __all__ = ["Engine", "EngineClosed", "Generation", "Overloaded", "Request", "request_key"]

@@ -104,7 +104,7 @@ def test_a_shared_prompt_prefix_is_prefilled_once_and_changes_nothing(serve_setu
     for s in (1, 2):
         again.submit(Request(prompts[0], temperature=1.0, seed=s))  # a list: made a tuple
     again.run_until_idle(timeout=600)
-    assert again.stats["prefixes"] == 0 and isinstance(next(iter(again.recent)), tuple)
+    assert again.stats["prefixes"] == 0 and isinstance(next(iter(again.prefixes.recent)), tuple)
     off = Engine(agent, base, None, slots=3, segment=8, min_prefix=0)
     g = off.submit(Request(tuple(prompts[5]), temperature=0.5, seed=9))
     off.run_until_idle(timeout=600)

@@ -1,0 +1,53 @@
+"""Compiling the serving engine's step shapes before requests meet them (serve.engine): a live server
+must never compile on its hot path, so every bucketed shape a request can hit is run once with all
+rows out of range (padding entries are dropped: nothing is admitted or written)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from dart_jax.rollout.sampler import BUCKETS, append, bucket, cache_bucket, decode_segment
+from dart_jax.serve.slots import admit_rows, append_rows, place_prefix, request_key, row_buckets
+
+
+def _settings(u: int):
+    """Keys, temperatures and top-ps of `u` padding rows."""
+    return jnp.stack([request_key(0)] * u), jnp.zeros(u, jnp.float32), jnp.ones(u, jnp.float32)
+
+
+def compile_steps(engine, prompt_lens: tuple[int, ...] = (128,)):
+    """The prefill of 1..slots prompts at each width bucket of `prompt_lens`, an append of every
+    observation width bucket (gathered rows at each row bucket, and the whole batch), and a decode
+    segment, at the engine's capacity (grown first to fit them)."""
+    widths = sorted({cache_bucket(n) for n in prompt_lens})
+    obs_widths = [w for w in BUCKETS if w <= bucket(engine.rc.max_obs_tokens)]
+    engine._ensure(max(widths[-1], obs_widths[-1] + 1) + 2 * engine.segment + 1)
+    b, state, spec = engine.slots, engine.state, engine.spec
+    params = (engine.base, engine.adapters)
+    for width in widths:
+        for u in row_buckets(b):
+            tokens = jnp.zeros((u, width), jnp.int32)
+            positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (u, width))
+            state = admit_rows(*params, state, tokens, positions, jnp.full((u,), b, jnp.int32), *_settings(u),
+                               spec=spec)
+    for width in obs_widths:
+        for u in row_buckets(b)[:-1]:
+            state, _ = append_rows(*params, state, jnp.full((u,), b, jnp.int32), jnp.zeros((u, width), jnp.int32),
+                                   jnp.zeros(u, jnp.int32), spec=spec)
+        state, _ = append(*params, state, jnp.zeros((b, width), jnp.int32), jnp.zeros(b, jnp.int32),
+                          jnp.zeros(b, bool), spec=spec)
+    state, _ = decode_segment(*params, state, jnp.zeros(b, bool), jnp.ones((b, len(spec.stops)), bool),
+                              jnp.ones(b, jnp.int32), jnp.full((b, engine.window), -1, jnp.int32),
+                              jnp.zeros(b, bool), spec=spec, length=engine.segment)
+    engine.state = state
+
+
+def place_prefixes(engine):
+    """The placement of each learnt shared prefix (serve.prefixes) into every row bucket. Prefixes are
+    learnt from live prompts, so `compile_steps` cannot compile this beforehand: run it once the first
+    requests have taught one."""
+    b = engine.slots
+    for prefix in engine.prefixes.states():
+        engine._ensure(int(prefix.cache["pos"].shape[1]) + engine.segment + 1)
+        for u in row_buckets(b):
+            engine.state = place_prefix(engine.state, jnp.full((u,), b, jnp.int32), *_settings(u), prefix=prefix)
