@@ -80,6 +80,8 @@ CLIENTS = flags.DEFINE_string("clients", None, "retrieval: concurrent clients (6
 REQUESTS = flags.DEFINE_integer("requests", None, "retrieval: requests per client (20); serve: (2)", flag_values=F)
 HOSTILE = flags.DEFINE_bool("hostile", True, "retrieval: slow-body, 1 MB and bad-length clients alongside",
                             flag_values=F)
+MAX_SLOTS = flags.DEFINE_integer("max_slots", 0, "serve: the server's rows (0: one per client); more clients wait "
+                                 "in its queue", flag_values=F)
 URL = flags.DEFINE_string("url", None, "retrieval: load this server instead of starting ours", flag_values=F)
 METHODS = flags.DEFINE_string("methods", None, "methods: comma-separated subset of dart, lora16, full, mixlora, "
                               "2agent, 2agent_lora (default: all)", flag_values=F)
@@ -170,7 +172,7 @@ def run(args) -> dict:
     if which == "serve":
         from dart_jax.bench.serve_load import bench_serve
         return bench_serve(args.model, tuple(int(x) for x in (CLIENTS.value or "1,8,32,64").split(",")),
-                           REQUESTS.value or 2)
+                           REQUESTS.value or 2, max_slots=MAX_SLOTS.value)
     if which == "rollouts":
         if QUESTIONS.value < 1 or args.batch < 1 or args.repeats < 1:
             raise SystemExit(f"rollouts: --questions={QUESTIONS.value}, --batch={args.batch} and "

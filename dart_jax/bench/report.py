@@ -192,14 +192,16 @@ def serve(res: dict) -> str:
              f"latency p50 {a['p50_latency_s']:.2f} s, p95 {a['p95_latency_s']:.2f} s"]
     for c, s in res["serve"].items():
         b = res["batch"][c]
-        lines.append(f"  {c:>3} clients: {s['requests_per_s']:.3f} requests/s "
+        lines.append(f"  {c:>3} clients on {s.get('slots', c)} slots: {s['requests_per_s']:.3f} requests/s "
                      f"({s['throughput_over_alone']:.2f}x alone, "
                      f"{s['throughput_over_batch']:.2f}x fixed batches of {c}: {b['requests_per_s']:.3f}), "
                      f"{s['generated_tokens_per_s']:.0f} tokens/s, "
                      f"TTFT p50 {s['p50_ttft_s']:.2f} / p95 {s['p95_ttft_s']:.2f} s, "
                      f"latency p50 {s['p50_latency_s']:.2f} / p95 {s['p95_latency_s']:.2f} s "
-                     f"({s['p95_latency_over_lone']:.2f}x a lone request's), {s['errors']} errors, "
-                     f"tokens as alone {s['same_tokens_as_alone']}")
+                     f"({s['p95_latency_over_lone']:.2f}x a lone request's; a lone request on these slots "
+                     f"{s.get('lone_latency_s', float('nan')):.2f} s), {s['errors']} errors, "
+                     f"tokens as alone {s['same_tokens_as_alone']}, RSS {s.get('rss_gib', float('nan')):.1f} GiB, "
+                     f"engine seconds {s.get('engine_s', {})}, rows per segment {s.get('rows_per_segment')}")
     o = res["overload"]
     lines.append(f"  overload: burst of {o['burst']} on {o['slots']} slots + queue {o['max_waiting']}: "
                  f"{o['codes']}, {o['hung']} hung")

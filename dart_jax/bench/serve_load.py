@@ -11,8 +11,9 @@ rows), greedy. Sides, on the same questions:
           batching gives; its per-request latency is "a lone request's")
   batch   the batch-synchronous agent loop (rollout.agent) on fixed batches of C questions, each batch
           waiting for its longest row (at most BATCH_ROUNDS batches: its rate, not every request)
-  serve   C clients over HTTP (streaming, each sending `requests` questions back to back) against
-          `launch.serve`'s server with `slots` = C: requests/s, generated tokens/s, p50 / p95 time to
+  serve   C clients over HTTP (streaming, each sending `requests` questions back to back, in a process of
+          their own: dart_jax/bench/chat_clients.py) against
+          `launch.serve`'s server with `slots` = C (or --max-slots): requests/s, generated tokens/s, p50 / p95 time to
           first token and end-to-end latency, errors; the tokens of every request compared with `alone`
 Every engine allocates the KV slots the longest request can need up front (`_capacity`), compiles its
 step shapes and serves two untimed requests (`_warm`: the second teaches it the template's shared prefix)
@@ -26,17 +27,15 @@ client retries must answer each 200 or 429 / 503, and none may hang.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import jax
 import numpy as np
 
 from dart_jax.adapters.method import MethodSpec, init_adapters
+from dart_jax.bench.chat_clients import ask, run_clients
 from dart_jax.checkpoints.registry import load_model, load_tagged_model
 from dart_jax.data.corpus import read_jsonl
 from dart_jax.data.paths import DATA, repo_path
@@ -133,6 +132,7 @@ def _alone(agent, base, adapters, prompts: list[list[int]], spare: list[list[int
     lens = [len(p) for p in prompts + spare]  # the warm-up prompts sized in: no growth once timing starts
     engine = Engine(agent, base, adapters, slots=1, segment=SEGMENT, capacity=_capacity(lens))
     _warm(engine, lens, spare)
+    engine.time.clear()
     lat, ids, tokens = [], [], 0
     t0 = time.perf_counter()
     for p in prompts:
@@ -146,7 +146,9 @@ def _alone(agent, base, adapters, prompts: list[list[int]], spare: list[list[int
     wall = time.perf_counter() - t0
     rss = _rss_gib()
     _release(engine)
-    return {"requests": len(prompts), "wall_s": round(wall, 2), "requests_per_s": round(len(prompts) / wall, 3),
+    return {"requests": len(prompts), "wall_s": round(wall, 2),
+            "engine_s": {k: round(v, 1) for k, v in engine.time.items()},
+            "requests_per_s": round(len(prompts) / wall, 3),
             "generated_tokens_per_s": round(tokens / wall, 1), "p50_latency_s": _pct(lat, 50),
             "p95_latency_s": _pct(lat, 95), "cache_grows": engine.stats["cache_grows"], "rss_gib": rss, "ids": ids}
 
@@ -165,61 +167,18 @@ def _batch(agent, base, adapters, prompts: list[list[int]], size: int) -> dict:
             "requests_per_s": round(len(prompts) / wall, 3), "generated_tokens_per_s": round(tokens / wall, 1)}
 
 
-def _ask(url: str, question: str, timeout: float) -> dict:
-    """One streamed chat completion -> {status, ttft_s, latency_s, text, dart, usage} (status ≠ 200: error)."""
-    body = json.dumps({"model": "dart", "messages": [{"role": "user", "content": question}], "temperature": 0,
-                       "stream": True}).encode()
-    req = urllib.request.Request(url + "/chat/completions", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    t = time.perf_counter()
-    out = {"status": 0, "ttft_s": None, "text": "", "dart": None, "usage": None}
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            out["status"] = r.status
-            for line in r:
-                line = line.strip()
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                delta = chunk["choices"][0]["delta"].get("content") or ""
-                if delta and out["ttft_s"] is None:
-                    out["ttft_s"] = time.perf_counter() - t
-                out["text"] += delta
-                if "dart" in chunk:
-                    out["dart"], out["usage"] = chunk["dart"], chunk["usage"]
-    except urllib.error.HTTPError as e:
-        out["status"] = e.code
-    except Exception as e:  # noqa: BLE001 — counted by kind
-        out["status"] = type(e).__name__
-    out["latency_s"] = time.perf_counter() - t
-    return out
-
-
 def _serve(agent, base, adapters, questions: list[str], prompts: list[list[int]], clients: int, requests: int,
-           timeout: float, spare: list[list[int]]) -> dict:
+           timeout: float, spare: list[list[int]], slots: int) -> dict:
     prompt_lens = [len(p) for p in prompts + spare]
-    engine = Engine(agent, base, adapters, slots=clients, segment=SEGMENT, capacity=_capacity(prompt_lens))
+    engine = Engine(agent, base, adapters, slots=slots, segment=SEGMENT, capacity=_capacity(prompt_lens))
     _warm(engine, prompt_lens, spare)
-    # a lone request on this engine (every row decoded each step, busy or not): what load adds to it
+    # a lone request on this engine: what load adds to it
     lone = _lone(engine, prompts[0])
+    engine.time.clear()
+    engine.stats.clear()
     server = ChatServer(engine, "dart", "search_r1", port=0, request_timeout_s=timeout).start()
-    results: list[list[dict]] = [[] for _ in range(clients)]
-    barrier = threading.Barrier(clients + 1)
-
-    def client(c: int):
-        barrier.wait()
-        for r in range(requests):
-            results[c].append(_ask(server.url, questions[(c * requests + r) % len(questions)], timeout))
-
-    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join(timeout * requests + 60)
-    wall = time.perf_counter() - t0
-    hung = sum(t.is_alive() for t in threads)
+    got = run_clients(server.url, questions, clients, requests, timeout)
+    results, wall, hung = got["results"], got["wall_s"], got["hung"]
     server.stop()
     rss = _rss_gib()
     _release(engine)
@@ -230,10 +189,13 @@ def _serve(agent, base, adapters, questions: list[str], prompts: list[list[int]]
         if not (x["status"] == 200 and x["dart"] is not None):
             errors[str(x["status"])] = errors.get(str(x["status"]), 0) + 1
     tokens = sum(x["usage"]["completion_tokens"] for x in ok)
-    return {"clients": clients, "requests_per_client": requests, "requests": len(flat), "ok": len(ok),
+    return {"clients": clients, "slots": slots, "requests_per_client": requests, "requests": len(flat), "ok": len(ok),
             "errors": sum(errors.values()) + hung, "errors_by_kind": errors, "hung_clients": hung,
             "wall_s": round(wall, 2), "requests_per_s": round(len(ok) / wall, 3),
             "cache_grows": engine.stats["cache_grows"], "rss_gib": rss, "lone_latency_s": lone,
+            # the engine's loop while loaded: seconds per phase, and rows decoded per segment
+            "engine_s": {k: round(v, 1) for k, v in engine.time.items()},
+            "rows_per_segment": round(engine.stats["segment_rows"] / max(1, engine.stats["segments"]), 1),
             "generated_tokens_per_s": round(tokens / wall, 1),
             "p50_ttft_s": _pct([x["ttft_s"] for x in ok if x["ttft_s"] is not None], 50),
             "p95_ttft_s": _pct([x["ttft_s"] for x in ok if x["ttft_s"] is not None], 95),
@@ -249,7 +211,7 @@ def _overload(agent, base, adapters, questions: list[str], burst: int = 32, time
     lock = threading.Lock()
 
     def one(k):
-        x = _ask(server.url, questions[k % len(questions)], timeout)
+        x = ask(server.url, questions[k % len(questions)], timeout)
         with lock:
             out.append(x["status"])
 
@@ -278,10 +240,11 @@ MAPS_PER_LAYER = 47
 def check_map_count(clients: tuple[int, ...], layers: int, path: str = "/proc/sys/vm/max_map_count") -> int:
     """Refuse, naming the setting, when the kernel's memory-map limit cannot hold the programs this benchmark
     compiles in one process: per engine (1 slot, then each client count) its row buckets × (2 prompt
-    widths + 6 observation widths + the prefix placement) + a decode segment, and ~10 per batch baseline.
+    widths + 6 observation widths + the prefix placement + a decode segment), and ~10 per batch baseline
+    (an upper bound: each engine's programs are dropped when it closes).
     -> the estimated number of maps (0 where the limit is not readable)."""
     from dart_jax.serve.slots import row_buckets
-    programs = sum(len(row_buckets(c)) * 9 + 1 + 10 for c in (1, *clients))
+    programs = sum(len(row_buckets(c)) * 10 + 10 for c in (1, *clients))
     per_program = MAPS_PER_LAYER * layers
     need = programs * per_program + 20_000
     try:
@@ -297,10 +260,13 @@ def check_map_count(clients: tuple[int, ...], layers: int, path: str = "/proc/sy
 
 
 def bench_serve(model: str = "smollm2-135m-instruct", clients: tuple[int, ...] = (1, 8, 32, 64),
-                requests: int = 2, alone_n: int = 16, timeout: float = 900.0, tool=None, burst: int = 32) -> dict:
-    """`tool`: the agent's tool function (default the MiniLM retriever over the shipped corpus)."""
+                requests: int = 2, alone_n: int = 16, timeout: float = 900.0, tool=None, burst: int = 32,
+                max_slots: int = 0) -> dict:
+    """`tool`: the agent's tool function (default the MiniLM retriever over the shipped corpus).
+    `max_slots`: the server's rows (0: one per client); more clients than rows wait in its queue, as a
+    server sized to its memory serves a burst (a 32-slot engine holds ~10 GiB on XLA:CPU: docs/serving.md)."""
     agent, base, adapters = _policy(model, tool)
-    check_map_count(clients, agent.spec.model.num_layers)
+    check_map_count(tuple(min(c, max_slots or c) for c in clients), agent.spec.model.num_layers)
     n = max(alone_n, max(clients) * requests)
     all_rows = list(read_jsonl(os.path.join(DATA, "qa", "nq_oracle.jsonl")))
     rows = _questions(all_rows, n, alone_n)
@@ -316,7 +282,8 @@ def bench_serve(model: str = "smollm2-135m-instruct", clients: tuple[int, ...] =
     for c in clients:
         # the baseline's rate from at most BATCH_ROUNDS batches (a 64×20 check would batch 1,280 prompts)
         out["batch"][c] = _batch(agent, base, adapters, prompts[:c * min(requests, BATCH_ROUNDS)], c)
-        res = _serve(agent, base, adapters, questions, prompts, c, requests, timeout, spare)
+        res = _serve(agent, base, adapters, questions, prompts, c, requests, timeout, spare,
+                     min(c, max_slots or c))
         texts = res.pop("texts")
         same = [texts[k] == texts_alone[k] for k in texts if k in texts_alone]
         res["same_tokens_as_alone"] = f"{sum(same)}/{len(same)}"

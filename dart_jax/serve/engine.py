@@ -14,7 +14,8 @@ Device side: one DecodeState of `slots` rows whose KV cache has a write index pe
      engine has seen shared (a system prompt and instructions) takes that prefix's KV slots, copied
      (`slots.place_prefix`), and only the rest of the prompt is encoded (as an observation is appended),
   3. decodes one segment of at most `segment` tokens for every running row (sampler.decode_segment
-     with each row's stop history, so a turn may span segments),
+     with each row's stop history, so a turn may span segments), the running rows gathered into a
+     bucket of 1, 2, 4, … rows when they are fewer than the slots (`slots.decode_rows`),
   4. hands each row's tokens to its request; a row whose turn ended is decided as the agent loop
      decides (rollout.agent.Agent.end_turn): answer / invalid / length end it and free the row; a
      tool call pauses it; the step's tool calls run as one batch on the tool worker, outside the
@@ -68,6 +69,7 @@ from dart_jax.serve.requests import EngineClosed, Generation, Overloaded, Reques
 from dart_jax.serve.slots import (
     admit_rows,
     append_rows,
+    decode_rows,
     place_prefix,
     request_key,
     reset_rows,
@@ -113,6 +115,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.stats = collections.Counter()
+        self.time: collections.Counter = collections.Counter()  # seconds per step phase (`step`)
         self._freed: set[int] = set()  # released rows whose cache index is still set
         self.failure: str | None = None  # the last step failure (health reports it)
         self._calls: list = []  # (future, query, meta) of this step's tool calls
@@ -203,9 +206,17 @@ class Engine:
             rows[list(self._freed)] = True
             self.state = reset_rows(self.state, jnp.asarray(rows))
             self._freed.clear()
+        t0 = time.perf_counter()
         self._resume()
+        t1 = time.perf_counter()
         self._admit()
+        self.state.pending.block_until_ready()  # the admission's device work counted as its own
+        t2 = time.perf_counter()
         ran = self._decode()
+        # where the engine's time goes (seconds, host-side wall clock: each phase waits for its device work)
+        self.time["append"] += t1 - t0
+        self.time["admit"] += t2 - t1
+        self.time["decode"] += time.perf_counter() - t2
         with self._lock:
             busy = any(g is not None for g in self.rows) or bool(self.waiting)
             paused = [g.tool for g in self.rows if g is not None and g.tool is not None]
@@ -455,30 +466,44 @@ class Engine:
         if not active.any():
             return False
         self._ensure(int(self._indices().max()) + self.segment + 1)
-        self.state, seg = decode_segment(self.base, self.adapters, self.state, jnp.asarray(active),
-                                         jnp.asarray(enabled), jnp.asarray(budget), jnp.asarray(history),
-                                         jnp.asarray(recorded), spec=self.spec, length=self.segment)
+        live = np.nonzero(active)[0]
+        u = row_bucket(len(live), b)
+        if u == b:  # every row's worth: the whole batch with a mask, no gather or scatter
+            self.state, seg = decode_segment(self.base, self.adapters, self.state, jnp.asarray(active),
+                                             jnp.asarray(enabled), jnp.asarray(budget), jnp.asarray(history),
+                                             jnp.asarray(recorded), spec=self.spec, length=self.segment)
+            at = live
+        else:  # the decoding rows gathered into a bucket of rows (slots.decode_rows); padding inactive
+            rows = np.full(u, b, np.int32)
+            rows[:len(live)] = live
+            pick = np.minimum(rows, b - 1)
+            self.state, seg = decode_rows(self.base, self.adapters, self.state, jnp.asarray(rows),
+                                          jnp.asarray(active[pick] & (rows < b)), jnp.asarray(enabled[pick]),
+                                          jnp.asarray(budget[pick]), jnp.asarray(history[pick]),
+                                          jnp.asarray(recorded[pick]), spec=self.spec, length=self.segment)
+            at = np.arange(len(live))
         seg = jax.device_get(seg)
         self.stats["segments"] += 1
+        self.stats["segment_rows"] += int(u)
         now = time.perf_counter()
-        for i in np.nonzero(active)[0]:
+        for i, k in zip(live, at):
             g = self.rows[i]
-            n = int(seg.count[i])
-            ids = seg.tokens[i, :n].tolist()
+            n = int(seg.count[k])
+            ids = seg.tokens[k, :n].tolist()
             if n and g.first_token is None:
                 g.first_token = now
             g.ids += ids
             g.mask += [1.0] * n
-            g.logprobs += seg.logprobs[i, :n].tolist()
-            g.routes += seg.routes[i, :n].tolist()
+            g.logprobs += seg.logprobs[k, :n].tolist()
+            g.routes += seg.routes[k, :n].tolist()
             g.turn_ids += ids
             g.recorded = True
             self.stats["tokens"] += n
             if ids:
                 g._emit({"kind": "tokens", "ids": ids})
-            stopped = int(seg.finish[i]) == STOPPED
+            stopped = int(seg.finish[k]) == STOPPED
             if stopped or len(g.turn_ids) >= g.turn_cap:
-                self._end_turn(int(i), g, STOPPED if stopped else LENGTH, int(seg.stop_index[i]))
+                self._end_turn(int(i), g, STOPPED if stopped else LENGTH, int(seg.stop_index[k]))
         self._flush_calls()
         return True
 

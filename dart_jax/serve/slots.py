@@ -1,5 +1,5 @@
 """The engine's device side (serve.engine): jitted functions over a DecodeState of B rows whose KV cache
-has a write index per row — admitting prompts into rows, appending to some rows only, placing a shared
+has a write index per row — admitting prompts into rows, appending to or decoding some rows only, placing a shared
 prefix's state in rows, emptying rows — and the row / prefix bookkeeping they are sized by."""
 
 from __future__ import annotations
@@ -14,7 +14,15 @@ from dart_jax.models import cache as cache_lib
 from dart_jax.models.cache import KVCache
 from dart_jax.models.transformer import hidden_states
 from dart_jax.roles.router import route_roles, state_after
-from dart_jax.rollout.sampler import DecodeState, append, initial_keys, last_logits, sample_pending
+from dart_jax.rollout.sampler import (
+    DecodeState,
+    Segment,
+    append,
+    decode_segment,
+    initial_keys,
+    last_logits,
+    sample_pending,
+)
 from dart_jax.rollout.sampling import RowSampling
 
 
@@ -68,6 +76,21 @@ def append_rows(base, adapters, state: DecodeState, rows: jnp.ndarray, obs: jnp.
     sub = jax.tree_util.tree_map(lambda a: a[jnp.minimum(rows, b - 1)], state)
     sub, routes = append(base, adapters, sub, obs, obs_len, valid, spec=spec)
     return jax.tree_util.tree_map(lambda a, x: a.at[rows].set(x, mode="drop"), state, sub), routes
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "length"), donate_argnames=("state",))
+def decode_rows(base, adapters, state: DecodeState, rows: jnp.ndarray, active: jnp.ndarray, stop_enabled: jnp.ndarray,
+                budget: jnp.ndarray, history: jnp.ndarray, recorded: jnp.ndarray, *, spec,
+                length: int) -> tuple[DecodeState, Segment]:
+    """sampler.decode_segment on rows `rows` (i32[U]; ≥ B: padding) only, gathered and scattered back
+    as `append_rows` does: a segment costs U rows' forwards, not the engine's B, when only U rows are
+    decoding (a lone request on a server sized for a crowd). The per-row arguments are [U, ...]
+    (padding rows inactive). -> (state, the segment of the U rows)."""
+    b = state.pending.shape[0]
+    sub = jax.tree_util.tree_map(lambda a: a[jnp.minimum(rows, b - 1)], state)
+    sub, seg = decode_segment(base, adapters, sub, active & (rows < b), stop_enabled, budget, history, recorded,
+                              spec=spec, length=length)
+    return jax.tree_util.tree_map(lambda a, x: a.at[rows].set(x, mode="drop"), state, sub), seg
 
 
 @functools.partial(jax.jit, donate_argnames=("state",))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from dart_jax.rollout.sampler import BUCKETS, append, bucket, cache_bucket, decode_segment
-from dart_jax.serve.slots import admit_rows, append_rows, place_prefix, request_key, row_buckets
+from dart_jax.serve.slots import admit_rows, append_rows, decode_rows, place_prefix, request_key, row_buckets
 
 
 def _settings(u: int):
@@ -18,7 +18,7 @@ def _settings(u: int):
 def compile_steps(engine, prompt_lens: tuple[int, ...] = (128,)):
     """The prefill of 1..slots prompts at each width bucket of `prompt_lens`, an append of every
     observation width bucket (gathered rows at each row bucket, and the whole batch), and a decode
-    segment, at the engine's capacity (grown first to fit them)."""
+    segment (likewise), at the engine's capacity (grown first to fit them)."""
     widths = sorted({cache_bucket(n) for n in prompt_lens})
     obs_widths = [w for w in BUCKETS if w <= bucket(engine.rc.max_obs_tokens)]
     engine._ensure(max(widths[-1], obs_widths[-1] + 1) + 2 * engine.segment + 1)
@@ -36,7 +36,13 @@ def compile_steps(engine, prompt_lens: tuple[int, ...] = (128,)):
                                    jnp.zeros(u, jnp.int32), spec=spec)
         state, _ = append(*params, state, jnp.zeros((b, width), jnp.int32), jnp.zeros(b, jnp.int32),
                           jnp.zeros(b, bool), spec=spec)
-    state, _ = decode_segment(*params, state, jnp.zeros(b, bool), jnp.ones((b, len(spec.stops)), bool),
+    n_stops = len(spec.stops)
+    for u in row_buckets(b)[:-1]:
+        state, _ = decode_rows(*params, state, jnp.full((u,), b, jnp.int32), jnp.zeros(u, bool),
+                               jnp.ones((u, n_stops), bool), jnp.ones(u, jnp.int32),
+                               jnp.full((u, engine.window), -1, jnp.int32), jnp.zeros(u, bool), spec=spec,
+                               length=engine.segment)
+    state, _ = decode_segment(*params, state, jnp.zeros(b, bool), jnp.ones((b, n_stops), bool),
                               jnp.ones(b, jnp.int32), jnp.full((b, engine.window), -1, jnp.int32),
                               jnp.zeros(b, bool), spec=spec, length=engine.segment)
     engine.state = state

@@ -50,6 +50,9 @@ def test_continuous_batching_equals_each_request_alone(serve_setup):
     engine.run_until_idle(timeout=600)
     results = [g.result(timeout=1) for g in gens]
     assert engine.stats["admits"] >= 2 and engine.stats["appends"] >= 1, engine.stats
+    # some segments decoded fewer rows than the slots, gathered (slots.decode_rows): the first three
+    # requests, and the last ones as the others finish
+    assert engine.stats["segment_rows"] < 4 * engine.stats["segments"], engine.stats
     assert sum(r["tool_calls"] for r in results) >= 3, [r["turns"] for r in results]
     for k, r in enumerate(results):
         _same(r, _alone(agent, base, prompts[k], *settings[k]))
