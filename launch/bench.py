@@ -80,7 +80,7 @@ CLIENTS = flags.DEFINE_string("clients", None, "retrieval: concurrent clients (6
 REQUESTS = flags.DEFINE_integer("requests", None, "retrieval: requests per client (20); serve: (2)", flag_values=F)
 HOSTILE = flags.DEFINE_bool("hostile", True, "retrieval: slow-body, 1 MB and bad-length clients alongside",
                             flag_values=F)
-MAX_SLOTS = flags.DEFINE_integer("max_slots", 0, "serve: the server's rows (0: one per client); more clients wait "
+MAX_SLOTS = flags.DEFINE_integer("max-slots", 0, "serve: the server's rows (0: one per client); more clients wait "
                                  "in its queue", flag_values=F)
 URL = flags.DEFINE_string("url", None, "retrieval: load this server instead of starting ours", flag_values=F)
 METHODS = flags.DEFINE_string("methods", None, "methods: comma-separated subset of dart, lora16, full, mixlora, "
