@@ -48,6 +48,19 @@ def test_lab_scales_every_method_rate_alike():
         assert nq == METHODS[m]["lr"] and lab == pytest.approx(nq * lab_quickstart.LR / METHODS["dart"]["lr"])
 
 
+def test_the_second_lab_study_changes_only_what_decides_reward_variance():
+    from configs import methods_lab, methods_lab_signal
+    from tests.test_configs import _validate
+    for arg in ("dart,0", "dart,2"):
+        a, b = methods_lab.get_config(arg), methods_lab_signal.get_config(arg)
+        _validate(b)
+        assert a.train.prompts_per_step * a.train.group_size == b.train.prompts_per_step * b.train.group_size
+        assert (b.train.group_size, b.sampling.temperature, b.loss.temperature) == (8, 0.7, 0.7)
+        assert b.output.dir.startswith(methods_lab_signal.OUT) and b.train.seed == a.train.seed
+        assert (b.optim.lr, b.train.steps, b.data.train, b.warm_start) == (a.optim.lr, a.train.steps, a.data.train,
+                                                                          a.warm_start)
+
+
 def test_paired_mcnemar_by_hand():
     a = {("nq", str(i)): i < 7 for i in range(10)}          # right on 0..6
     b = {("nq", str(i)): i in (0, 7) for i in range(10)}     # right on 0 and 7
