@@ -18,8 +18,9 @@ rows), greedy. Sides, on the same questions:
 Every engine allocates the KV slots the longest request can need up front (`_capacity`), compiles its
 step shapes and serves two untimed requests (`_warm`: the second teaches it the template's shared prefix)
 before anything is timed, as a deployed server is warm after its first requests, then times one lone
-request on it (`lone_latency_s`: every row is decoded each step, busy or not). Each engine's programs are
-dropped when it closes (`_release`), and its resident memory is recorded (`rss_gib`). Past the 991 shipped
+request on it (`lone_latency_s`). Each engine's programs are dropped when it closes (`_release`); the
+process's resident memory is recorded as that engine finishes (`rss_gib`: the model, retriever and
+runtime included, and what earlier sides left). Past the 991 shipped
 held-out questions (a 64×20 run) clients cycle through them.
 Then an overload probe: a server with 2 slots and a queue of 2 taking a burst of 32 requests without
 client retries must answer each 200 or 429 / 503, and none may hang.
@@ -113,9 +114,10 @@ def _rss_gib() -> float:
 
 
 def _release(engine: Engine):
-    """Close an engine and drop every compiled program: on XLA:CPU each executed program keeps ~40-150 MB
-    resident (per 8 slots, measured: docs/serving.md), so one process serving 1, 8, 32 and 64 slots in
-    turn would hold every engine's programs at once. The persistent compilation cache still has them."""
+    """Close an engine and drop every compiled program: on XLA:CPU each executed program stays resident
+    (docs/serving.md, "Memory"), so one process serving 1, 8, 32 and 64 slots in turn would hold every
+    engine's programs at once (it passed 17 GB before its 32-slot engine). The persistent compilation
+    cache still has them."""
     engine.close()
     jax.clear_caches()
 
@@ -174,14 +176,17 @@ def _serve(agent, base, adapters, questions: list[str], prompts: list[list[int]]
     _warm(engine, prompt_lens, spare)
     # a lone request on this engine: what load adds to it
     lone = _lone(engine, prompts[0])
+    grows = engine.stats["cache_grows"]  # the warm-up's too: none may happen once timing starts either
     engine.time.clear()
     engine.stats.clear()
     server = ChatServer(engine, "dart", "search_r1", port=0, request_timeout_s=timeout).start()
-    got = run_clients(server.url, questions, clients, requests, timeout)
+    try:
+        got = run_clients(server.url, questions, clients, requests, timeout)
+    finally:
+        server.stop()
+        rss = _rss_gib()
+        _release(engine)
     results, wall, hung = got["results"], got["wall_s"], got["hung"]
-    server.stop()
-    rss = _rss_gib()
-    _release(engine)
     flat = [(c, r, x) for c, rs in enumerate(results) for r, x in enumerate(rs)]
     ok = [x for _, _, x in flat if x["status"] == 200 and x["dart"] is not None]
     errors: dict[str, int] = {}
@@ -192,8 +197,9 @@ def _serve(agent, base, adapters, questions: list[str], prompts: list[list[int]]
     return {"clients": clients, "slots": slots, "requests_per_client": requests, "requests": len(flat), "ok": len(ok),
             "errors": sum(errors.values()) + hung, "errors_by_kind": errors, "hung_clients": hung,
             "wall_s": round(wall, 2), "requests_per_s": round(len(ok) / wall, 3),
-            "cache_grows": engine.stats["cache_grows"], "rss_gib": rss, "lone_latency_s": lone,
-            # the engine's loop while loaded: seconds per phase, and rows decoded per segment
+            "cache_grows": grows + engine.stats["cache_grows"], "rss_gib": rss, "lone_latency_s": lone,
+            # the engine's loop while loaded: seconds per phase (Engine.time), and rows per decode segment (the
+            # row bucket decoded: padding rows included)
             "engine_s": {k: round(v, 1) for k, v in engine.time.items()},
             "rows_per_segment": round(engine.stats["segment_rows"] / max(1, engine.stats["segments"]), 1),
             "generated_tokens_per_s": round(tokens / wall, 1),
