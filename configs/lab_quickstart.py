@@ -39,7 +39,7 @@ def get_config():
     c.rollout.max_turns = 6
     c.optim.lr = LR
     # evaluations (launch.evaluate, the methods study's) on the serving engine: a finished row refilled at once,
-    # same draws as the batch loop; 1.17x its speed on 16 held-out questions (docs/performance.md)
+    # same draws as the batch loop; 1.26x its speed on 16 held-out questions (docs/performance.md)
     c.rollout.engine = "continuous"
     c.data.train = [lab_questions(WORLD0, RL_HOPS, shuffle=0)]
     c.train.steps = 8
