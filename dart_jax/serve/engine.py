@@ -209,13 +209,15 @@ class Engine:
         t0 = time.perf_counter()
         self._resume()
         t1 = time.perf_counter()
+        admitted = self.stats["admitted"]
         self._admit()
-        self.state.pending.block_until_ready()  # the admission's device work counted as its own
+        if self.stats["admitted"] != admitted:  # its device work counted as its own (no sync when none ran)
+            self.state.pending.block_until_ready()
         t2 = time.perf_counter()
         ran = self._decode()
         # where the engine's time goes (seconds, host-side wall clock: each phase waits for its device work;
         # "append" includes the row reset dispatched before it, "decode" the host work on its tokens and the
-        # tool calls' hand-off; the wait after admission costs one host sync a step)
+        # tool calls' hand-off; the wait after an admission costs one host sync)
         self.time["append"] += t1 - t0
         self.time["admit"] += t2 - t1
         self.time["decode"] += time.perf_counter() - t2
