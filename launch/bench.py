@@ -170,6 +170,8 @@ def run(args) -> dict:
         from dart_jax.bench.retrieval_load import bench_retrieval
         return bench_retrieval(URL.value, int(CLIENTS.value or 64), REQUESTS.value or 20, HOSTILE.value)
     if which == "serve":
+        if MAX_SLOTS.value < 0:
+            raise SystemExit(f"serve: --max-slots={MAX_SLOTS.value} must be ≥ 0 (0: one slot per client)")
         from dart_jax.bench.serve_load import bench_serve
         return bench_serve(args.model, tuple(int(x) for x in (CLIENTS.value or "1,8,32,64").split(",")),
                            REQUESTS.value or 2, max_slots=MAX_SLOTS.value)
