@@ -8,11 +8,15 @@ segments and leave when they finish or pause for a tool; a freed slot is refille
 
 Device side: one DecodeState of `slots` rows whose KV cache has a write index per row
 (models.cache), so each row writes where it is and a refilled row starts again at slot 0. A step
-  1. appends the observations of rows whose tool call came back (sampler.append, one batch),
+  1. appends the observations of rows whose tool call came back: encoded over just those rows, in pieces
+     of 1, 2, 4, … rows with no padding row (5 rows: 4 + 1; encoding is compute-bound, so a padding
+     row costs a real one's work), each piece padded to its own width (`slots.append_rows`,
+     `slots.row_pieces`, `slots.obs_width`),
   2. admits waiting requests into free rows: their prompts are prefilled alone ([U, T], no other
-     row's work) and scattered into those rows (`slots.admit_rows`); a prompt that starts with a prefix the
-     engine has seen shared (a system prompt and instructions) takes that prefix's KV slots, copied
-     (`slots.place_prefix`), and only the rest of the prompt is encoded (as an observation is appended),
+     row's work, in the same exact pieces) and scattered into those rows (`slots.admit_rows`); a
+     prompt that starts with a prefix the engine has seen shared (a system prompt and instructions)
+     takes that prefix's KV slots, copied (`slots.place_prefix`), and only the rest of the prompt is
+     encoded (as an observation is appended),
   3. decodes one segment of at most `segment` tokens for every running row (sampler.decode_segment
      with each row's stop history, so a turn may span segments), the running rows gathered into a
      bucket of 1, 2, 4, … rows when they are fewer than the slots (`slots.decode_rows`),
@@ -70,10 +74,12 @@ from dart_jax.serve.slots import (
     admit_rows,
     append_rows,
     decode_rows,
+    obs_width,
     place_prefix,
     request_key,
     reset_rows,
     row_bucket,
+    row_pieces,
 )
 
 log = logging.getLogger(__name__)
@@ -119,7 +125,7 @@ class Engine:
         self._freed: set[int] = set()  # released rows whose cache index is still set
         self.failure: str | None = None  # the last step failure (health reports it)
         self._calls: list = []  # (future, query, meta) of this step's tool calls
-        self.prefixes = PrefixCache(self._prefill_prefix, bucket(self.rc.max_obs_tokens), self.stats,
+        self.prefixes = PrefixCache(self._prefill_prefix, obs_width(self.rc.max_obs_tokens), self.stats,
                                     min_prefix=min_prefix, size=prefixes)
         self.initial_capacity = cache_bucket(capacity or self.segment + 1)
         self.state = self._empty_state(self.initial_capacity)
@@ -307,7 +313,7 @@ class Engine:
             ready[i] = ids
         if not ready:
             return
-        obs_routes = self._append(ready, min(bucket(self.rc.max_obs_tokens), bucket(max(map(len, ready.values())))))
+        obs_routes = self._append(ready)
         for i, ids in ready.items():
             g = self.rows[i]
             g.spans.append((len(g.ids), len(ids), g.obs_tool))
@@ -324,28 +330,36 @@ class Engine:
                 self._start_turn(g)
         self.stats["appends"] += 1
 
-    def _append(self, ready: dict[int, list[int]], width: int) -> dict[int, list[int]]:
-        """Each ready row's pending token and ids (≤ `width`) encoded, gathered in a bucket of rows
-        (`slots.append_rows`) -> {row: the routes of its ids}."""
-        u = row_bucket(len(ready), self.slots)
-        rows = np.full(u, self.slots, np.int32)  # padding entries: out of range, dropped
-        obs = np.zeros((u, width), np.int32)
-        obs_len = np.zeros(u, np.int32)
-        for k, (i, ids) in enumerate(ready.items()):
-            rows[k], obs[k, :len(ids)], obs_len[k] = i, ids, len(ids)
-        self._ensure(int(self._indices().max()) + width + 1)
-        if u == self.slots:  # every row's worth: the batch append with a mask, no gather or scatter
-            full, full_len, do = np.zeros((u, width), np.int32), np.zeros(u, np.int32), np.zeros(u, bool)
-            full[rows[:len(ready)]], full_len[rows[:len(ready)]], do[rows[:len(ready)]] = \
-                obs[:len(ready)], obs_len[:len(ready)], True
-            self.state, routes = append(self.base, self.adapters, self.state, jnp.asarray(full), jnp.asarray(full_len),
-                                        jnp.asarray(do), spec=self.spec)
-            routes = np.asarray(routes)
-            return {i: routes[i, :len(ids)].tolist() for i, ids in ready.items()}
-        self.state, routes = append_rows(self.base, self.adapters, self.state, jnp.asarray(rows), jnp.asarray(obs),
-                                          jnp.asarray(obs_len), spec=self.spec)
-        routes = np.asarray(routes)
-        return {i: routes[k, :len(ids)].tolist() for k, (i, ids) in enumerate(ready.items())}
+    def _append(self, ready: dict[int, list[int]]) -> dict[int, list[int]]:
+        """Each ready row's pending token and ids encoded -> {row: the routes of its ids}. Encoding is
+        compute-bound, so no padding row is encoded: every row ready, the batch appends in place with a mask;
+        else the rows are gathered in pieces of exact row buckets (`slots.row_pieces`, `slots.append_rows`),
+        longest ids first, each piece padded to its own width (`slots.obs_width`)."""
+        order = sorted(ready, key=lambda i: -len(ready[i]))
+        self._ensure(int(self._indices().max()) + obs_width(len(ready[order[0]])) + 1)
+        done, start = [], 0
+        for u in row_pieces(len(order), self.slots):
+            take, start = order[start:start + u], start + u
+            width = obs_width(len(ready[take[0]]))
+            obs, obs_len = np.zeros((u, width), np.int32), np.zeros(u, np.int32)
+            for k, i in enumerate(take):
+                obs[k, :len(ready[i])], obs_len[k] = ready[i], len(ready[i])
+            if u == self.slots:  # every row: the batch append in place, no gather or scatter
+                full, full_len = np.zeros_like(obs), np.zeros_like(obs_len)
+                full[take], full_len[take] = obs, obs_len
+                self.state, routes = append(self.base, self.adapters, self.state, jnp.asarray(full),
+                                            jnp.asarray(full_len), jnp.ones(u, bool), spec=self.spec)
+                routes = routes[jnp.asarray(take)]
+            else:
+                self.state, routes = append_rows(self.base, self.adapters, self.state, jnp.asarray(take, jnp.int32),
+                                                 jnp.asarray(obs), jnp.asarray(obs_len), spec=self.spec)
+            done.append((take, routes))
+            self.stats["append_rows"] += u
+            self.stats["append_columns"] += u * width
+        out = {}  # the pieces' routes fetched once all are dispatched
+        for take, routes in zip([t for t, _ in done], jax.device_get([r for _, r in done])):
+            out.update({i: routes[k, :len(ready[i])].tolist() for k, i in enumerate(take)})
+        return out
 
     # -- 2. admission -------------------------------------------------------------------------
     def _admit(self):
@@ -397,7 +411,7 @@ class Engine:
             self._ensure(int(prefix.cache["pos"].shape[1]) + self.segment + 1)
             self.state = place_prefix(self.state, *self._row_settings(take), prefix=prefix)
             rest.update({i: list(g.request.prompt[len(key):]) for i, g in take})
-        self._append(rest, bucket(max(len(x) for x in rest.values())))
+        self._append(rest)
         for _, take in shared.values():
             for _, g in take:
                 g.recorded = False
@@ -429,13 +443,17 @@ class Engine:
         return jnp.asarray(rows), keys, jnp.asarray(temp), jnp.asarray(top_p)
 
     def _admit_group(self, take: list):
-        prompts = [list(g.request.prompt) for _, g in take]
-        u = row_bucket(len(take), self.slots)
-        width = cache_bucket(max(len(p) for p in prompts))
-        tokens, positions = self._left_padded(prompts + [prompts[0]] * (u - len(take)), width)
+        """Prompts of one width bucket prefilled and placed in their rows, in pieces of exact row buckets
+        (`slots.row_pieces`: prefill is compute-bound, so no padding prompt is encoded)."""
+        width = cache_bucket(max(len(g.request.prompt) for _, g in take))
         self._ensure(width + self.segment + 1)
-        self.state = admit_rows(self.base, self.adapters, self.state, tokens, positions, *self._row_settings(take),
-                            spec=self.spec)
+        start = 0
+        for u in row_pieces(len(take), self.slots):
+            piece, start = take[start:start + u], start + u
+            tokens, positions = self._left_padded([list(g.request.prompt) for _, g in piece], width)
+            self.state = admit_rows(self.base, self.adapters, self.state, tokens, positions,
+                                    *self._row_settings(piece), spec=self.spec)
+            self.stats["prefill_rows"] += u
         for _, g in take:
             g.recorded = False
             self._start_turn(g)

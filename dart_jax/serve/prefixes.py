@@ -16,7 +16,7 @@ from dart_jax.serve.slots import PREFIX_STEP, common_prefix
 
 class PrefixCache:
     """The engine's learnt prefixes, by their tokens. `prefill(tokens)` makes a prefix's one-row state;
-    `widest`: the most tokens the rest of a prompt may have (the widest observation bucket, since it is
+    `widest`: the most tokens the rest of a prompt may have (the widest observation width, since it is
     encoded as one); `stats` (the engine's counter) gets `prefixes` (learnt) and `prefix_hits`."""
 
     def __init__(self, prefill: Callable[[tuple], DecodeState], widest: int, stats: collections.Counter,

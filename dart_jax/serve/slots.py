@@ -18,6 +18,7 @@ from dart_jax.rollout.sampler import (
     DecodeState,
     Segment,
     append,
+    bucket,
     decode_segment,
     initial_keys,
     last_logits,
@@ -135,6 +136,37 @@ def row_bucket(n: int, slots: int) -> int:
 
 def row_buckets(slots: int) -> list[int]:
     return sorted({row_bucket(n, slots) for n in range(1, slots + 1)})
+
+
+def row_pieces(n: int, slots: int) -> list[int]:
+    """A batch of `n` of the engine's `slots` rows as pieces with no padding row, for encoding (compute-bound:
+    a padding row costs as much as a real one): the whole batch when n == slots, else n's powers of two,
+    largest first (5 -> [4, 1]). Every piece is a row bucket, so no new shape is compiled."""
+    if n == slots:
+        return [slots]
+    return [1 << k for k in reversed(range(n.bit_length())) if n >> k & 1]
+
+
+OBS_OCTAVE_STEPS = 4  # above 256 columns, each octave of observation widths split in this many steps
+
+
+def obs_width(n: int) -> int:
+    """Columns an appended chunk of `n` tokens (an observation, or a prompt's rest after a shared prefix) is
+    padded to: 16, 32, 64, 128, 256, then quarter octaves — 320, 384, 448, 512, 640, … — so a top-3 NQ
+    observation of ~390 tokens encodes 448 columns, not 512."""
+    if n <= 256:
+        return bucket(n)
+    step = (1 << (n - 1).bit_length() - 1) // OBS_OCTAVE_STEPS
+    return -(-n // step) * step
+
+
+def obs_widths(most: int) -> list[int]:
+    """Every width `obs_width` gives for 1..`most` tokens."""
+    out, n = [], 1
+    while n <= most:
+        out.append(obs_width(n))
+        n = out[-1] + 1
+    return out
 
 
 PREFIX_STEP = 16  # shared prefixes are cut to a multiple of this: fewer distinct prefixes, fewer shapes

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from dart_jax.rollout.sampler import BUCKETS, append, bucket, cache_bucket, decode_segment
+from dart_jax.rollout.sampler import append, cache_bucket, decode_segment
+from dart_jax.serve import slots
 from dart_jax.serve.slots import admit_rows, append_rows, decode_rows, place_prefix, request_key, row_buckets
 
 
@@ -16,11 +17,11 @@ def _settings(u: int):
 
 
 def compile_steps(engine, prompt_lens: tuple[int, ...] = (128,)):
-    """The prefill of 1..slots prompts at each width bucket of `prompt_lens`, an append of every
-    observation width bucket (gathered rows at each row bucket, and the whole batch), and a decode
+    """The prefill of 1..slots prompts at each width bucket of `prompt_lens`, an append at every
+    observation width (slots.obs_widths: gathered rows at each row bucket, and the whole batch), and a decode
     segment (likewise), at the engine's capacity (grown first to fit them)."""
     widths = sorted({cache_bucket(n) for n in prompt_lens})
-    obs_widths = [w for w in BUCKETS if w <= bucket(engine.rc.max_obs_tokens)]
+    obs_widths = slots.obs_widths(engine.rc.max_obs_tokens)
     engine._ensure(max(widths[-1], obs_widths[-1] + 1) + 2 * engine.segment + 1)
     b, state, spec = engine.slots, engine.state, engine.spec
     params = (engine.base, engine.adapters)
