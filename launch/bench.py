@@ -14,6 +14,7 @@
     python -m launch.bench corpus --passages=1000000  passages by byte offset vs held as objects: memory per million
     python -m launch.bench serve --clients=1,8,32,64  the chat server under load vs one at a time vs fixed batches
     python -m launch.bench rollouts --questions=16    the lab's rollouts on the continuous engine vs fixed batches
+    python -m launch.bench grpo_rollouts              GRPO steps' rollouts (--rollout-config's batch) on the engine vs batch
     python -m launch.bench --json=suite.json suite    an accelerator in one command: train MFU (DART, LoRA-16, full),
                                                       decode bandwidth, cuDNN vs XLA attention, resume vs re-prefill,
                                                       on a Qwen2.5-3B-shaped random model (--shape=3b|small|tiny;
@@ -41,7 +42,7 @@ from launch._cli import Command
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 BENCHES = ("forward", "adapters", "sampler", "resume", "cache_blocks", "train", "prefill", "group_update", "handoff",
-           "retrieval", "methods", "suite", "corpus", "serve", "rollouts")
+           "retrieval", "methods", "suite", "corpus", "serve", "rollouts", "grpo_rollouts")
 DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(batch=4, length=256, repeats=5),
             "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4),
             "cache_blocks": dict(batch=32, length=768, repeats=4), "train": dict(batch=4, length=512,
@@ -49,7 +50,7 @@ DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(ba
             "prefill": dict(batch=2, repeats=3), "group_update": dict(batch=8, length=320, prompt_len=704, repeats=3),
             "handoff": dict(batch=1, repeats=3), "retrieval": dict(repeats=1),
             "methods": dict(batch=4, length=256, repeats=3), "suite": dict(repeats=None), "corpus": dict(repeats=1),
-            "serve": dict(repeats=1), "rollouts": dict(batch=8, repeats=2)}
+            "serve": dict(repeats=1), "rollouts": dict(batch=8, repeats=2), "grpo_rollouts": dict(repeats=3)}
 CLI = Command("launch.bench", __doc__)
 F = CLI.flags
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
@@ -89,7 +90,8 @@ SHAPE = flags.DEFINE_enum("shape", None, ["3b", "small", "tiny"], "suite: model 
                           "accelerator, small on CPU)", flag_values=F)
 PASSAGES = flags.DEFINE_integer("passages", 1_000_000, "corpus: synthetic passages", flag_values=F)
 ROLLOUT_CONFIG = flags.DEFINE_string("rollout-config", "configs/lab_quickstart.py", "rollouts: the run config "
-                                     "whose policy, rollout settings and held-out questions are used",
+                                     "whose policy, rollout settings and held-out questions are used; "
+                                     "grpo_rollouts: whose policy, training questions and GRPO batch",
                                      flag_values=F)
 QUESTIONS = flags.DEFINE_integer("questions", 16, "rollouts: held-out questions rolled out per side and round",
                                  flag_values=F)
@@ -182,6 +184,12 @@ def run(args) -> dict:
         from dart_jax.bench.engine_rollouts import bench_rollouts
         from launch._cli import load_config_file
         return bench_rollouts(load_config_file(ROLLOUT_CONFIG.value), QUESTIONS.value, args.batch, args.repeats)
+    if which == "grpo_rollouts":
+        if args.repeats < 1:
+            raise SystemExit(f"grpo_rollouts: --repeats={args.repeats} must be ≥ 1")
+        from dart_jax.bench.engine_rollouts import bench_grpo_rollouts
+        from launch._cli import load_config_file
+        return bench_grpo_rollouts(load_config_file(ROLLOUT_CONFIG.value), args.repeats)
     from dart_jax.bench.corpus import bench_corpus
     return bench_corpus(PASSAGES.value)
 

@@ -12,6 +12,12 @@ on the same questions, in interleaved rounds (batch, continuous, batch, continuo
   continuous  one engine of `slots` rows: a finished row takes the next question at once, tool calls run
               off the decode step
 
+`bench_grpo_rollouts` (`launch.bench grpo_rollouts`) measures GRPO's rollouts the same way: each round one
+training step's batch (the config's prompts per step × group size, sampled at its temperature, the
+step's seed) through the trainer's rollout stage (rl.stages.rollout) with `rollout.engine` batch, then
+continuous: one engine row per trajectory, nothing to refill, but no row waits for the batch's longest turn,
+rows that finished or paused cost no forward, and a group's prompt is prefilled once.
+
 Round 0 compiles both sides (its times are reported, not compared). Reported per side: wall time per
 round, trajectories/s and generated tokens/s; the continuous / batch speed-up per round with its median
 and range; and how many trajectories are token-identical between the sides (greedy: all, up to float
@@ -21,6 +27,7 @@ rounding between batch shapes flipping a near-tie).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import statistics
 import time
 
@@ -111,3 +118,57 @@ def bench_rollouts(config, questions: int = 16, slots: int = 8, rounds: int = 2,
         "identical_trajectories": f"{same}/{questions}",
     }
 
+
+
+def bench_grpo_rollouts(config, rounds: int = 2, log=print) -> dict:
+    """`config`: a GRPO run config. Round r rolls out a step's batch on both sides: the next
+    `prompts_per_step` training questions in the trainer's order (rl.trainer.DataStream) × `group_size`
+    samples, with a seed of its own."""
+    from dart_jax.rl.stages import rollout
+    from dart_jax.rl.trainer import DataStream
+    from dart_jax.run.task import load_task_rows
+    spec = run_spec(copy.deepcopy(config))
+    tc = spec.train
+    protocol = PROTOCOLS[spec.task]
+    cfg, base, tok, adapters = load_policy(spec, None, jax.random.PRNGKey(0))
+    tool = build_tool(spec, protocol)
+    agents = {name: Agent(cfg, tok, protocol, tool, spec.sampling, dataclasses.replace(spec.rollout, engine=name),
+                          spec.router_convention) for name in ("batch", "continuous")}
+    rows = load_task_rows(spec)
+    stream = DataStream(len(rows), tc.seed, tc.shuffle)
+    key = jax.random.PRNGKey(tc.seed)
+    times: dict[str, list[float]] = {k: [] for k in agents}
+    same, total, tokens, calls = 0, 0, {k: 0 for k in agents}, []
+    for r in range(rounds + 1):
+        step_rows = [rows[i] for i in stream.take(tc.prompts_per_step)]
+        seed = int(jax.random.randint(jax.random.fold_in(key, r), (), 0, 2 ** 31 - 1))
+        ids = {}
+        for name, agent in agents.items():
+            t0 = time.perf_counter()
+            ro = rollout(agent, (base, adapters), step_rows, tc.group_size, seed)
+            times[name].append(time.perf_counter() - t0)
+            ids[name] = [_row_ids(ro.tb, i) for i in range(ro.tb.batch_size)]
+            if r:
+                tokens[name] += int(ro.tb.loss_mask.sum())
+            if name == "batch" and r:
+                calls += ro.tb.tool_calls().tolist()
+            log(f"round {r}{' (compiles)' if r == 0 else ''}: {name} {times[name][-1]:.1f} s, "
+                f"{int(ro.tb.loss_mask.sum())} generated tokens")
+        if r:
+            same += sum(a == b for a, b in zip(ids["batch"], ids["continuous"]))
+            total += len(ids["batch"])
+    timed = {k: v[1:] for k, v in times.items()}
+    speedups = [b / c for b, c in zip(timed["batch"], timed["continuous"])]
+    n = tc.prompts_per_step * tc.group_size
+    return {
+        "config": str(config.get("warm_start", "")), "prompts_per_step": tc.prompts_per_step,
+        "group_size": tc.group_size, "temperature": float(spec.sampling.temperature), "rounds": rounds,
+        "max_turns": spec.rollout.max_turns, "engine_segment": spec.rollout.engine_segment,
+        "tool_calls_per_trajectory": {"min": min(calls), "median": statistics.median(calls), "max": max(calls)},
+        "compile_round_s": {k: round(v[0], 1) for k, v in times.items()},
+        **{k: {"wall_s": [round(x, 1) for x in v], "trajectories_per_s": round(n / statistics.median(v), 4),
+               "generated_tokens_per_s": round(tokens[k] / sum(v), 1)} for k, v in timed.items()},
+        "speedup": {"median": round(statistics.median(speedups), 3), "min": round(min(speedups), 3),
+                    "max": round(max(speedups), 3), "per_round": [round(x, 3) for x in speedups]},
+        "identical_trajectories": f"{same}/{total}",
+    }

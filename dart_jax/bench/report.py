@@ -223,9 +223,25 @@ def rollouts(res: dict) -> str:
     return "\n".join(lines)
 
 
+def grpo_rollouts(res: dict) -> str:
+    sp, c = res["speedup"], res["tool_calls_per_trajectory"]
+    lines = [f"grpo_rollouts: {res['rounds']} GRPO steps' batches of {res['prompts_per_step']} prompts × "
+             f"{res['group_size']} samples (T = {res['temperature']:g}), {res['config'] or 'no'} warm start, "
+             f"tool calls per trajectory {c['min']}-{c['max']} (median {c['median']}); compile round: batch "
+             f"{res['compile_round_s']['batch']} s, continuous {res['compile_round_s']['continuous']} s"]
+    for side in ("batch", "continuous"):
+        r = res[side]
+        lines.append(f"  {side:>10}: {r['wall_s']} s per step, {r['trajectories_per_s']:.3f} trajectories/s, "
+                     f"{r['generated_tokens_per_s']:.0f} generated tokens/s")
+    lines.append(f"  continuous / batch: {sp['median']:.2f}x (range {sp['min']:.2f}-{sp['max']:.2f} over "
+                 f"{res['rounds']} interleaved steps); identical trajectories {res['identical_trajectories']}")
+    return "\n".join(lines)
+
+
 TEXT = {"forward": forward, "adapters": adapters, "sampler": sampler, "resume": resume, "cache_blocks": cache_blocks,
         "train": train, "prefill": prefill, "group_update": group_update, "handoff": handoff, "retrieval": retrieval,
-        "methods": methods, "suite": suite, "corpus": corpus, "serve": serve, "rollouts": rollouts}
+        "methods": methods, "suite": suite, "corpus": corpus, "serve": serve, "rollouts": rollouts,
+        "grpo_rollouts": grpo_rollouts}
 
 
 def text(which: str, res: dict) -> str:

@@ -38,7 +38,7 @@ from dart_jax.roles.router import REASONING, TOOL, RouterSpec, route_roles
 from dart_jax.rollout.agent import Agent
 from dart_jax.rollout.compose import rollout_policy
 from dart_jax.rollout.tasks import overlong, qa_task, sql_task
-from dart_jax.rollout.trajectory import TrajectoryBatch, assemble
+from dart_jax.rollout.trajectory import TrajectoryBatch, assemble, concat_batches
 from dart_jax.run.held_out import task_accuracy
 from dart_jax.run.spec import LossConfig, OptimConfig, UpdatePlan, groups_per_chunk
 
@@ -116,17 +116,9 @@ def refused_rows(agent: Agent, prompts: list[list[int]], uids: list) -> Trajecto
 def concat_rollouts(parts: list[Rollouts]) -> Rollouts:
     """Rollouts of consecutive blocks of a step's batch as one: rows right-padded to the longest
     trajectory of all parts (as one rollout of the whole batch pads them), lists joined in order."""
-    width = max(p.tb.ids.shape[1] for p in parts)
-    pads = {"ids": 0, "positions": -1, "loss_mask": 0, "route_ids": -1, "sampler_logprobs": 0}
-    arrays = {k: np.concatenate([np.pad(getattr(p.tb, k), ((0, 0), (0, width - p.tb.ids.shape[1])),
-                                        constant_values=v) for p in parts]) for k, v in pads.items()}
     cat = lambda get: [x for p in parts for x in get(p)]  # noqa: E731
-    tb = TrajectoryBatch(**arrays, prompt_len=np.concatenate([p.tb.prompt_len for p in parts]),
-                         length=np.concatenate([p.tb.length for p in parts]), uids=cat(lambda p: p.tb.uids),
-                         finish_reason=cat(lambda p: p.tb.finish_reason), turns=cat(lambda p: p.tb.turns),
-                         response_text=cat(lambda p: p.tb.response_text), reward_text=cat(lambda p: p.tb.reward_text),
-                         observed=cat(lambda p: p.tb.observed))
-    return Rollouts(tb, cat(lambda p: p.rows), cat(lambda p: p.metas), np.concatenate([p.overlong for p in parts]))
+    return Rollouts(concat_batches([p.tb for p in parts]), cat(lambda p: p.rows), cat(lambda p: p.metas),
+                    np.concatenate([p.overlong for p in parts]))
 
 
 def gather_rollouts(ro: Rollouts) -> Rollouts:

@@ -99,6 +99,12 @@ class Trainer:
         self.agent = Agent(cfg, tok, self.protocol, build_tool(spec, self.protocol), self.sampling,
                            self.rollout_cfg, spec.router_convention, mesh=self.local_mesh)
         self.router = self.agent.spec.router
+        if self.rollout_cfg.engine == "continuous":  # refused now, not at the first rollout
+            from dart_jax.serve.rollouts import check_engine
+            try:
+                check_engine(self.agent, composition=self.method.variant == "2agent", processes=self.nproc)
+            except ValueError as e:
+                raise UserError(str(e)) from None
         self.answer_tags = (tuple(tag_variants(tok, self.protocol.answer_open)),
                             tuple(tag_variants(tok, self.protocol.answer_close)))
         # training questions whose prompt the context rule refuses never enter the stream (a step cannot be
@@ -220,9 +226,6 @@ class Trainer:
             log.info("steps %d-%d: each rolls out %d prompts × %d samples, scores them, then updates; the first "
                      "step compiles the rollout and the update programs", loop.start + 1, tc.steps,
                      tc.prompts_per_step, tc.group_size)
-        if self.spec.rollout.engine != "batch":
-            log.info("rollout.engine=%s is evaluation's (launch.evaluate, the studies' evaluations): a GRPO step's "
-                     "rows and its held-out check decode batch-synchronously", self.spec.rollout.engine)
         every = self.spec.eval.every  # plus the first (step 0) and the last step
         if self.eval_rows and loop.start == 0:
             loop.write(0, self.evaluate())  # the starting policy, before any update

@@ -47,6 +47,21 @@ class TrajectoryBatch:
         return np.asarray([sum(t["action"] == "tool" for t in row) for row in self.turns])
 
 
+def concat_batches(parts: list[TrajectoryBatch]) -> TrajectoryBatch:
+    """Batches of consecutive rows as one: rows right-padded to the longest trajectory of all parts (as
+    one batch of them all pads them), lists joined in order."""
+    width = max(p.ids.shape[1] for p in parts)
+    pads = {"ids": 0, "positions": -1, "loss_mask": 0, "route_ids": -1, "sampler_logprobs": 0}
+    arrays = {k: np.concatenate([np.pad(getattr(p, k), ((0, 0), (0, width - p.ids.shape[1])), constant_values=v)
+                                 for p in parts]) for k, v in pads.items()}
+    cat = lambda get: [x for p in parts for x in get(p)]  # noqa: E731
+    return TrajectoryBatch(**arrays, prompt_len=np.concatenate([p.prompt_len for p in parts]),
+                           length=np.concatenate([p.length for p in parts]), uids=cat(lambda p: p.uids),
+                           finish_reason=cat(lambda p: p.finish_reason), turns=cat(lambda p: p.turns),
+                           response_text=cat(lambda p: p.response_text), reward_text=cat(lambda p: p.reward_text),
+                           observed=cat(lambda p: p.observed))
+
+
 def reward_views(decode, protocol, ids: list[int], spans: list[tuple[int, int, bool]]) -> tuple[str, list[str]]:
     """-> (reward text, observed bodies) of one response: `ids` its ids, `spans` its observations as
     (start, length, is a tool result) in order; `decode(ids) -> str`. Model spans are decoded from their

@@ -28,7 +28,9 @@ Compiled shapes are bucketed (prefill width and rows, observation width, cache c
 request only compiles a shape the engine has not met yet; `warmup()` compiles the common ones first.
 
 Prefix reuse (serve.prefixes): a prompt that starts with ≥ `min_prefix` tokens of a recent prompt
-makes them a shared prefix, prefilled once; later prompts that start with it skip its forward.
+makes them a shared prefix, prefilled once; later prompts that start with it skip its forward. Identical
+prompts admitted in one step (a GRPO group's samples: `share_identical`, as the batch sampler's
+`rollout.share_prompt_prefill`) are prefilled once, the whole prompt held as such a prefix.
 
 Each request samples with its own temperature, top-p and seed (top-k is the engine's), keyed by
 (seed, position) as the batch sampler keys row 0 of a one-prompt batch: a request's tokens and
@@ -93,11 +95,13 @@ class Engine:
     `tool_workers`: threads running the tool outside the decode step. Each step's calls go to the tool as
     one batch (one encoder forward for a step's searches; SQLite runs a batch on its own worker pool);
     with one worker (the default) batches run one at a time, which a tool that is not thread-safe (a
-    tokenizer, a GPU faiss index) needs; more workers only for a tool safe to call from several threads."""
+    tokenizer, a GPU faiss index) needs; more workers only for a tool safe to call from several threads.
+    `min_prefix`, `prefixes`: shared-prefix reuse (serve.prefixes; `min_prefix` ≤ 0 turns it off);
+    `share_identical`: identical prompts admitted together are prefilled once (module doc)."""
 
     def __init__(self, agent: Agent, base, adapters, slots: int = 16, segment: int = 16, tool_workers: int = 1,
                  max_waiting: int = 1024, tool: Callable[[list[str], list[dict]], list[str]] | None = None,
-                 capacity: int = 0, min_prefix: int = 32, prefixes: int = 8):
+                 capacity: int = 0, min_prefix: int = 32, prefixes: int = 8, share_identical: bool = True):
         """`capacity`: KV slots per row allocated up front (0: grown on demand in 256-slot steps, each new
         size compiling the step functions once — on an accelerator with memory to spare, allocate the
         longest request's need, `max_capacity()`, and no growth ever compiles on the hot path).
@@ -110,6 +114,7 @@ class Engine:
         self.base = decode_params(base, self.rc.decode_layout)
         self.adapters = adapters
         self.slots, self.segment = slots, bucket(segment)
+        self.share_identical = share_identical
         self.max_waiting = max_waiting
         self.window = stop_window(self.spec)
         self.rows: list[Generation | None] = [None] * slots
@@ -379,19 +384,30 @@ class Engine:
         for g in dropped:
             g._end("cancelled")
         # prompts of one width bucket are prefilled together: a request's prefill shape is its own;
-        # prompts that start with a shared prefix take its KV slots and encode only the rest
+        # identical prompts admitted together (a GRPO group's samples) are prefilled once and placed in
+        # each row; prompts that start with a shared prefix take its KV slots and encode only the rest
+        same = collections.Counter(g.request.prompt for _, g in take) if self.share_identical else {}
         groups: dict[int, list] = {}
         shared: dict[tuple, tuple[DecodeState, list]] = {}
+        whole: set[tuple] = set()
         for i, g in take:
-            found = self.prefixes.find(g.request.prompt)
+            prompt = g.request.prompt
+            if same.get(prompt, 0) > 1 and len(prompt) > 1:
+                if prompt not in whole:
+                    whole.add(prompt)
+                    shared[prompt] = (self._prefill_prefix(prompt), [])
+                    self.stats["group_prefills"] += 1
+                shared[prompt][1].append((i, g))
+                continue
+            found = self.prefixes.find(prompt)
             if found is None:
-                groups.setdefault(cache_bucket(len(g.request.prompt)), []).append((i, g))
+                groups.setdefault(cache_bucket(len(prompt)), []).append((i, g))
             else:
                 shared.setdefault(found[0], (found[1], []))[1].append((i, g))
         for group in groups.values():
             self._admit_group(group)
         if shared:
-            self._admit_shared(shared)
+            self._admit_shared(shared, whole)
 
     def _prefill_prefix(self, key: tuple) -> DecodeState:
         """A one-row state of prefix `key`: all but its last token encoded (left-padded to a width bucket),
@@ -403,9 +419,10 @@ class Engine:
                            hold_last=True)
         return state
 
-    def _admit_shared(self, shared: dict[tuple, tuple[DecodeState, list]]):
+    def _admit_shared(self, shared: dict[tuple, tuple[DecodeState, list]], whole: set[tuple]):
         """Rows that start from a shared prefix: its state placed in them (one call per prefix), then the
-        rest of every such prompt appended in one batch (sampler.append), which samples each first token."""
+        rest of every such prompt appended in one batch (sampler.append), which samples each first token.
+        Prefixes in `whole` are whole prompts admitted several times: the rest is the held last token."""
         rest: dict[int, list[int]] = {}
         for key, (prefix, take) in shared.items():
             self._ensure(int(prefix.cache["pos"].shape[1]) + self.segment + 1)
@@ -418,7 +435,9 @@ class Engine:
                 self._start_turn(g)
         self.stats["admits"] += 1
         self.stats["admitted"] += len(rest)
-        self.stats["prefix_admitted"] += len(rest)
+        grouped = sum(len(take) for key, (_, take) in shared.items() if key in whole)
+        self.stats["group_admitted"] += grouped
+        self.stats["prefix_admitted"] += len(rest) - grouped
 
     def _left_padded(self, prompts: list[list[int]], width: int) -> tuple[jnp.ndarray, jnp.ndarray]:
         """Prompts left-padded to `width` columns -> (tokens, positions: −1 on padding)."""

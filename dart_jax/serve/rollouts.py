@@ -1,4 +1,6 @@
-"""Rollouts on the continuous-batching engine (serve.engine): `rollout.engine=continuous` for evaluation.
+"""Rollouts on the continuous-batching engine (serve.engine): `rollout.engine=continuous` for evaluation
+(`continuous_rollouts`: a stream of questions on a fixed number of rows) and for GRPO's rollouts and
+held-out checks (`engine_batch`: one batch's rows, returned as the batch sampler returns them).
 
 The batch sampler (rollout.agent.Agent.run) decodes a batch's turns in lockstep: every turn waits for
 the batch's longest row, and the next batch starts when the last row of this one ends. On agentic
@@ -16,13 +18,14 @@ from __future__ import annotations
 import logging
 from typing import Iterator
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.adapters.method import TwoModels
 from dart_jax.roles.router import route_roles
 from dart_jax.rollout.agent import Agent
-from dart_jax.rollout.trajectory import TrajectoryBatch, assemble
+from dart_jax.rollout.trajectory import TrajectoryBatch, assemble, concat_batches
 from dart_jax.serve.engine import Engine
 from dart_jax.serve.requests import Generation, Request
 
@@ -66,7 +69,7 @@ def continuous_rollouts(agent: Agent, base, adapters, prompts: list[list[int]], 
     finishes (not in order). `draws[i]`: (seed, row) of prompt i's draws; `tool`: the ToolFn (None: the
     agent's). Sampling settings are the agent's; a row's error (a failing tool) is raised."""
     engine = Engine(agent, base, adapters, slots=slots, segment=agent.rc.engine_segment, tool=tool,
-                    max_waiting=len(prompts) + 1)
+                    max_waiting=len(prompts) + 1, share_identical=agent.rc.share_prompt_prefill)
     sampling = agent.spec.sampling
     try:
         gens = [engine.submit(Request(tuple(p), temperature=float(sampling.temperature), top_p=float(sampling.top_p),
@@ -87,7 +90,23 @@ def continuous_rollouts(agent: Agent, base, adapters, prompts: list[list[int]], 
             pending = still
             if pending and not busy:
                 raise RuntimeError(f"the engine went idle with {len(pending)} rollouts unfinished")
-        log.info("continuous rollouts: %d rows on %d slots, %d decode segments, %d admissions, %d appends",
-                 len(gens), slots, engine.stats["segments"], engine.stats["admits"], engine.stats["appends"])
+        log.debug("continuous rollouts: %d rows on %d slots, %d decode segments, %d admissions, %d appends, "
+                  "%d rows from a prompt prefilled once for its group", len(gens), slots, engine.stats["segments"],
+                  engine.stats["admits"], engine.stats["appends"], engine.stats["group_admitted"])
     finally:
         engine.close()
+
+
+def engine_batch(agent: Agent, base, adapters, prompts: list[list[int]], uids: list, metas: list[dict] | None,
+                 seed: int, row_offset: int = 0) -> TrajectoryBatch:
+    """What `Agent.run` returns for this batch (rows [row_offset, …) of a batch sampled with `seed`), rolled
+    out on an engine with a row per prompt: a row whose turn ended does not wait for the others' turns,
+    and rows that finished or paused for the tool cost no forward (serve.engine). Same draws per row, so
+    the same trajectories up to floating-point differences between batch shapes."""
+    check_engine(agent, processes=jax.process_count(), base=base)
+    metas = metas if metas is not None else [{} for _ in prompts]
+    draws = [(seed, row_offset + i) for i in range(len(prompts))]
+    out: list[TrajectoryBatch | None] = [None] * len(prompts)
+    for i, tb in continuous_rollouts(agent, base, adapters, prompts, uids, metas, draws, slots=len(prompts)):
+        out[i] = tb
+    return concat_batches(out)

@@ -117,6 +117,23 @@ def test_a_shared_prompt_prefix_is_prefilled_once_and_changes_nothing(serve_setu
     assert off.stats["prefixes"] == 0 and g.result()["ids"] == results[5]["ids"]
 
 
+def test_identical_prompts_admitted_together_are_prefilled_once_and_change_nothing(serve_setup):
+    """A GRPO group's samples: one prompt, four seeds, admitted in one step -> one prefill of the prompt,
+    placed in four rows; each row equals its request decoded alone. Off (share_identical=False): four prefills."""
+    agent, base, prompts = serve_setup
+    for share in (True, False):
+        engine = Engine(agent, base, None, slots=4, segment=8, share_identical=share, min_prefix=0)
+        gens = [engine.submit(Request(tuple(prompts[3]), temperature=1.0, seed=s)) for s in (1, 2, 3, 4)]
+        engine.run_until_idle(timeout=600)
+        assert engine.stats["group_prefills"] == (1 if share else 0), engine.stats
+        assert engine.stats["group_admitted"] == (4 if share else 0), engine.stats
+        assert engine.stats["prefill_rows"] == (0 if share else 4), engine.stats
+        results = [g.result(timeout=1) for g in gens]
+        assert len({tuple(r["ids"]) for r in results}) == 4
+        for r, s in zip(results, (1, 2, 3, 4)):
+            _same(r, _alone(agent, base, prompts[3], 1.0, s))
+
+
 def test_streamed_events_rebuild_the_response_and_the_queue_is_bounded(serve_setup):
     agent, base, prompts = serve_setup
     engine = Engine(agent, base, None, slots=2, segment=8, max_waiting=2).start()

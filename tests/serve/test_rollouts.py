@@ -1,7 +1,8 @@
 """Rollouts on the continuous-batching engine (dart_jax/serve/rollouts.py, `rollout.engine=continuous`): each
 row draws what it draws in its batch of the batch-synchronous sampler, so a set of rollouts — rows
-refilled as others finish, tool calls off the decode step — equals the batches row for row; and an
-evaluation on the engine writes the records the batch evaluation writes, in item order.
+refilled as others finish, tool calls off the decode step — equals the batches row for row; a GRPO
+step's batch (groups of one prompt, a process's row offset) equals the batch sampler's TrajectoryBatch;
+and an evaluation on the engine writes the records the batch evaluation writes, in item order.
 
 The tiny random Llama of tests/serve_setup.py (tool tags are frequent tokens, so random text pauses
 for the real lexical retriever over lab world 1). Tolerances: ids, routes, masks, finish, turns and
@@ -16,7 +17,9 @@ import pytest
 from dart_jax.adapters.method import TwoModels
 from dart_jax.eval.datasets import resolve
 from dart_jax.eval.runner import EvalOptions, Evaluator
-from dart_jax.rollout.agent import RolloutConfig
+from dart_jax.rollout.agent import Agent, RolloutConfig
+from dart_jax.rollout.compose import rollout_policy
+from dart_jax.rollout.sampling import SamplingConfig
 from dart_jax.serve.rollouts import check_engine, continuous_rollouts
 from serve_setup import RC
 
@@ -51,6 +54,27 @@ def test_continuous_rollouts_equal_the_batches_row_for_row(serve_setup):
         g, w = got[k], want[k]
         np.testing.assert_allclose(g.pop("logprobs"), w.pop("logprobs"), atol=2e-5, err_msg=str(k))
         assert g == w, k
+
+
+def test_a_grpo_batch_on_the_engine_is_the_batch_samplers(serve_setup):
+    """rollout_policy with rollout.engine=continuous (GRPO's rollouts, held-out checks): groups of three
+    samples of two prompts, rows 6-11 of a step's batch at T = 1, each group's prompt prefilled once."""
+    agent, base, prompts = serve_setup
+    ps, uids = [prompts[0]] * 3 + [prompts[2]] * 3, ["a"] * 3 + ["b"] * 3
+    metas = [{"k": i} for i in range(6)]
+    want = agent.rollout(base, None, ps, uids, metas, seed=5, row_offset=6)
+    on = Agent(agent.spec.model, agent.tok, agent.protocol, agent.tool, SamplingConfig(temperature=1.0),
+               dataclasses.replace(RC, engine="continuous", engine_segment=8))
+    got = rollout_policy(on, base, None, ps, uids, metas, seed=5, row_offset=6)
+    assert got.ids.shape == want.ids.shape and got.batch_size == 6
+    assert sum(len(t) for t in want.turns) > 6 and len(set(map(len, want.turns))) > 1  # rows paused, unevenly
+    assert len({tuple(want.ids[i]) for i in range(3)}) == 3  # a group's samples differ
+    for i in range(6):
+        g, w = _row(got, i), _row(want, i)
+        np.testing.assert_allclose(g.pop("logprobs"), w.pop("logprobs"), atol=2e-5, err_msg=str(i))
+        assert g == w, i
+    for k in ("ids", "positions", "loss_mask", "route_ids"):  # the padding too
+        np.testing.assert_array_equal(getattr(got, k), getattr(want, k), err_msg=k)
 
 
 def test_the_engine_refuses_what_it_cannot_run(serve_setup):
