@@ -23,11 +23,11 @@ parses the sections back into them:
                     training tree; "shared", a frozen base held per layer for training and rollouts alike,
                     no copy: rollout.placement); chunk_rows: trajectories decoded at once, whole GRPO groups
                     (a multiple of train.group_size): the KV cache holds this many rows, not the step's
-                    share; 0 = the share in one batch. Same trajectories either way. engine: rollouts
-                    (GRPO's, held-out checks, evaluation) "batch" (lockstep turns) or "continuous" (the
-                    serving engine: no row waits for another's turn, a finished row costs nothing or is
-                    refilled; same draws per row; one process, one device, one model; engine_segment
-                    tokens per decode segment)
+                    share; 0 = the share in one batch. Same trajectories either way. engine: evaluation's
+                    rollouts (launch.evaluate, held-out checks) and train_engine: GRPO's, each "batch"
+                    (lockstep turns) or "continuous" (the serving engine: no row waits for another's turn,
+                    a finished row costs nothing or is refilled; same draws per row; one process, one
+                    device, one model; engine_segment tokens per decode segment)
     retriever       the <search> tool: a Search-R1 retrieval server at `url`, else the index directory
                     `index_dir` (launch.build_index), else an index of `corpus` by `encoder` built on first
                     use. Prefixes "" take the index's meta.json (detected from the encoder: "query: " /

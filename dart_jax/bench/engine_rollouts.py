@@ -33,6 +33,8 @@ import time
 
 import jax
 
+from dart_jax.bench.serve_load import check_map_count
+from dart_jax.bench.timing import CompileClock
 from dart_jax.rollout.agent import Agent
 from dart_jax.rollout.protocol import PROTOCOLS
 from dart_jax.rollout.sampling import SamplingConfig
@@ -88,18 +90,32 @@ def _continuous(agent, base, adapters, prompts, uids, metas, slots: int) -> tupl
     return time.perf_counter() - t0, ids, tokens, calls
 
 
+def _net(times: dict[str, list[float]], compiles: dict[str, list[float]]) -> dict:
+    """Each timed round's compile seconds per side, and the speed-up with them taken out: a long run
+    compiles the engine's row buckets and widths once, a benchmark of a few rounds keeps meeting new ones."""
+    net = {k: [w - c for w, c in zip(times[k][1:], compiles[k][1:])] for k in times}
+    ups = [b / c for b, c in zip(net["batch"], net["continuous"])]
+    return {"compile_s": {k: [round(x, 1) for x in v[1:]] for k, v in compiles.items()},
+            "speedup_without_compiles": {"median": round(statistics.median(ups), 3), "min": round(min(ups), 3),
+                                         "max": round(max(ups), 3), "per_round": [round(x, 3) for x in ups]}}
+
+
 def bench_rollouts(config, questions: int = 16, slots: int = 8, rounds: int = 2, log=print) -> dict:
     """`config`: a run config (ml_collections) whose eval set holds ≥ `questions` questions."""
     agent, base, adapters, prompts, uids, metas = _setup(config, questions)
     sides = {"batch": _batch, "continuous": _continuous}
     times: dict[str, list[float]] = {k: [] for k in sides}
+    compiles: dict[str, list[float]] = {k: [] for k in sides}
     out = {}
     for r in range(rounds + 1):
         for name, fn in sides.items():
-            wall, ids, tokens, calls = fn(agent, base, adapters, prompts, uids, metas, slots)
+            with CompileClock() as clock:
+                wall, ids, tokens, calls = fn(agent, base, adapters, prompts, uids, metas, slots)
             times[name].append(wall)
+            compiles[name].append(clock.seconds)
             out[name] = {"ids": ids, "tokens": tokens, "calls": calls}
-            log(f"round {r}{' (compiles)' if r == 0 else ''}: {name} {wall:.1f} s, {tokens} generated tokens")
+            log(f"round {r}{' (compiles)' if r == 0 else ''}: {name} {wall:.1f} s ({clock.programs} programs "
+                f"compiled in {clock.seconds:.1f} s), {tokens} generated tokens")
     timed = {k: v[1:] for k, v in times.items()}
     speedups = [b / c for b, c in zip(timed["batch"], timed["continuous"])]
     same = sum(a == b for a, b in zip(out["batch"]["ids"], out["continuous"]["ids"]))
@@ -115,6 +131,7 @@ def bench_rollouts(config, questions: int = 16, slots: int = 8, rounds: int = 2,
            for k, v in timed.items()},
         "speedup": {"median": round(statistics.median(speedups), 3), "min": round(min(speedups), 3),
                     "max": round(max(speedups), 3), "per_round": [round(s, 3) for s in speedups]},
+        **_net(times, compiles),
         "identical_trajectories": f"{same}/{questions}",
     }
 
@@ -131,6 +148,8 @@ def bench_grpo_rollouts(config, rounds: int = 2, log=print) -> dict:
     tc = spec.train
     protocol = PROTOCOLS[spec.task]
     cfg, base, tok, adapters = load_policy(spec, None, jax.random.PRNGKey(0))
+    # the engine compiles per row bucket and width: past vm.max_map_count XLA:CPU fails mid-run
+    check_map_count((tc.prompts_per_step * tc.group_size,), cfg.num_layers, who="launch.bench grpo_rollouts")
     tool = build_tool(spec, protocol)
     agents = {name: Agent(cfg, tok, protocol, tool, spec.sampling, dataclasses.replace(spec.rollout, engine=name),
                           spec.router_convention) for name in ("batch", "continuous")}
@@ -138,6 +157,7 @@ def bench_grpo_rollouts(config, rounds: int = 2, log=print) -> dict:
     stream = DataStream(len(rows), tc.seed, tc.shuffle)
     key = jax.random.PRNGKey(tc.seed)
     times: dict[str, list[float]] = {k: [] for k in agents}
+    compiles: dict[str, list[float]] = {k: [] for k in agents}
     same, total, tokens, calls = 0, 0, {k: 0 for k in agents}, []
     for r in range(rounds + 1):
         step_rows = [rows[i] for i in stream.take(tc.prompts_per_step)]
@@ -145,15 +165,17 @@ def bench_grpo_rollouts(config, rounds: int = 2, log=print) -> dict:
         ids = {}
         for name, agent in agents.items():
             t0 = time.perf_counter()
-            ro = rollout(agent, (base, adapters), step_rows, tc.group_size, seed)
+            with CompileClock() as clock:
+                ro = rollout(agent, (base, adapters), step_rows, tc.group_size, seed)
             times[name].append(time.perf_counter() - t0)
+            compiles[name].append(clock.seconds)
             ids[name] = [_row_ids(ro.tb, i) for i in range(ro.tb.batch_size)]
             if r:
                 tokens[name] += int(ro.tb.loss_mask.sum())
             if name == "batch" and r:
                 calls += ro.tb.tool_calls().tolist()
-            log(f"round {r}{' (compiles)' if r == 0 else ''}: {name} {times[name][-1]:.1f} s, "
-                f"{int(ro.tb.loss_mask.sum())} generated tokens")
+            log(f"round {r}{' (compiles)' if r == 0 else ''}: {name} {times[name][-1]:.1f} s ({clock.programs} "
+                f"programs compiled in {clock.seconds:.1f} s), {int(ro.tb.loss_mask.sum())} generated tokens")
         if r:
             same += sum(a == b for a, b in zip(ids["batch"], ids["continuous"]))
             total += len(ids["batch"])
@@ -170,5 +192,6 @@ def bench_grpo_rollouts(config, rounds: int = 2, log=print) -> dict:
                "generated_tokens_per_s": round(tokens[k] / sum(v), 1)} for k, v in timed.items()},
         "speedup": {"median": round(statistics.median(speedups), 3), "min": round(min(speedups), 3),
                     "max": round(max(speedups), 3), "per_round": [round(x, 3) for x in speedups]},
+        **_net(times, compiles),
         "identical_trajectories": f"{same}/{total}",
     }

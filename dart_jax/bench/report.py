@@ -208,6 +208,12 @@ def serve(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _without_compiles(res: dict) -> str:
+    net, c = res["speedup_without_compiles"], res["compile_s"]
+    return (f"  without compile time (batch {c['batch']} s, continuous {c['continuous']} s per round): "
+            f"{net['median']:.2f}x (range {net['min']:.2f}-{net['max']:.2f})")
+
+
 def rollouts(res: dict) -> str:
     sp, c = res["speedup"], res["tool_calls_per_trajectory"]
     lines = [f"rollouts: {res['questions']} questions of the {res['config']} config, {res['slots']} rows, greedy, "
@@ -220,6 +226,7 @@ def rollouts(res: dict) -> str:
                      f"{r['generated_tokens_per_s']:.0f} generated tokens/s")
     lines.append(f"  continuous / batch: {sp['median']:.2f}x (range {sp['min']:.2f}-{sp['max']:.2f} over "
                  f"{res['rounds']} interleaved rounds); identical trajectories {res['identical_trajectories']}")
+    lines.append(_without_compiles(res))
     return "\n".join(lines)
 
 
@@ -235,6 +242,7 @@ def grpo_rollouts(res: dict) -> str:
                      f"{r['generated_tokens_per_s']:.0f} generated tokens/s")
     lines.append(f"  continuous / batch: {sp['median']:.2f}x (range {sp['min']:.2f}-{sp['max']:.2f} over "
                  f"{res['rounds']} interleaved steps); identical trajectories {res['identical_trajectories']}")
+    lines.append(_without_compiles(res))
     return "\n".join(lines)
 
 

@@ -48,6 +48,7 @@ from dart_jax.rollout.tasks import qa_task
 from dart_jax.run.demo import default_warm_start
 from dart_jax.run.policy import merge_warm_start
 from dart_jax.serve.engine import Engine, Request
+from dart_jax.serve.rollouts import MAPS_PER_LAYER
 from dart_jax.serve.server import ChatServer
 from dart_jax.tools.retrieval import RetrievalTool, Retriever, ensure_index
 
@@ -238,12 +239,8 @@ def _overload(agent, base, adapters, questions: list[str], burst: int = 32, time
             "only_200_429_503": set(codes) <= {"200", "429", "503"}}
 
 
-# memory maps a compiled engine program adds to the process on XLA:CPU, per model layer (jax 0.10.2: 1,373-1,378
-# for an append of SmolLM2-135M's 30 layers); the LLVM JIT fails ("Cannot allocate memory") past vm.max_map_count
-MAPS_PER_LAYER = 47
-
-
-def check_map_count(clients: tuple[int, ...], layers: int, path: str = "/proc/sys/vm/max_map_count") -> int:
+def check_map_count(clients: tuple[int, ...], layers: int, path: str = "/proc/sys/vm/max_map_count",
+                    who: str = "launch.bench serve") -> int:
     """Refuse, naming the setting, when the kernel's memory-map limit cannot hold the programs this benchmark
     compiles in one process: per engine (1 slot, then each client count) its row buckets × (2 prompt
     widths + the observation widths up to RC.max_obs_tokens + the prefix placement + a decode segment), and
@@ -260,7 +257,7 @@ def check_map_count(clients: tuple[int, ...], layers: int, path: str = "/proc/sy
     except (OSError, ValueError):
         return 0
     if limit < need:
-        raise SystemExit(f"launch.bench serve: ~{programs} compiled programs need ~{need:,} memory maps on XLA:CPU "
+        raise SystemExit(f"{who}: ~{programs} compiled programs need ~{need:,} memory maps on XLA:CPU "
                          f"(~{per_program:,} each), past vm.max_map_count = {limit:,}: raise it "
                          f"(sudo sysctl -w vm.max_map_count={max(need, 1 << 20)}) or pass fewer --clients")
     return need

@@ -67,3 +67,34 @@ def matmul_probe(n: int = 2048) -> tuple[Callable[[], object], float]:
 
 def peak_per_round(results: dict[str, dict], flops: float, side: str = "matmul") -> list[float]:
     return [flops / t for t in results[side]["times_s"]]
+
+
+class CompileClock:
+    """Seconds XLA spent compiling programs while active (jax.monitoring's backend-compile events; a
+    program loaded from the persistent compilation cache is not a compile), and how many:
+
+        with CompileClock() as clock:
+            ...
+        clock.seconds, clock.programs
+
+    Benchmarks whose sides meet new shapes as they run (the serving engine's row buckets and widths)
+    report their time with and without it: a long run compiles once, a short benchmark mostly."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __init__(self):
+        self.seconds, self.programs = 0.0, 0
+
+    def _on(self, event: str, duration: float, **_):
+        if event == self.EVENT:
+            self.seconds += duration
+            self.programs += 1
+
+    def __enter__(self) -> "CompileClock":
+        import jax
+        jax.monitoring.register_event_duration_secs_listener(self._on)
+        return self
+
+    def __exit__(self, *exc):
+        import jax
+        jax.monitoring.unregister_event_duration_listener(self._on)

@@ -96,13 +96,17 @@ class Trainer:
         # multi-process: each process rolls out its share of a step's prompts on its own devices
         self.nproc, self.pid = jax.process_count(), jax.process_index()
         self.local_mesh = local_mesh(self.mesh)
+        # GRPO's rollouts decode as rollout.train_engine says; held-out checks as rollout.engine (rollout_eval)
         self.agent = Agent(cfg, tok, self.protocol, build_tool(spec, self.protocol), self.sampling,
-                           self.rollout_cfg, spec.router_convention, mesh=self.local_mesh)
+                           dataclasses.replace(self.rollout_cfg, engine=self.rollout_cfg.train_engine),
+                           spec.router_convention, mesh=self.local_mesh)
         self.router = self.agent.spec.router
-        if self.rollout_cfg.engine == "continuous":  # refused now, not at the first rollout
+        if "continuous" in (self.rollout_cfg.engine, self.rollout_cfg.train_engine):  # refused now, not mid-run
             from dart_jax.serve.rollouts import check_engine
+            setting = "rollout.engine" if self.rollout_cfg.engine == "continuous" else "rollout.train_engine"
             try:
-                check_engine(self.agent, composition=self.method.variant == "2agent", processes=self.nproc)
+                check_engine(self.agent, composition=self.method.variant == "2agent", processes=self.nproc,
+                             setting=setting)
             except ValueError as e:
                 raise UserError(str(e)) from None
         self.answer_tags = (tuple(tag_variants(tok, self.protocol.answer_open)),

@@ -41,10 +41,10 @@ from dart_jax.tokenization.tokenizer import encode_text
 
 INVALID_POLICIES = ("search_r1", "none")
 # rollout settings that place, split or share arrays, not what the trajectories are
-LAYOUT_ONLY = ("decode_layout", "chunk_rows", "share_prompt_prefill", "engine", "engine_segment")
+LAYOUT_ONLY = ("decode_layout", "chunk_rows", "share_prompt_prefill", "engine", "train_engine", "engine_segment")
 # how rollouts are decoded: "batch" (Agent.run: a batch's turns in lockstep, each turn waiting for its
 # longest row) or "continuous" (serve.engine: rows refilled as they finish, tool calls off the decode
-# step; evaluation only — each row draws as it would in its batch)
+# step, finished and paused rows cost nothing; each row draws as it would in its batch)
 ENGINES = ("batch", "continuous")
 
 
@@ -69,7 +69,8 @@ class RolloutConfig:
     # trajectories decoded at once (whole GRPO groups, rl.stages.rollout): the KV cache holds this many
     # rows instead of the step's whole share; 0 = the share in one batch. Same draws either way.
     chunk_rows: int = 0
-    engine: str = "batch"              # ENGINES
+    engine: str = "batch"              # ENGINES: evaluation's rollouts (launch.evaluate, the trainer's held-out checks)
+    train_engine: str = "batch"        # ENGINES: GRPO's rollouts (a step's batch)
     engine_segment: int = 32           # continuous: tokens per decode segment (the refill granularity)
 
     def __post_init__(self):
@@ -82,8 +83,9 @@ class RolloutConfig:
         if self.max_obs_tokens < MIN_OBS_TOKENS:
             raise ValueError(f"rollout.max_obs_tokens={self.max_obs_tokens}: an observation needs at least "
                              f"{MIN_OBS_TOKENS} tokens (its closing tag and newlines alone take several)")
-        if self.engine not in ENGINES:
-            raise ValueError(f"rollout.engine={self.engine!r}; expected one of {ENGINES}")
+        for name in ("engine", "train_engine"):
+            if getattr(self, name) not in ENGINES:
+                raise ValueError(f"rollout.{name}={getattr(self, name)!r}; expected one of {ENGINES}")
         if self.engine_segment < 1:
             raise ValueError(f"rollout.engine_segment={self.engine_segment} must be ≥ 1")
         if self.chunk_rows < 0:

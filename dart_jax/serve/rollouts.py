@@ -25,16 +25,20 @@ import numpy as np
 from dart_jax.adapters.method import TwoModels
 from dart_jax.roles.router import route_roles
 from dart_jax.rollout.agent import Agent
+from dart_jax.rollout.sampler import bucket, cache_bucket
 from dart_jax.rollout.trajectory import TrajectoryBatch, assemble, concat_batches
 from dart_jax.serve.engine import Engine
 from dart_jax.serve.requests import Generation, Request
+from dart_jax.serve.slots import obs_width
 
 log = logging.getLogger(__name__)
 
 
-def check_engine(agent: Agent, composition=None, processes: int = 1, base=None) -> None:
-    """Refuse, naming why, a rollout the engine cannot run: a two-model composition (`composition`, or a
-    2-Agent policy's `base`), several processes or a mesh of several devices (the engine decodes on one)."""
+def check_engine(agent: Agent, composition=None, processes: int = 1, base=None,
+                 setting: str = "rollout.engine") -> None:
+    """Refuse, naming why and `setting`, a rollout the engine cannot run: a two-model composition
+    (`composition`, or a 2-Agent policy's `base`), several processes or a mesh of several devices (the
+    engine decodes on one)."""
     why = []
     if composition or isinstance(base, TwoModels):
         why.append("a two-model composition (CEA's H_Tool / H_Reas, 2-Agent) decodes batch-synchronously")
@@ -44,7 +48,33 @@ def check_engine(agent: Agent, composition=None, processes: int = 1, base=None) 
     if placement is not None and placement.mesh.devices.size > 1:
         why.append(f"a mesh of {placement.mesh.devices.size} devices (the engine decodes on one)")
     if why:
-        raise ValueError("rollout.engine=continuous: " + "; ".join(why) + ". Use rollout.engine=batch")
+        raise ValueError(f"{setting}=continuous: " + "; ".join(why) + f". Use {setting}=batch")
+    warn_map_count(agent.spec.model.num_layers, setting)
+
+
+# memory maps a compiled engine program adds to the process on XLA:CPU, per model layer (jax 0.10.2: 1,373-1,378
+# for an append of SmolLM2-135M's 30 layers); the LLVM JIT fails ("Cannot allocate memory") past vm.max_map_count
+MAPS_PER_LAYER = 47
+
+
+def warn_map_count(layers: int, setting: str, path: str = "/proc/sys/vm/max_map_count") -> int | None:
+    """On XLA:CPU, warn when the kernel's memory-map limit holds fewer than ~150 of this model's programs:
+    the engine compiles one per row bucket and width, and past the limit LLVM fails mid-run ("Cannot
+    allocate memory" with RAM to spare). -> how many programs the limit holds (None: not on CPU / unreadable)."""
+    if jax.default_backend() != "cpu":
+        return None
+    try:
+        with open(path) as f:
+            limit = int(f.read())
+    except (OSError, ValueError):
+        return None
+    holds = limit // (MAPS_PER_LAYER * max(layers, 1))
+    if holds < 150:
+        log.warning("%s=continuous on XLA:CPU: vm.max_map_count = %d holds ~%d compiled programs of this %d-layer "
+                    "model and the engine compiles one per row bucket and width; past it XLA fails with \"Cannot "
+                    "allocate memory\". Raise it first: sudo sysctl -w vm.max_map_count=1048576", setting, limit,
+                    holds, layers)
+    return holds
 
 
 def prompt_routes(agent: Agent, prompt: list[int]) -> list[int]:
@@ -64,12 +94,14 @@ def trajectory(agent: Agent, gen: Generation, uid=None) -> TrajectoryBatch:
 
 
 def continuous_rollouts(agent: Agent, base, adapters, prompts: list[list[int]], uids: list, metas: list[dict],
-                        draws: list[tuple[int, int]], slots: int, tool=None) -> Iterator[tuple[int, TrajectoryBatch]]:
+                        draws: list[tuple[int, int]], slots: int, tool=None,
+                        capacity: int = 0) -> Iterator[tuple[int, TrajectoryBatch]]:
     """Roll out `prompts` on an engine of `slots` rows -> yields (index, its one-row TrajectoryBatch) as each
     finishes (not in order). `draws[i]`: (seed, row) of prompt i's draws; `tool`: the ToolFn (None: the
-    agent's). Sampling settings are the agent's; a row's error (a failing tool) is raised."""
+    agent's). Sampling settings are the agent's; a row's error (a failing tool) is raised. `capacity`: KV
+    slots per row allocated up front (Engine; 0: grown on demand)."""
     engine = Engine(agent, base, adapters, slots=slots, segment=agent.rc.engine_segment, tool=tool,
-                    max_waiting=len(prompts) + 1, share_identical=agent.rc.share_prompt_prefill)
+                    max_waiting=len(prompts) + 1, share_identical=agent.rc.share_prompt_prefill, capacity=capacity)
     sampling = agent.spec.sampling
     try:
         gens = [engine.submit(Request(tuple(p), temperature=float(sampling.temperature), top_p=float(sampling.top_p),
@@ -103,10 +135,16 @@ def engine_batch(agent: Agent, base, adapters, prompts: list[list[int]], uids: l
     out on an engine with a row per prompt: a row whose turn ended does not wait for the others' turns,
     and rows that finished or paused for the tool cost no forward (serve.engine). Same draws per row, so
     the same trajectories up to floating-point differences between batch shapes."""
-    check_engine(agent, processes=jax.process_count(), base=base)
+    check_engine(agent, processes=jax.process_count(), base=base)  # rl.trainer checked this at start
     metas = metas if metas is not None else [{} for _ in prompts]
     draws = [(seed, row_offset + i) for i in range(len(prompts))]
+    # every row's most: a step's engine is new, so a cache grown on demand would be copied and its
+    # programs compiled at each new capacity, step after step; allocated once it keeps one capacity
+    rc = agent.rc
+    capacity = cache_bucket(max(map(len, prompts)) + rc.max_response_tokens + obs_width(rc.max_obs_tokens)
+                            + bucket(rc.engine_segment) + 1)
     out: list[TrajectoryBatch | None] = [None] * len(prompts)
-    for i, tb in continuous_rollouts(agent, base, adapters, prompts, uids, metas, draws, slots=len(prompts)):
+    for i, tb in continuous_rollouts(agent, base, adapters, prompts, uids, metas, draws, slots=len(prompts),
+                                     capacity=capacity):
         out[i] = tb
     return concat_batches(out)

@@ -87,6 +87,10 @@ def test_the_engine_refuses_what_it_cannot_run(serve_setup):
         check_engine(agent, processes=2)
     with pytest.raises(ValueError, match="rollout.engine='fast'"):
         RolloutConfig(engine="fast")
+    with pytest.raises(ValueError, match="rollout.train_engine='fast'"):
+        RolloutConfig(train_engine="fast")
+    with pytest.raises(ValueError, match="rollout.train_engine=continuous: 2 processes.*rollout.train_engine=batch"):
+        check_engine(agent, processes=2, setting="rollout.train_engine")
 
 
 @pytest.mark.parametrize("temperature,n", [(0.0, 1), (1.0, 2)])
@@ -109,3 +113,18 @@ def test_evaluation_on_the_engine_writes_the_batch_records(serve_setup, tmp_path
     assert recs_c == recs_b
     same = lambda r: json.dumps({k: v for k, v in r[lab.name].items() if k != "seconds"}, sort_keys=True)  # noqa: E731
     assert same(res_c) == same(res_b)  # (json: the lab's NaN rates compare equal)
+
+
+def test_a_low_memory_map_limit_is_named_before_the_engine_compiles(tmp_path, caplog):
+    """XLA:CPU holds ~47 memory maps per layer per compiled program: the default limit (65,530) holds ~46
+    programs of a 30-layer model, fewer than an engine compiles; the warning names the fix."""
+    from dart_jax.serve.rollouts import warn_map_count
+    limit = tmp_path / "max_map_count"
+    limit.write_text("65530\n")
+    with caplog.at_level("WARNING"):
+        assert warn_map_count(30, "rollout.engine", str(limit)) == 46
+    assert "vm.max_map_count = 65530" in caplog.text and "sysctl -w vm.max_map_count=1048576" in caplog.text
+    caplog.clear()
+    limit.write_text("1048576\n")
+    assert warn_map_count(30, "rollout.engine", str(limit)) == 743 and not caplog.text
+    assert warn_map_count(30, "rollout.engine", str(tmp_path / "absent")) is None
