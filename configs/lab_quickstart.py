@@ -38,9 +38,10 @@ def get_config():
     # made 7-10 calls on 14 of 96 held-out questions under a budget of 10, and answered 2 of them)
     c.rollout.max_turns = 6
     c.optim.lr = LR
-    # evaluations (launch.evaluate, the methods study's, the held-out checks) on the serving engine: a finished
-    # row refilled at once, same draws as the batch loop; 1.26x its speed on 16 held-out questions. GRPO's
-    # rollouts stay batch (rollout.train_engine): a step's 16 rows on the engine ran 0.66-0.81x (docs/performance.md)
+    # evaluations (launch.evaluate, the methods study's) on the serving engine: a finished row refilled at once,
+    # same draws as the batch loop; 1.26x its speed on 16 held-out questions. GRPO's rollouts stay batch
+    # (rollout.train_engine): 1.2-1.4x on the engine, but its compiled programs' memory beside training's is
+    # untested on a 24 GiB host (docs/serving.md)
     c.rollout.engine = "continuous"
     c.data.train = [lab_questions(WORLD0, RL_HOPS, shuffle=0)]
     c.train.steps = 8

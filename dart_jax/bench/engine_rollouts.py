@@ -149,9 +149,10 @@ def bench_grpo_rollouts(config, rounds: int = 2, log=print) -> dict:
     protocol = PROTOCOLS[spec.task]
     cfg, base, tok, adapters = load_policy(spec, None, jax.random.PRNGKey(0))
     # the engine compiles per row bucket and width: past vm.max_map_count XLA:CPU fails mid-run
-    check_map_count((tc.prompts_per_step * tc.group_size,), cfg.num_layers, who="launch.bench grpo_rollouts")
+    check_map_count((tc.prompts_per_step * tc.group_size,), cfg.num_layers, who="launch.bench grpo_rollouts",
+                    max_obs_tokens=spec.rollout.max_obs_tokens)
     tool = build_tool(spec, protocol)
-    agents = {name: Agent(cfg, tok, protocol, tool, spec.sampling, dataclasses.replace(spec.rollout, engine=name),
+    agents = {name: Agent(cfg, tok, protocol, tool, spec.sampling, dataclasses.replace(spec.rollout, train_engine=name),
                           spec.router_convention) for name in ("batch", "continuous")}
     rows = load_task_rows(spec)
     stream = DataStream(len(rows), tc.seed, tc.shuffle)

@@ -240,14 +240,15 @@ def _overload(agent, base, adapters, questions: list[str], burst: int = 32, time
 
 
 def check_map_count(clients: tuple[int, ...], layers: int, path: str = "/proc/sys/vm/max_map_count",
-                    who: str = "launch.bench serve") -> int:
+                    who: str = "launch.bench serve", max_obs_tokens: int | None = None) -> int:
     """Refuse, naming the setting, when the kernel's memory-map limit cannot hold the programs this benchmark
     compiles in one process: per engine (1 slot, then each client count) its row buckets × (2 prompt
-    widths + the observation widths up to RC.max_obs_tokens + the prefix placement + a decode segment), and
+    widths + the observation widths up to `max_obs_tokens` (default RC's) + the prefix placement + a decode
+    segment), and
     ~10 per batch baseline (an upper bound: each engine's programs are dropped when it closes).
     -> the estimated number of maps (0 where the limit is not readable)."""
     from dart_jax.serve.slots import obs_widths, row_buckets
-    per_bucket = 2 + len(obs_widths(RC.max_obs_tokens)) + 2
+    per_bucket = 2 + len(obs_widths(max_obs_tokens or RC.max_obs_tokens)) + 2
     programs = sum(len(row_buckets(c)) * per_bucket + 10 for c in (1, *clients))
     per_program = MAPS_PER_LAYER * layers
     need = programs * per_program + 20_000

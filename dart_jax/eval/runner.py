@@ -164,7 +164,9 @@ class Evaluator:
         batch is the same batch, with the same seed, on any number of processes), each round's records
         gathered in batch order on every process; `out` (process 0's) gets them appended."""
         if self.agent.rc.engine == "continuous":
-            return self._run_set_continuous(s, items, kept, base, adapters, bar, out)
+            from dart_jax.serve.rollouts import engine_fits  # a low memory-map limit: batch, warned
+            if engine_fits(self.agent.spec.model.num_layers, "rollout.engine"):
+                return self._run_set_continuous(s, items, kept, base, adapters, bar, out)
         from dart_jax.parallel.distributed import gather_results, mine, rounds
         b = self.options.batch
         recs = list(kept)

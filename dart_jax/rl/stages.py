@@ -70,7 +70,9 @@ def rollout(agent: Agent, trees: tuple[Any, Any], rows: list[dict], group_size: 
     Context: a prompt the context rule refuses (rollout.tasks.overlong: len(prompt) + one full turn >
     the model's max_position_embeddings) is never run: its group becomes `refused_rows` (one-token
     rows, no loss), so the batch layout (and mini-batch divisibility) stays the same; the prompts
-    around it roll out in runs, each with its own offset, so their draws are unchanged."""
+    around it roll out in runs, each with its own offset, so their draws are unchanged.
+
+    Decoded as `rollout.train_engine` says (the batch loop, or the serving engine: the same draws)."""
     g = group_size
     per_chunk = groups_per_chunk(agent.rc.chunk_rows, g) or max(len(rows), 1)
     task_fn = qa_task if agent.protocol.name == "qa" else sql_task
@@ -87,7 +89,7 @@ def rollout(agent: Agent, trees: tuple[Any, Any], rows: list[dict], group_size: 
                 tb = refused_rows(agent, rep(prompts), rep(uids))
             else:
                 tb = rollout_policy(agent, trees[0], trees[1], rep(prompts), rep(uids), ms, seed=seed,
-                                    row_offset=row_offset + (start + a) * g)
+                                    row_offset=row_offset + (start + a) * g, engine=agent.rc.train_engine)
             parts.append(Rollouts(tb, rep(part), ms, np.full(tb.batch_size, over[a])))
     return parts[0] if len(parts) == 1 else concat_rollouts(parts)
 

@@ -96,17 +96,16 @@ class Trainer:
         # multi-process: each process rolls out its share of a step's prompts on its own devices
         self.nproc, self.pid = jax.process_count(), jax.process_index()
         self.local_mesh = local_mesh(self.mesh)
-        # GRPO's rollouts decode as rollout.train_engine says; held-out checks as rollout.engine (rollout_eval)
+        from dart_jax.serve.rollouts import check_engine, engine_fits
+        if self.rollout_cfg.train_engine == "continuous" and not engine_fits(cfg.num_layers, "rollout.train_engine"):
+            self.rollout_cfg = dataclasses.replace(self.rollout_cfg, train_engine="batch")  # warned: same trajectories
         self.agent = Agent(cfg, tok, self.protocol, build_tool(spec, self.protocol), self.sampling,
-                           dataclasses.replace(self.rollout_cfg, engine=self.rollout_cfg.train_engine),
-                           spec.router_convention, mesh=self.local_mesh)
+                           self.rollout_cfg, spec.router_convention, mesh=self.local_mesh)
         self.router = self.agent.spec.router
-        if "continuous" in (self.rollout_cfg.engine, self.rollout_cfg.train_engine):  # refused now, not mid-run
-            from dart_jax.serve.rollouts import check_engine
-            setting = "rollout.engine" if self.rollout_cfg.engine == "continuous" else "rollout.train_engine"
+        if self.rollout_cfg.train_engine == "continuous":  # GRPO's rollouts (stages.rollout): refused now, not mid-run
             try:
                 check_engine(self.agent, composition=self.method.variant == "2agent", processes=self.nproc,
-                             setting=setting)
+                             setting="rollout.train_engine")
             except ValueError as e:
                 raise UserError(str(e)) from None
         self.answer_tags = (tuple(tag_variants(tok, self.protocol.answer_open)),

@@ -96,12 +96,13 @@ def policy_decoder(agent: Agent, base, adapters, prompts: list[list[int]], seed:
 
 
 def rollout_policy(agent: Agent, base, adapters, prompts: list[list[int]], uids: list, meta: list[dict] | None = None,
-                   seed: int = 0, row_offset: int = 0) -> TrajectoryBatch:
+                   seed: int = 0, row_offset: int = 0, engine: str = "batch") -> TrajectoryBatch:
     """A rollout of one policy, or of the 2-Agent policy through the two-model composition
-    (`policy_decoder`). `row_offset`: as Agent.rollout's. With `rollout.engine=continuous` (one process,
-    one device, one model) the rows run on the serving engine (serve.rollouts.engine_batch): the same
-    draws per row, no row waiting for the batch's longest turn."""
-    if agent.rc.engine == "continuous":
+    (`policy_decoder`). `row_offset`: as Agent.rollout's. `engine` "continuous" (one process, one device,
+    one model): the rows run on the serving engine (serve.rollouts.engine_batch), the same draws per row,
+    no row waiting for the batch's longest turn; callers pass the setting that governs them (GRPO's
+    rollouts: rollout.train_engine)."""
+    if engine == "continuous":
         from dart_jax.serve.rollouts import engine_batch
         return engine_batch(agent, base, adapters, prompts, uids, meta, seed, row_offset)
     return agent.run(policy_decoder(agent, base, adapters, prompts, seed, row_offset), prompts, uids, meta)

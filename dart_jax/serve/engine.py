@@ -97,11 +97,12 @@ class Engine:
     with one worker (the default) batches run one at a time, which a tool that is not thread-safe (a
     tokenizer, a GPU faiss index) needs; more workers only for a tool safe to call from several threads.
     `min_prefix`, `prefixes`: shared-prefix reuse (serve.prefixes; `min_prefix` ≤ 0 turns it off);
-    `share_identical`: identical prompts admitted together are prefilled once (module doc)."""
+    `share_identical`: identical prompts admitted together are prefilled once (module doc; rollouts turn it
+    on for a GRPO group's samples; off for serving, where its per-width programs are not warmed up)."""
 
     def __init__(self, agent: Agent, base, adapters, slots: int = 16, segment: int = 16, tool_workers: int = 1,
                  max_waiting: int = 1024, tool: Callable[[list[str], list[dict]], list[str]] | None = None,
-                 capacity: int = 0, min_prefix: int = 32, prefixes: int = 8, share_identical: bool = True):
+                 capacity: int = 0, min_prefix: int = 32, prefixes: int = 8, share_identical: bool = False):
         """`capacity`: KV slots per row allocated up front (0: grown on demand in 256-slot steps, each new
         size compiling the step functions once — on an accelerator with memory to spare, allocate the
         longest request's need, `max_capacity()`, and no growth ever compiles on the hot path).
@@ -388,16 +389,16 @@ class Engine:
         # each row; prompts that start with a shared prefix take its KV slots and encode only the rest
         same = collections.Counter(g.request.prompt for _, g in take) if self.share_identical else {}
         groups: dict[int, list] = {}
-        shared: dict[tuple, tuple[DecodeState, list]] = {}
-        whole: set[tuple] = set()
+        shared: dict[tuple, tuple[DecodeState, list]] = {}  # by prefix: learnt ones, and whole prompts
+        grouped = 0
         for i, g in take:
             prompt = g.request.prompt
             if same.get(prompt, 0) > 1 and len(prompt) > 1:
-                if prompt not in whole:
-                    whole.add(prompt)
+                if prompt not in shared:  # (a learnt prefix equal to this prompt holds the same state)
                     shared[prompt] = (self._prefill_prefix(prompt), [])
                     self.stats["group_prefills"] += 1
                 shared[prompt][1].append((i, g))
+                grouped += 1
                 continue
             found = self.prefixes.find(prompt)
             if found is None:
@@ -407,7 +408,7 @@ class Engine:
         for group in groups.values():
             self._admit_group(group)
         if shared:
-            self._admit_shared(shared, whole)
+            self._admit_shared(shared, grouped)
 
     def _prefill_prefix(self, key: tuple) -> DecodeState:
         """A one-row state of prefix `key`: all but its last token encoded (left-padded to a width bucket),
@@ -419,10 +420,10 @@ class Engine:
                            hold_last=True)
         return state
 
-    def _admit_shared(self, shared: dict[tuple, tuple[DecodeState, list]], whole: set[tuple]):
+    def _admit_shared(self, shared: dict[tuple, tuple[DecodeState, list]], grouped: int = 0):
         """Rows that start from a shared prefix: its state placed in them (one call per prefix), then the
         rest of every such prompt appended in one batch (sampler.append), which samples each first token.
-        Prefixes in `whole` are whole prompts admitted several times: the rest is the held last token."""
+        `grouped` of them are whole prompts admitted several times (their rest: the held last token)."""
         rest: dict[int, list[int]] = {}
         for key, (prefix, take) in shared.items():
             self._ensure(int(prefix.cache["pos"].shape[1]) + self.segment + 1)
@@ -435,7 +436,6 @@ class Engine:
                 self._start_turn(g)
         self.stats["admits"] += 1
         self.stats["admitted"] += len(rest)
-        grouped = sum(len(take) for key, (_, take) in shared.items() if key in whole)
         self.stats["group_admitted"] += grouped
         self.stats["prefix_admitted"] += len(rest) - grouped
 

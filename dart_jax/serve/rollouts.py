@@ -1,6 +1,7 @@
 """Rollouts on the continuous-batching engine (serve.engine): `rollout.engine=continuous` for evaluation
-(`continuous_rollouts`: a stream of questions on a fixed number of rows) and for GRPO's rollouts and
-held-out checks (`engine_batch`: one batch's rows, returned as the batch sampler returns them).
+(`continuous_rollouts`: a stream of questions on a fixed number of rows, eval.runner) and
+`rollout.train_engine=continuous` for GRPO's rollouts (`engine_batch`: one step's batch, returned as the
+batch sampler returns it, rl.stages.rollout).
 
 The batch sampler (rollout.agent.Agent.run) decodes a batch's turns in lockstep: every turn waits for
 the batch's longest row, and the next batch starts when the last row of this one ends. On agentic
@@ -49,18 +50,19 @@ def check_engine(agent: Agent, composition=None, processes: int = 1, base=None,
         why.append(f"a mesh of {placement.mesh.devices.size} devices (the engine decodes on one)")
     if why:
         raise ValueError(f"{setting}=continuous: " + "; ".join(why) + f". Use {setting}=batch")
-    warn_map_count(agent.spec.model.num_layers, setting)
-
 
 # memory maps a compiled engine program adds to the process on XLA:CPU, per model layer (jax 0.10.2: 1,373-1,378
 # for an append of SmolLM2-135M's 30 layers); the LLVM JIT fails ("Cannot allocate memory") past vm.max_map_count
 MAPS_PER_LAYER = 47
+# programs an engine compiles over a run: row buckets × (prompt widths, observation widths, decode), and the
+# batch loop's and the update's beside it (a lab GRPO run on 16 rows: ~160)
+MIN_PROGRAMS = 200
+_WARNED: set[str] = set()
 
 
-def warn_map_count(layers: int, setting: str, path: str = "/proc/sys/vm/max_map_count") -> int | None:
-    """On XLA:CPU, warn when the kernel's memory-map limit holds fewer than ~150 of this model's programs:
-    the engine compiles one per row bucket and width, and past the limit LLVM fails mid-run ("Cannot
-    allocate memory" with RAM to spare). -> how many programs the limit holds (None: not on CPU / unreadable)."""
+def map_count_holds(layers: int, path: str = "/proc/sys/vm/max_map_count") -> tuple[int, int] | None:
+    """On XLA:CPU: (vm.max_map_count, how many compiled programs of a `layers`-layer model it holds);
+    None on another backend or where the limit is unreadable."""
     if jax.default_backend() != "cpu":
         return None
     try:
@@ -68,13 +70,25 @@ def warn_map_count(layers: int, setting: str, path: str = "/proc/sys/vm/max_map_
             limit = int(f.read())
     except (OSError, ValueError):
         return None
-    holds = limit // (MAPS_PER_LAYER * max(layers, 1))
-    if holds < 150:
-        log.warning("%s=continuous on XLA:CPU: vm.max_map_count = %d holds ~%d compiled programs of this %d-layer "
-                    "model and the engine compiles one per row bucket and width; past it XLA fails with \"Cannot "
-                    "allocate memory\". Raise it first: sudo sysctl -w vm.max_map_count=1048576", setting, limit,
-                    holds, layers)
-    return holds
+    return limit, limit // (MAPS_PER_LAYER * max(layers, 1))
+
+
+def engine_fits(layers: int, setting: str, path: str = "/proc/sys/vm/max_map_count") -> bool:
+    """Whether the engine can compile its programs here: False, warned once a process, where XLA:CPU's
+    memory-map limit holds fewer than MIN_PROGRAMS of this model's (past the limit LLVM fails mid-run,
+    "Cannot allocate memory" with RAM to spare). The caller then decodes batch-synchronously: the same
+    trajectories, slower."""
+    got = map_count_holds(layers, path)
+    if got is None or got[1] >= MIN_PROGRAMS:
+        return True
+    if setting not in _WARNED:
+        _WARNED.add(setting)
+        log.warning("%s=continuous: on XLA:CPU vm.max_map_count = %d holds ~%d compiled programs of this %d-layer "
+                    "model, fewer than the engine compiles (~%d; past the limit XLA fails mid-run with \"Cannot "
+                    "allocate memory\"), so these rollouts decode batch-synchronously (the same trajectories, "
+                    "slower). To use the engine: sudo sysctl -w vm.max_map_count=1048576", setting, got[0], got[1],
+                    layers, MIN_PROGRAMS)
+    return False
 
 
 def prompt_routes(agent: Agent, prompt: list[int]) -> list[int]:
@@ -95,11 +109,11 @@ def trajectory(agent: Agent, gen: Generation, uid=None) -> TrajectoryBatch:
 
 def continuous_rollouts(agent: Agent, base, adapters, prompts: list[list[int]], uids: list, metas: list[dict],
                         draws: list[tuple[int, int]], slots: int, tool=None,
-                        capacity: int = 0) -> Iterator[tuple[int, TrajectoryBatch]]:
+                        capacity: int = 0, log_level: int = logging.INFO) -> Iterator[tuple[int, TrajectoryBatch]]:
     """Roll out `prompts` on an engine of `slots` rows -> yields (index, its one-row TrajectoryBatch) as each
     finishes (not in order). `draws[i]`: (seed, row) of prompt i's draws; `tool`: the ToolFn (None: the
     agent's). Sampling settings are the agent's; a row's error (a failing tool) is raised. `capacity`: KV
-    slots per row allocated up front (Engine; 0: grown on demand)."""
+    slots per row allocated up front (Engine; 0: grown on demand); `log_level`: of the closing summary line."""
     engine = Engine(agent, base, adapters, slots=slots, segment=agent.rc.engine_segment, tool=tool,
                     max_waiting=len(prompts) + 1, share_identical=agent.rc.share_prompt_prefill, capacity=capacity)
     sampling = agent.spec.sampling
@@ -122,9 +136,9 @@ def continuous_rollouts(agent: Agent, base, adapters, prompts: list[list[int]], 
             pending = still
             if pending and not busy:
                 raise RuntimeError(f"the engine went idle with {len(pending)} rollouts unfinished")
-        log.debug("continuous rollouts: %d rows on %d slots, %d decode segments, %d admissions, %d appends, "
-                  "%d rows from a prompt prefilled once for its group", len(gens), slots, engine.stats["segments"],
-                  engine.stats["admits"], engine.stats["appends"], engine.stats["group_admitted"])
+        log.log(log_level, "continuous rollouts: %d rows on %d slots, %d decode segments, %d admissions, %d appends, "
+                "%d rows from a prompt prefilled once for its group", len(gens), slots, engine.stats["segments"],
+                engine.stats["admits"], engine.stats["appends"], engine.stats["group_admitted"])
     finally:
         engine.close()
 
@@ -135,16 +149,16 @@ def engine_batch(agent: Agent, base, adapters, prompts: list[list[int]], uids: l
     out on an engine with a row per prompt: a row whose turn ended does not wait for the others' turns,
     and rows that finished or paused for the tool cost no forward (serve.engine). Same draws per row, so
     the same trajectories up to floating-point differences between batch shapes."""
-    check_engine(agent, processes=jax.process_count(), base=base)  # rl.trainer checked this at start
+    check_engine(agent, processes=jax.process_count(), base=base, setting="rollout.train_engine")
     metas = metas if metas is not None else [{} for _ in prompts]
     draws = [(seed, row_offset + i) for i in range(len(prompts))]
-    # every row's most: a step's engine is new, so a cache grown on demand would be copied and its
-    # programs compiled at each new capacity, step after step; allocated once it keeps one capacity
+    # every row's most (a prompt fills its width bucket's slots): a step's engine is new, so a cache grown
+    # on demand would be copied and its programs compiled at each capacity it passes, step after step
     rc = agent.rc
-    capacity = cache_bucket(max(map(len, prompts)) + rc.max_response_tokens + obs_width(rc.max_obs_tokens)
-                            + bucket(rc.engine_segment) + 1)
+    capacity = cache_bucket(cache_bucket(max(map(len, prompts))) + rc.max_response_tokens
+                            + obs_width(rc.max_obs_tokens) + bucket(rc.engine_segment) + 1)
     out: list[TrajectoryBatch | None] = [None] * len(prompts)
     for i, tb in continuous_rollouts(agent, base, adapters, prompts, uids, metas, draws, slots=len(prompts),
-                                     capacity=capacity):
+                                     capacity=capacity, log_level=logging.DEBUG):  # every step: no line
         out[i] = tb
     return concat_batches(out)

@@ -134,6 +134,52 @@ def test_identical_prompts_admitted_together_are_prefilled_once_and_change_nothi
             _same(r, _alone(agent, base, prompts[3], 1.0, s))
 
 
+def test_identical_prompts_that_are_a_learnt_prefix_keep_every_row(serve_setup):
+    """A learnt prefix K, then in one admission a prompt that starts with K and K itself twice (a group):
+    all three share K's state, none is lost, each equals its decode alone."""
+    from dart_jax.tokenization.tokenizer import encode_chat
+    from serve_setup import QUESTIONS
+    agent, base, _ = serve_setup
+    prompts = [encode_chat(agent.tok, [{"role": "user", "content": INSTRUCTION + q}]) for q in QUESTIONS]
+    engine = Engine(agent, base, None, slots=3, segment=8, min_prefix=32, share_identical=True)
+    for k in (0, 1):  # teach the prefix
+        engine.submit(Request(tuple(prompts[k]), temperature=0.0))
+    engine.run_until_idle(timeout=600)
+    (key,) = engine.prefixes
+    batch = [(prompts[2], 7), (list(key), 8), (list(key), 9)]
+    gens = [engine.submit(Request(tuple(p), temperature=1.0, seed=s)) for p, s in batch]
+    engine.run_until_idle(timeout=600)
+    assert engine.stats["group_prefills"] == 1 and engine.stats["group_admitted"] == 2, engine.stats
+    for g, (p, s) in zip(gens, batch):
+        _same(g.result(timeout=1), _alone(agent, base, p, 1.0, s))
+
+
+def test_an_append_of_every_row_in_any_order_equals_each_row_alone(serve_setup):
+    """`_append` with every slot ready takes the in-place batch path with its rows longest first (here
+    [1, 0]); the same observations appended one row at a time (gathered pieces of one) give the same
+    routes, pending tokens and cache rows."""
+    import jax
+    agent, base, prompts = serve_setup
+    obs = {0: agent.tok.encode(" Doc one.", add_special_tokens=False),
+           1: agent.tok.encode(" A longer second observation, with more words in it.", add_special_tokens=False)}
+    assert len(obs[1]) > len(obs[0])
+    out = []
+    for together in (True, False):
+        engine = Engine(agent, base, None, slots=2, segment=8)
+        for k in (0, 1):
+            engine.submit(Request(tuple(prompts[k]), temperature=1.0, seed=k))
+        engine._admit()
+        routes = engine._append(obs) if together else {**engine._append({0: obs[0]}), **engine._append({1: obs[1]})}
+        st = jax.device_get(engine.state)
+        n = st.cache["index"]
+        out.append((routes, st.pending.tolist(), st.next_pos.tolist(), n.tolist(),
+                    [np.asarray(st.cache["k"][0])[i, :, :, :n[i]] for i in (0, 1)]))
+    (r1, p1, q1, n1, k1), (r2, p2, q2, n2, k2) = out
+    assert r1 == r2 and p1 == p2 and q1 == q2 and n1 == n2
+    for a, b in zip(k1, k2):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 def test_streamed_events_rebuild_the_response_and_the_queue_is_bounded(serve_setup):
     agent, base, prompts = serve_setup
     engine = Engine(agent, base, None, slots=2, segment=8, max_waiting=2).start()

@@ -57,15 +57,15 @@ def test_continuous_rollouts_equal_the_batches_row_for_row(serve_setup):
 
 
 def test_a_grpo_batch_on_the_engine_is_the_batch_samplers(serve_setup):
-    """rollout_policy with rollout.engine=continuous (GRPO's rollouts, held-out checks): groups of three
+    """rollout_policy on the engine (GRPO's rollouts with rollout.train_engine=continuous): groups of three
     samples of two prompts, rows 6-11 of a step's batch at T = 1, each group's prompt prefilled once."""
     agent, base, prompts = serve_setup
     ps, uids = [prompts[0]] * 3 + [prompts[2]] * 3, ["a"] * 3 + ["b"] * 3
     metas = [{"k": i} for i in range(6)]
     want = agent.rollout(base, None, ps, uids, metas, seed=5, row_offset=6)
     on = Agent(agent.spec.model, agent.tok, agent.protocol, agent.tool, SamplingConfig(temperature=1.0),
-               dataclasses.replace(RC, engine="continuous", engine_segment=8))
-    got = rollout_policy(on, base, None, ps, uids, metas, seed=5, row_offset=6)
+               dataclasses.replace(RC, engine_segment=8))
+    got = rollout_policy(on, base, None, ps, uids, metas, seed=5, row_offset=6, engine="continuous")
     assert got.ids.shape == want.ids.shape and got.batch_size == 6
     assert sum(len(t) for t in want.turns) > 6 and len(set(map(len, want.turns))) > 1  # rows paused, unevenly
     assert len({tuple(want.ids[i]) for i in range(3)}) == 3  # a group's samples differ
@@ -115,16 +115,39 @@ def test_evaluation_on_the_engine_writes_the_batch_records(serve_setup, tmp_path
     assert same(res_c) == same(res_b)  # (json: the lab's NaN rates compare equal)
 
 
-def test_a_low_memory_map_limit_is_named_before_the_engine_compiles(tmp_path, caplog):
+def test_a_low_memory_map_limit_falls_back_to_the_batch_loop_with_a_warning(tmp_path, caplog):
     """XLA:CPU holds ~47 memory maps per layer per compiled program: the default limit (65,530) holds ~46
-    programs of a 30-layer model, fewer than an engine compiles; the warning names the fix."""
-    from dart_jax.serve.rollouts import warn_map_count
+    programs of a 30-layer model, fewer than an engine compiles, so the engine is not used (the same
+    trajectories, batch-synchronously), warned once, naming the fix."""
+    import dart_jax.serve.rollouts as serve_rollouts
     limit = tmp_path / "max_map_count"
     limit.write_text("65530\n")
+    assert serve_rollouts.map_count_holds(30, str(limit)) == (65530, 46)
+    serve_rollouts._WARNED.discard("rollout.engine")
     with caplog.at_level("WARNING"):
-        assert warn_map_count(30, "rollout.engine", str(limit)) == 46
-    assert "vm.max_map_count = 65530" in caplog.text and "sysctl -w vm.max_map_count=1048576" in caplog.text
+        assert not serve_rollouts.engine_fits(30, "rollout.engine", str(limit))
+        assert not serve_rollouts.engine_fits(30, "rollout.engine", str(limit))
+    assert caplog.text.count("vm.max_map_count = 65530") == 1 and "sysctl -w vm.max_map_count=1048576" in caplog.text
     caplog.clear()
     limit.write_text("1048576\n")
-    assert warn_map_count(30, "rollout.engine", str(limit)) == 743 and not caplog.text
-    assert warn_map_count(30, "rollout.engine", str(tmp_path / "absent")) is None
+    assert serve_rollouts.engine_fits(30, "rollout.engine", str(limit)) and not caplog.text
+    assert serve_rollouts.engine_fits(30, "rollout.engine", str(tmp_path / "absent"))  # unreadable: not refused
+    assert serve_rollouts.engine_fits(2, "rollout.engine", str(tmp_path / "absent"))
+
+
+@pytest.mark.parametrize("train_engine", ["batch", "continuous"])
+def test_grpo_rollouts_follow_train_engine_not_engine(serve_setup, monkeypatch, train_engine):
+    """rl.stages.rollout (the trainer's, and the gradient samplers') decodes as rollout.train_engine says,
+    whatever rollout.engine (evaluation's) says."""
+    import dart_jax.serve.rollouts as serve_rollouts
+    from dart_jax.rl.stages import rollout
+    agent, base, _ = serve_setup
+    other = "continuous" if train_engine == "batch" else "batch"
+    a = Agent(agent.spec.model, agent.tok, agent.protocol, agent.tool, SamplingConfig(temperature=1.0),
+              dataclasses.replace(RC, engine=other, train_engine=train_engine, engine_segment=8))
+    called = []
+    real = serve_rollouts.engine_batch
+    monkeypatch.setattr(serve_rollouts, "engine_batch", lambda *args, **kw: called.append(1) or real(*args, **kw))
+    rows = [{"id": "q0", "question": "Who founded the Pomorn Brothers?", "golden_answers": ["x"]}]
+    ro = rollout(a, (base, None), rows, 2, seed=3)
+    assert ro.tb.batch_size == 2 and len(called) == (train_engine == "continuous")
