@@ -208,42 +208,33 @@ def serve(res: dict) -> str:
     return "\n".join(lines)
 
 
-def _without_compiles(res: dict) -> str:
-    net, c = res["speedup_without_compiles"], res["compile_s"]
-    return (f"  without compile time (batch {c['batch']} s, continuous {c['continuous']} s per round): "
-            f"{net['median']:.2f}x (range {net['min']:.2f}-{net['max']:.2f})")
+def _engine_vs_batch(res: dict, head: str, unit: str) -> str:
+    """A rollouts benchmark's lines: `head`, then each side per `unit` (round / step), the speed-up, and
+    the speed-up without compile time."""
+    sp, c = res["speedup"], res["tool_calls_per_trajectory"]
+    lines = [f"{head}, tool calls per trajectory {c['min']}-{c['max']} (median {c['median']}); compile round: "
+             f"batch {res['compile_round_s']['batch']} s, continuous {res['compile_round_s']['continuous']} s"]
+    for side in ("batch", "continuous"):
+        r = res[side]
+        lines.append(f"  {side:>10}: {r['wall_s']} s per {unit}, {r['trajectories_per_s']:.3f} trajectories/s, "
+                     f"{r['generated_tokens_per_s']:.0f} generated tokens/s")
+    lines.append(f"  continuous / batch: {sp['median']:.2f}x (range {sp['min']:.2f}-{sp['max']:.2f} over "
+                 f"{res['rounds']} interleaved {unit}s); identical trajectories {res['identical_trajectories']}")
+    net, cs = res["speedup_without_compiles"], res["compile_s"]
+    lines.append(f"  without compile time (batch {cs['batch']} s, continuous {cs['continuous']} s per {unit}): "
+                 f"{net['median']:.2f}x (range {net['min']:.2f}-{net['max']:.2f})")
+    return "\n".join(lines)
 
 
 def rollouts(res: dict) -> str:
-    sp, c = res["speedup"], res["tool_calls_per_trajectory"]
-    lines = [f"rollouts: {res['questions']} questions of the {res['config']} config, {res['slots']} rows, greedy, "
-             f"tool calls per trajectory {c['min']}-{c['max']} (median {c['median']}); "
-             f"compile round: batch {res['compile_round_s']['batch']} s, continuous "
-             f"{res['compile_round_s']['continuous']} s"]
-    for side in ("batch", "continuous"):
-        r = res[side]
-        lines.append(f"  {side:>10}: {r['wall_s']} s per round, {r['trajectories_per_s']:.3f} trajectories/s, "
-                     f"{r['generated_tokens_per_s']:.0f} generated tokens/s")
-    lines.append(f"  continuous / batch: {sp['median']:.2f}x (range {sp['min']:.2f}-{sp['max']:.2f} over "
-                 f"{res['rounds']} interleaved rounds); identical trajectories {res['identical_trajectories']}")
-    lines.append(_without_compiles(res))
-    return "\n".join(lines)
+    return _engine_vs_batch(res, f"rollouts: {res['questions']} questions of the {res['config']} config, "
+                                 f"{res['slots']} rows, greedy", "round")
 
 
 def grpo_rollouts(res: dict) -> str:
-    sp, c = res["speedup"], res["tool_calls_per_trajectory"]
-    lines = [f"grpo_rollouts: {res['rounds']} GRPO steps' batches of {res['prompts_per_step']} prompts × "
-             f"{res['group_size']} samples (T = {res['temperature']:g}), {res['config'] or 'no'} warm start, "
-             f"tool calls per trajectory {c['min']}-{c['max']} (median {c['median']}); compile round: batch "
-             f"{res['compile_round_s']['batch']} s, continuous {res['compile_round_s']['continuous']} s"]
-    for side in ("batch", "continuous"):
-        r = res[side]
-        lines.append(f"  {side:>10}: {r['wall_s']} s per step, {r['trajectories_per_s']:.3f} trajectories/s, "
-                     f"{r['generated_tokens_per_s']:.0f} generated tokens/s")
-    lines.append(f"  continuous / batch: {sp['median']:.2f}x (range {sp['min']:.2f}-{sp['max']:.2f} over "
-                 f"{res['rounds']} interleaved steps); identical trajectories {res['identical_trajectories']}")
-    lines.append(_without_compiles(res))
-    return "\n".join(lines)
+    return _engine_vs_batch(res, f"grpo_rollouts: {res['rounds']} GRPO steps' batches of {res['prompts_per_step']} "
+                                 f"prompts × {res['group_size']} samples (T = {res['temperature']:g}), "
+                                 f"{res['config'] or 'no'} warm start", "step")
 
 
 TEXT = {"forward": forward, "adapters": adapters, "sampler": sampler, "resume": resume, "cache_blocks": cache_blocks,

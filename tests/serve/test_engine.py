@@ -136,7 +136,7 @@ def test_identical_prompts_admitted_together_are_prefilled_once_and_change_nothi
 
 def test_identical_prompts_that_are_a_learnt_prefix_keep_every_row(serve_setup):
     """A learnt prefix K, then in one admission a prompt that starts with K and K itself twice (a group):
-    all three share K's state, none is lost, each equals its decode alone."""
+    all three share K's learnt state, none is lost, each equals its decode alone."""
     from dart_jax.tokenization.tokenizer import encode_chat
     from serve_setup import QUESTIONS
     agent, base, _ = serve_setup
@@ -149,7 +149,9 @@ def test_identical_prompts_that_are_a_learnt_prefix_keep_every_row(serve_setup):
     batch = [(prompts[2], 7), (list(key), 8), (list(key), 9)]
     gens = [engine.submit(Request(tuple(p), temperature=1.0, seed=s)) for p, s in batch]
     engine.run_until_idle(timeout=600)
-    assert engine.stats["group_prefills"] == 1 and engine.stats["group_admitted"] == 2, engine.stats
+    # K's rows take the learnt prefix's state (no prefill of their own); the prompt after it, its rest
+    assert engine.stats["group_prefills"] == 0 and engine.stats["group_admitted"] == 2, engine.stats
+    assert engine.stats["prefix_admitted"] == 2 and engine.stats["admitted"] == 5, engine.stats
     for g, (p, s) in zip(gens, batch):
         _same(g.result(timeout=1), _alone(agent, base, p, 1.0, s))
 
