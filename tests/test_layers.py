@@ -50,8 +50,9 @@ ALLOWED = {
     # what a run is: its spec, policy on a mesh, task tool and rows, run directory, loop, records
     "run": {"adapters", "analysis", "checkpoints", "data", "lab", "models", "parallel", "rewards", "rollout", "tools"},
     # GRPO: losses, step, stages, the trainer
+    # rl → serve: GRPO's rollouts on the serving engine (rollout.train_engine=continuous)
     "rl": {"adapters", "checkpoints", "data", "lab", "models", "parallel", "rewards", "roles", "rollout", "run",
-           "tokenization"},
+           "serve", "tokenization"},
     # warm start
     "sft": {"checkpoints", "data", "lab", "rewards", "rl", "roles", "rollout", "run", "tokenization", "tools"},
     # the continuous-batching engine, the OpenAI-compatible server, ask / chat, exports

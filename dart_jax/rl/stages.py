@@ -41,6 +41,7 @@ from dart_jax.rollout.tasks import overlong, qa_task, sql_task
 from dart_jax.rollout.trajectory import TrajectoryBatch, assemble, concat_batches
 from dart_jax.run.held_out import task_accuracy
 from dart_jax.run.spec import LossConfig, OptimConfig, UpdatePlan, groups_per_chunk
+from dart_jax.serve import rollouts as engine_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,9 @@ def rollout(agent: Agent, trees: tuple[Any, Any], rows: list[dict], group_size: 
             if over[a]:
                 tb = refused_rows(agent, rep(prompts), rep(uids))
             else:
-                tb = rollout_policy(agent, trees[0], trees[1], rep(prompts), rep(uids), ms, seed=seed,
-                                    row_offset=row_offset + (start + a) * g, engine=agent.rc.train_engine)
+                decode = engine_rollouts.engine_batch if agent.rc.train_engine == "continuous" else rollout_policy
+                tb = decode(agent, trees[0], trees[1], rep(prompts), rep(uids), ms, seed=seed,
+                            row_offset=row_offset + (start + a) * g)
             parts.append(Rollouts(tb, rep(part), ms, np.full(tb.batch_size, over[a])))
     return parts[0] if len(parts) == 1 else concat_rollouts(parts)
 

@@ -96,15 +96,10 @@ def policy_decoder(agent: Agent, base, adapters, prompts: list[list[int]], seed:
 
 
 def rollout_policy(agent: Agent, base, adapters, prompts: list[list[int]], uids: list, meta: list[dict] | None = None,
-                   seed: int = 0, row_offset: int = 0, engine: str = "batch") -> TrajectoryBatch:
+                   seed: int = 0, row_offset: int = 0) -> TrajectoryBatch:
     """A rollout of one policy, or of the 2-Agent policy through the two-model composition
-    (`policy_decoder`). `row_offset`: as Agent.rollout's. `engine` "continuous" (one process, one device,
-    one model): the rows run on the serving engine (serve.rollouts.engine_batch), the same draws per row,
-    no row waiting for the batch's longest turn; callers pass the setting that governs them (GRPO's
-    rollouts: rollout.train_engine)."""
-    if engine == "continuous":
-        from dart_jax.serve.rollouts import engine_batch
-        return engine_batch(agent, base, adapters, prompts, uids, meta, seed, row_offset)
+    (`policy_decoder`). `row_offset`: as Agent.rollout's. (On the serving engine instead:
+    serve.rollouts.engine_batch, the same draws per row.)"""
     return agent.run(policy_decoder(agent, base, adapters, prompts, seed, row_offset), prompts, uids, meta)
 
 

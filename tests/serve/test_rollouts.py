@@ -18,9 +18,8 @@ from dart_jax.adapters.method import TwoModels
 from dart_jax.eval.datasets import resolve
 from dart_jax.eval.runner import EvalOptions, Evaluator
 from dart_jax.rollout.agent import Agent, RolloutConfig
-from dart_jax.rollout.compose import rollout_policy
 from dart_jax.rollout.sampling import SamplingConfig
-from dart_jax.serve.rollouts import check_engine, continuous_rollouts
+from dart_jax.serve.rollouts import check_engine, continuous_rollouts, engine_batch
 from serve_setup import RC
 
 
@@ -57,7 +56,7 @@ def test_continuous_rollouts_equal_the_batches_row_for_row(serve_setup):
 
 
 def test_a_grpo_batch_on_the_engine_is_the_batch_samplers(serve_setup):
-    """rollout_policy on the engine (GRPO's rollouts with rollout.train_engine=continuous): groups of three
+    """engine_batch (GRPO's rollouts with rollout.train_engine=continuous): groups of three
     samples of two prompts, rows 6-11 of a step's batch at T = 1, each group's prompt prefilled once."""
     agent, base, prompts = serve_setup
     ps, uids = [prompts[0]] * 3 + [prompts[2]] * 3, ["a"] * 3 + ["b"] * 3
@@ -65,7 +64,7 @@ def test_a_grpo_batch_on_the_engine_is_the_batch_samplers(serve_setup):
     want = agent.rollout(base, None, ps, uids, metas, seed=5, row_offset=6)
     on = Agent(agent.spec.model, agent.tok, agent.protocol, agent.tool, SamplingConfig(temperature=1.0),
                dataclasses.replace(RC, engine_segment=8))
-    got = rollout_policy(on, base, None, ps, uids, metas, seed=5, row_offset=6, engine="continuous")
+    got = engine_batch(on, base, None, ps, uids, metas, seed=5, row_offset=6)
     assert got.ids.shape == want.ids.shape and got.batch_size == 6
     assert sum(len(t) for t in want.turns) > 6 and len(set(map(len, want.turns))) > 1  # rows paused, unevenly
     assert len({tuple(want.ids[i]) for i in range(3)}) == 3  # a group's samples differ
