@@ -14,7 +14,7 @@ on the same questions, in interleaved rounds (batch, continuous, batch, continuo
 
 `bench_grpo_rollouts` (`launch.bench grpo_rollouts`) measures GRPO's rollouts the same way: each round one
 training step's batch (the config's prompts per step × group size, sampled at its temperature, the
-step's seed) through the trainer's rollout stage (rl.stages.rollout) with `rollout.engine` batch, then
+step's seed) through the trainer's rollout stage (rl.stages.rollout) with `rollout.train_engine` batch, then
 continuous: one engine row per trajectory, nothing to refill, but no row waits for the batch's longest turn,
 rows that finished or paused cost no forward, and a group's prompt is prefilled once.
 

@@ -203,6 +203,8 @@ def _serve(agent, base, adapters, questions: list[str], prompts: list[list[int]]
             # row bucket decoded: padding rows included)
             "engine_s": {k: round(v, 1) for k, v in engine.time.items()},
             "rows_per_segment": round(engine.stats["segment_rows"] / max(1, engine.stats["segments"]), 1),
+            # encoding's padding: columns encoded per appended row (exact row pieces, each at its own width)
+            "columns_per_appended_row": round(engine.stats["append_columns"] / max(1, engine.stats["append_rows"]), 1),
             "generated_tokens_per_s": round(tokens / wall, 1),
             "p50_ttft_s": _pct([x["ttft_s"] for x in ok if x["ttft_s"] is not None], 50),
             "p95_ttft_s": _pct([x["ttft_s"] for x in ok if x["ttft_s"] is not None], 95),

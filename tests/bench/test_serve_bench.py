@@ -28,6 +28,7 @@ def test_serve_bench_runs_every_side(tiny_smollm_dir, tmp_path):
         assert s["errors"] == 0 and s["ok"] == c and s["hung_clients"] == 0 and s["slots"] == min(c, 2)
         assert s["lone_latency_s"] > 0 and s["rss_gib"] > 0 and s["engine_s"]["decode"] > 0
         assert 1 <= s["rows_per_segment"] <= min(c, 2)
+        assert s["columns_per_appended_row"] >= 16  # every tool result appended, in a width of ≥ 16 columns
         assert s["same_tokens_as_alone"] == f"{c}/{c}"
         assert s["cache_grows"] == 0  # KV slots sized up front, warm-up prompts included
         assert res["batch"][c]["requests"] == c
