@@ -9,6 +9,7 @@ binomial test on the discordant questions)."""
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import os
 import statistics
@@ -124,6 +125,29 @@ def _median(rows: list[dict], key: str) -> float:
     return float(statistics.median(vals)) if vals else float("nan")
 
 
+def signal(train_dir: str) -> dict | None:
+    """GRPO's learning signal in a run: trajectories rewarded and groups (one prompt's samples at one
+    step) with mixed scores — the only groups whose advantages are not all zero — from the run's
+    rollout records (rollouts.jsonl, or the archive's rollouts.jsonl.gz); None without them."""
+    path = os.path.join(train_dir, "rollouts.jsonl")
+    if os.path.isfile(path):
+        recs = read_records(path)
+    elif os.path.isfile(path + ".gz"):
+        with gzip.open(path + ".gz", "rt") as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+    else:
+        return None
+    groups: dict[tuple, list[float]] = {}
+    for r in recs:
+        if r.get("in_update", True):
+            groups.setdefault((r["step"], r["uid"]), []).append(float(r["score"]))
+    steps = sorted({s for s, _ in groups})
+    return {"trajectories": sum(len(v) for v in groups.values()),
+            "rewarded": sum(x > 0 for v in groups.values() for x in v), "groups": len(groups),
+            "mixed": sum(len(set(v)) > 1 for v in groups.values()),
+            "mixed_per_step": [sum(len(set(v)) > 1 for (s, _), v in groups.items() if s == step) for step in steps]}
+
+
 def write_report(runs: dict, out: str, datasets: list[str], times: dict | None = None,
                  missing: list[str] | None = None, reference: str | None = None) -> dict:
     """runs: {name: {method, seed, train (run dir), eval (evaluation dir)}} -> summary (also written:
@@ -143,7 +167,8 @@ def write_report(runs: dict, out: str, datasets: list[str], times: dict | None =
                                                 default=float("nan")),
                          "peak_rss_mib": max((x.get("memory/peak_rss_mib", float("nan")) for x in rows),
                                              default=float("nan")),
-                         "steps": len(rows), "skills": _skills(r["eval"], datasets)}
+                         "steps": len(rows), "skills": _skills(r["eval"], datasets),
+                         "signal": signal(r["train"])}
         per_run[name]["em"]["avg"] = float(np.mean([per_run[name]["em"][d] for d in datasets]))
         curves[name] = ([x["step"] for x in rows], [x["reward/mean"] for x in rows])
     methods = list(dict.fromkeys(r["method"] for r in per_run.values()))
@@ -222,6 +247,16 @@ def _markdown(summary: dict, per_run: dict, datasets: list[str], times: dict) ->
     lines += ["", "The paper's column is Qwen2.5-3B-Base on wiki-18 with 100 steps of 256 × 16 trajectories "
               "(the paper's main QA table; full = Search-R1's row): orientation only.", "",
               "![reward curves](reward_curves.png)"]
+    sig = [(name, r["signal"]) for name, r in per_run.items() if r.get("signal")]
+    if sig:
+        lines += ["", "## GRPO's signal", "",
+                  "From each run's rollout records: trajectories with a positive score, and groups (one prompt's "
+                  "samples at one step) whose scores differ — GRPO's advantages are zero in every other group.",
+                  ""]
+        lines.append(markdown_table(["run", "rewarded / trajectories", "mixed groups / groups", "mixed per step"], [
+            [name, f"{g['rewarded']} / {g['trajectories']}", f"{g['mixed']} / {g['groups']} = "
+             f"{g['mixed'] / g['groups']:.2f}" if g["groups"] else "0 / 0",
+             " ".join(str(k) for k in g["mixed_per_step"])] for name, g in sig]))
     if summary.get("paired"):
         lines += ["", "## Paired on the same questions", "",
                   "Each row: questions right only in A / only in B / in both, of n; p = exact McNemar "

@@ -15,14 +15,16 @@
 
 `methods.archive` (a directory, relative to the repository; "" for none) keeps what the report needs
 of every finished run, small enough to commit, so the comparison survives the loss of `out` (a fresh
-clone, a new machine): train/<run>/metrics.jsonl; eval/<run>/results.json, per_question.jsonl.gz and
-config.json (the run's configuration); stages.json (the archived runs' stage times). A run archived
-finished (same step, limit and datasets, and the same configuration apart from `methods`, what a
-resume may change and output.dir) is neither trained nor evaluated again, and the report reads it
-from the archive when `out` lacks it. Evaluations are archived as they finish, and an evaluation found
-finished in `out` but not archived is archived when the eval stage passes it (`--stage=archive`: all
-of them). A finished entry made differently (a trial with fewer steps, another configuration) is never
-overwritten: give trials another archive, or `--config.methods.archive=`.
+clone, a new machine): train/<run>/metrics.jsonl and rollouts.jsonl.gz (each step's scored
+trajectories, without their text: GRPO's signal, methods_report.signal); eval/<run>/results.json,
+per_question.jsonl.gz and config.json (the run's configuration); stages.json (the archived runs'
+stage times). A run archived finished (same step, limit and datasets, and the same configuration
+apart from `methods`, what a resume may change and output.dir) is neither trained nor evaluated
+again, and the report reads it from the archive when `out` lacks it. Evaluations are archived as they
+finish, and an evaluation found finished in `out` but not archived is archived when the eval stage
+passes it (`--stage=archive`: all of them). A finished entry made differently (a trial with fewer
+steps, another configuration) is never overwritten: give trials another archive, or
+`--config.methods.archive=`.
 
 The degeneracy gate (experiments.gate, `gate`) on each evaluation's trajectories (per_question.jsonl, in `out`
 or the archive): the report writes its verdict into summary.json and report.md. Under `gate="strict"` the
@@ -264,6 +266,8 @@ class MethodsStages(StageLog):
             os.makedirs(train, exist_ok=True)
             shutil.copyfile(os.path.join(self.out, "train", name, "metrics.jsonl"), os.path.join(train, "metrics.tmp"))
             os.replace(os.path.join(train, "metrics.tmp"), os.path.join(train, "metrics.jsonl"))
+            _archive_scores(os.path.join(self.out, "train", name, "rollouts.jsonl"),
+                            os.path.join(train, "rollouts.jsonl.gz"))
             prov = os.path.join(self.out, "train", name, PROVENANCE)
             if os.path.isfile(prov):  # runs trained before run.provenance existed have none
                 shutil.copyfile(prov, os.path.join(train, "provenance.tmp"))
@@ -406,6 +410,18 @@ class MethodsStages(StageLog):
         self._record("report", "all", time.perf_counter() - t0)
         return summary
 
+
+
+def _archive_scores(src: str, dst: str) -> None:
+    """A run's rollout records without their text (pieces, question): step, group, score, accuracy,
+    finish, in_update (gzipped; a cut-short last record is left out)."""
+    from dart_jax.run.records import read_records
+    if not os.path.isfile(src):
+        return
+    with gzip.GzipFile(dst + ".tmp", "wb", mtime=0) as g:
+        for rec in read_records(src):
+            g.write((json.dumps({k: v for k, v in rec.items() if k not in ("pieces", "question")}) + "\n").encode())
+    os.replace(dst + ".tmp", dst)
 
 
 def _read_json(path: str) -> dict:

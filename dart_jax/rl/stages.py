@@ -248,6 +248,12 @@ def step_metrics(ro: Rollouts, sc: Scored, upd: list[dict], task: str, with_kl: 
                          "reward/max": float(scores[ok].max()) if ok.any() else float("nan"),
                          "accuracy/mean": mean(sc.accuracy[ok]),
                          "reward/dropped_prompts": float(len({tb.uids[i] for i in np.flatnonzero(~ok)}))}
+    # GRPO learns only from groups whose scores differ (an all-equal group's advantages are all zero)
+    groups: dict[str, set] = {}
+    for i in np.flatnonzero(ok):
+        groups.setdefault(tb.uids[i], set()).add(float(scores[i]))
+    m["advantage/groups"] = float(len(groups))
+    m["advantage/mixed_groups"] = float(sum(len(v) > 1 for v in groups.values()))
     for k, v in sc.counts.items():
         m[f"reward/{task}_{k}"] = float(v)
     for src in sorted({x["data_source"] for x in ro.metas}):

@@ -61,6 +61,27 @@ def test_the_second_lab_study_changes_only_what_decides_reward_variance():
                                                                           a.warm_start)
 
 
+def test_grpo_signal_by_hand(tmp_path):
+    """Groups are (step, uid); a group is mixed when its scores differ; rows left out of the update are not
+    counted; the archive's gzipped records give the same counts."""
+    import gzip
+
+    from dart_jax.experiments.methods_report import signal
+    recs = [(1, "a", 0.0), (1, "a", 1.0), (1, "b", 0.0), (1, "b", 0.0), (2, "a", 1.0), (2, "a", 1.0),
+            (2, "c", 0.0), (2, "c", 0.5), (2, "c", 0.0)]
+    lines = [json.dumps({"step": s, "uid": u, "score": x, "in_update": True}) for s, u, x in recs]
+    lines.append(json.dumps({"step": 2, "uid": "d", "score": 1.0, "in_update": False}))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "rollouts.jsonl").write_text("\n".join(lines) + "\n")
+    want = {"trajectories": 9, "rewarded": 4, "groups": 4, "mixed": 2, "mixed_per_step": [1, 1]}
+    assert signal(str(tmp_path / "run")) == want
+    (tmp_path / "archived").mkdir()
+    with gzip.open(tmp_path / "archived" / "rollouts.jsonl.gz", "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    assert signal(str(tmp_path / "archived")) == want
+    assert signal(str(tmp_path)) is None
+
+
 def test_paired_mcnemar_by_hand():
     a = {("nq", str(i)): i < 7 for i in range(10)}          # right on 0..6
     b = {("nq", str(i)): i in (0, 7) for i in range(10)}     # right on 0 and 7
@@ -83,6 +104,13 @@ def test_launch_methods_end_to_end(tiny_smollm_dir, tmp_path, capsys):
     assert summary["runs"]["2agent_s0"]["train_state_mib"] > 20 * summary["runs"]["dart_s0"]["train_state_mib"]
     assert (out / "report" / "reward_curves.png").is_file() and (out / "report" / "results.csv").is_file()
     assert "| dart_s0 |" in open(out / "report" / "report.md").read()
+    # GRPO's signal: the report's counts from the rollout records equal the trainer's per-step metrics
+    for name in ("dart_s0", "2agent_s0"):
+        rows = [json.loads(s) for s in open(out / "train" / name / "metrics.jsonl")]
+        sig = summary["runs"][name]["signal"]
+        assert sig["mixed"] == sum(r["advantage/mixed_groups"] for r in rows if "advantage/groups" in r)
+        assert sig["groups"] == sum(r["advantage/groups"] for r in rows if "advantage/groups" in r) == 2
+    assert "## GRPO's signal" in open(out / "report" / "report.md").read()
     times = json.load(open(out / "stages.json"))
     assert (set(times["train"]) == {"dart_s0", "2agent_s0"}
             and set(times["eval"]) == {"warm_start", "dart_s0", "2agent_s0"})
@@ -124,6 +152,10 @@ def test_methods_archive_outlives_the_output_directory(tiny_smollm_dir, tmp_path
     assert (archive / "eval" / "dart_s0" / "per_question.jsonl.gz").is_file()
     assert (archive / "eval" / "warm_start" / "results.json").is_file()
     assert (archive / "train" / "dart_s0" / "metrics.jsonl").is_file()
+    import gzip
+    with gzip.open(archive / "train" / "dart_s0" / "rollouts.jsonl.gz", "rt") as f:
+        scored = [json.loads(s) for s in f]
+    assert len(scored) == 4 and all("pieces" not in r and "question" not in r and "score" in r for r in scored)
     prov = [json.loads(s) for s in open(archive / "train" / "dart_s0" / "provenance.jsonl")]
     assert [(p["start_step"], p["resumed"]) for p in prov] == [(0, False)] and prov[0]["versions"]["jax"]
     assert json.load(open(archive / "eval" / "dart_s0" / "config.json"))["optim"]["lr"] == 2e-4

@@ -51,13 +51,19 @@ def test_tool_calls_pause_append_and_resume_exactly(setup):
     tb = agent.rollout(base, None, prompts, [r["id"] for r in rows], seed=1)
     assert tb.tool_calls().sum() >= 2, tb.turns
     obs_tokens = 0
+    # every row's whole sequence in one forward (one program): a row's padding after its length gets
+    # position -1, which no query attends to
+    width = int(tb.length.max())
+    cols = np.arange(width)[None, :]
+    positions = np.where(cols < tb.length[:, None], tb.positions[:, :width], -1)
+    logits, _ = forward(base, None, jnp.asarray(tb.ids[:, :width]), jnp.asarray(positions), None, None, cfg=cfg)
+    lps = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)))
     for b in range(tb.batch_size):
         n = tb.length[b]
         ids = jnp.asarray(tb.ids[b:b + 1, :n])
         routes = route_roles(ids, agent.spec.router)
         np.testing.assert_array_equal(np.asarray(routes)[0], tb.route_ids[b, :n])
-        logits, _ = forward(base, None, ids, jnp.asarray(tb.positions[b:b + 1, :n]), None, None, cfg=cfg)
-        lp = np.asarray(jax.nn.log_softmax(logits[0].astype(jnp.float32)))
+        lp = lps[b, :n]
         gen = np.nonzero(tb.loss_mask[b, :n])[0]
         assert gen.min() == tb.prompt_len[b]
         np.testing.assert_allclose(tb.sampler_logprobs[b, gen], lp[gen - 1, tb.ids[b, gen]], atol=1e-4)

@@ -137,16 +137,19 @@ def test_a_low_memory_map_limit_falls_back_to_the_batch_loop_with_a_warning(tmp_
 @pytest.mark.parametrize("train_engine", ["batch", "continuous"])
 def test_grpo_rollouts_follow_train_engine_not_engine(serve_setup, monkeypatch, train_engine):
     """rl.stages.rollout (the trainer's, and the gradient samplers') decodes as rollout.train_engine says,
-    whatever rollout.engine (evaluation's) says."""
+    whatever rollout.engine (evaluation's) says. The dispatch only: the engine's batch is recorded and
+    decoded by the batch loop (that the two are equal is test_a_grpo_batch_on_the_engine_is_the_batch_samplers)."""
     import dart_jax.serve.rollouts as serve_rollouts
     from dart_jax.rl.stages import rollout
+    from dart_jax.rollout.compose import rollout_policy
     agent, base, _ = serve_setup
     other = "continuous" if train_engine == "batch" else "batch"
     a = Agent(agent.spec.model, agent.tok, agent.protocol, agent.tool, SamplingConfig(temperature=1.0),
               dataclasses.replace(RC, engine=other, train_engine=train_engine, engine_segment=8))
     called = []
-    real = serve_rollouts.engine_batch
-    monkeypatch.setattr(serve_rollouts, "engine_batch", lambda *args, **kw: called.append(1) or real(*args, **kw))
+    monkeypatch.setattr(serve_rollouts, "engine_batch",
+                        lambda *args, **kw: called.append(kw) or rollout_policy(*args, **kw))
     rows = [{"id": "q0", "question": "Who founded the Pomorn Brothers?", "golden_answers": ["x"]}]
     ro = rollout(a, (base, None), rows, 2, seed=3)
     assert ro.tb.batch_size == 2 and len(called) == (train_engine == "continuous")
+    assert all(kw == {"seed": 3, "row_offset": 0} for kw in called)
