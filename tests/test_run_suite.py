@@ -14,14 +14,14 @@ PYTEST_ARGS = ["-q", "-p", "no:cacheprovider"]
 
 def test_schedule_puts_longest_first_and_alone_groups_last():
     # as groups() lists them: directories sorted, then the top-level files as one group
-    chosen = ["tests/adapters", "tests/data", "tests/experiments", "tests/rl", "tests/rollout", "tests/tools",
-              "tests/test_cli.py tests/test_layers.py"]
+    chosen = ["tests/adapters", "tests/analysis", "tests/data", "tests/experiments", "tests/rl", "tests/rollout",
+              "tests/tools", "tests/test_cli.py tests/test_layers.py"]
     order = run_suite.schedule(chosen)
     assert order[:5] == ["tests/rl", "tests/rollout", "tests/experiments",  # LONGEST_FIRST's order
                          "tests/test_cli.py tests/test_layers.py", "tests/adapters"]
     assert order[-1] == "tests/tools"
     # the unranked groups keep directory order between them
-    assert order[5:-1] == ["tests/data"]
+    assert order[5:-1] == ["tests/analysis", "tests/data"]
     assert run_suite.name("tests/test_cli.py tests/test_layers.py") == "top"
 
 

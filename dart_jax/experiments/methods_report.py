@@ -9,7 +9,6 @@ binomial test on the discordant questions)."""
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 import os
 import statistics
@@ -127,25 +126,25 @@ def _median(rows: list[dict], key: str) -> float:
 
 def signal(train_dir: str) -> dict | None:
     """GRPO's learning signal in a run: trajectories rewarded and groups (one prompt's samples at one
-    step) with mixed scores — the only groups whose advantages are not all zero — from the run's
-    rollout records (rollouts.jsonl, or the archive's rollouts.jsonl.gz); None without them."""
+    step) with mixed scores — with two or more samples a group, the only groups whose advantages are
+    not all zero — from the run's rollout records (rollouts.jsonl, or the archive's
+    rollouts.jsonl.gz; rows left out of the update are not counted); None without them.
+    mixed_per_step: one count for each step the records hold, in step order."""
     path = os.path.join(train_dir, "rollouts.jsonl")
-    if os.path.isfile(path):
-        recs = read_records(path)
-    elif os.path.isfile(path + ".gz"):
-        with gzip.open(path + ".gz", "rt") as f:
-            recs = [json.loads(line) for line in f if line.strip()]
-    else:
+    path = path if os.path.isfile(path) else path + ".gz"
+    if not os.path.isfile(path):
         return None
     groups: dict[tuple, list[float]] = {}
-    for r in recs:
+    steps: set[int] = set()
+    for r in read_records(path):
+        steps.add(int(r["step"]))
         if r.get("in_update", True):
             groups.setdefault((r["step"], r["uid"]), []).append(float(r["score"]))
-    steps = sorted({s for s, _ in groups})
     return {"trajectories": sum(len(v) for v in groups.values()),
             "rewarded": sum(x > 0 for v in groups.values() for x in v), "groups": len(groups),
             "mixed": sum(len(set(v)) > 1 for v in groups.values()),
-            "mixed_per_step": [sum(len(set(v)) > 1 for (s, _), v in groups.items() if s == step) for step in steps]}
+            "mixed_per_step": [sum(len(set(v)) > 1 for (s, _), v in groups.items() if s == step)
+                               for step in sorted(steps)]}
 
 
 def write_report(runs: dict, out: str, datasets: list[str], times: dict | None = None,
@@ -251,7 +250,8 @@ def _markdown(summary: dict, per_run: dict, datasets: list[str], times: dict) ->
     if sig:
         lines += ["", "## GRPO's signal", "",
                   "From each run's rollout records: trajectories with a positive score, and groups (one prompt's "
-                  "samples at one step) whose scores differ — GRPO's advantages are zero in every other group.",
+                  "samples at one step) whose scores differ — GRPO's advantages are zero in every other group of "
+                  "two or more. Mixed per step: steps 1, 2, … in order.",
                   ""]
         lines.append(markdown_table(["run", "rewarded / trajectories", "mixed groups / groups", "mixed per step"], [
             [name, f"{g['rewarded']} / {g['trajectories']}", f"{g['mixed']} / {g['groups']} = "

@@ -413,12 +413,14 @@ class MethodsStages(StageLog):
 
 
 def _archive_scores(src: str, dst: str) -> None:
-    """A run's rollout records without their text (pieces, question): step, group, score, accuracy,
-    finish, in_update (gzipped; a cut-short last record is left out)."""
+    """A run's rollout records with the trajectory's and the question's text left out ("pieces",
+    "question"; the rest as the trainer wrote it: step, uid, score, accuracy, finish, in_update, gold
+    answers, a SQL row's database and gold query), gzipped; a cut-short last record is left out. Runs
+    archived before this existed have none: `--stage=archive` adds it while `out` still holds them."""
     from dart_jax.run.records import read_records
     if not os.path.isfile(src):
         return
-    with gzip.GzipFile(dst + ".tmp", "wb", mtime=0) as g:
+    with open(dst + ".tmp", "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as g:
         for rec in read_records(src):
             g.write((json.dumps({k: v for k, v in rec.items() if k not in ("pieces", "question")}) + "\n").encode())
     os.replace(dst + ".tmp", dst)

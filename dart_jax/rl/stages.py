@@ -248,7 +248,8 @@ def step_metrics(ro: Rollouts, sc: Scored, upd: list[dict], task: str, with_kl: 
                          "reward/max": float(scores[ok].max()) if ok.any() else float("nan"),
                          "accuracy/mean": mean(sc.accuracy[ok]),
                          "reward/dropped_prompts": float(len({tb.uids[i] for i in np.flatnonzero(~ok)}))}
-    # GRPO learns only from groups whose scores differ (an all-equal group's advantages are all zero)
+    # GRPO learns only from groups whose scores differ: an all-equal group of two or more samples has
+    # all-zero advantages
     groups: dict[str, set] = {}
     for i in np.flatnonzero(ok):
         groups.setdefault(tb.uids[i], set()).add(float(scores[i]))

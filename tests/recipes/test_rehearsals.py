@@ -100,13 +100,14 @@ def _check_evaluate(reh: rh.Rehearsal, ran: rh.Ran) -> None:
         assert f"paper: {METHOD_NAMES[method]} ({backbone})" in ran.stdout, ran.stdout[-3000:]
 
 
-# Rehearsed in CI's default run: the 7B/8B QA page (two backbones, two methods, both 8-device meshes,
-# every step kind) and the SQL page. The Qwen2.5-3B and TPU pages run the same entry points with the
-# 3B configs; in the default run they are checked without running (their blocks parse, the TPU and
-# sbatch commands are the 3B page's, tests/test_configs.py builds every paper_qa method x backbone);
-# their rehearsals (~3 and ~2 min on 2 cores) are marked slow:
+# Rehearsed in CI's default run: the QA 3B page (DART, Search-R1 and LoRA-16, the stacked and per-layer
+# decode layouts, the sbatch step), the TPU page (training and evaluation on 8 devices, the commands
+# run through gcloud) and the SQL page. The 7B/8B page runs the same entry points with the 7B/8B
+# configs (its blocks parse in the default run, tests/test_configs.py builds every paper_qa method x
+# backbone); its rehearsal (four trainings and evaluations, ~4 min on 2 cores, the costliest) is
+# marked slow:
 #     python tests/run_suite.py -m slow --only recipes
-SLOW_REHEARSALS = {"qa-qwen2.5-3b.md", "tpu-pod.md"}
+SLOW_REHEARSALS = {"qa-7b-8b.md"}
 
 
 @pytest.mark.parametrize("recipe", [pytest.param(os.path.basename(p), marks=pytest.mark.slow)

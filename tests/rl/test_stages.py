@@ -84,3 +84,5 @@ def test_step_metrics_by_hand():
     assert m["reward/mean"] == 0.5 and m["reward/dropped_prompts"] == 1.0 and m["reward/a"] == 0.5
     assert np.isnan(m["reward/b"]) and m["protocol/answer_rate"] == 0.75 and m["protocol/finish_length"] == 0.25
     assert m["time/step_s"] == 4.0 and m["actor/lr"] == 1e-3 and "actor/kl" not in m
+    # GRPO's signal: q1's two samples scored 1 and 0 (mixed); q2 left the update, so it is no group
+    assert m["advantage/groups"] == 1.0 and m["advantage/mixed_groups"] == 1.0

@@ -14,7 +14,8 @@ def test_sweep_same_loss_on_every_mesh(tmp_path):
     c = quickstart.get_config()
     c.model.path = path
     c.train.mini_batch, c.train.micro_batch = 8, 4
-    # the sweep itself (each shape against one device for every shape: tests/parallel/test_mesh_sharding.py)
+    # the sweep itself: one device, pure data parallel and all three axes at 2, and a shape the host
+    # cannot hold (forward logits on six shapes against one device: tests/parallel/test_mesh_sharding.py)
     rows = sweep_mesh(c, [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 1, 16)], length=32, steps=2)
     ok = [r for r in rows if "error" not in r]
     assert len(ok) == 3 and "needs 16 devices" in rows[-1]["error"]
