@@ -74,7 +74,8 @@ def _eval_counts(eval_dir: str, datasets: list[str]) -> dict:
             for d in datasets}
 
 
-SKILLS = ("accuracy", "tool_skill", "reasoning_skill", "chain_coverage", "copy_rate", "values_stated")
+SKILLS = ("accuracy", "tool_skill", "chain_recall", "reasoning_skill", "chain_coverage", "copy_rate", "values_stated",
+          "tool_calls")
 
 
 def _skills(eval_dir: str, datasets: list[str]) -> dict:
@@ -270,7 +271,9 @@ def _markdown(summary: dict, per_run: dict, datasets: list[str], times: dict) ->
     if summary.get("skill_shifts"):
         lines += ["", "## Role skills (lab sets)", "",
                   "Pooled over each evaluation's trajectories (dart_jax/lab/metrics.py): tool skill = share of "
-                  "calls that retrieve a gold-chain passage not retrieved before (not a copy of the question); "
+                  "calls that retrieve a gold-chain passage not retrieved before (not a copy of the question; it "
+                  "rises as calls fall, the first lookup being the easiest); chain recall = share of the gold "
+                  "chain's passages a trajectory retrieved; tool calls = calls per trajectory; "
                   "reasoning skill = EM among trajectories that retrieved the whole chain; chain coverage = "
                   "trajectories that did; values stated = gold intermediate values written in <think>. "
                   "\"beyond seed spread\": the warm start's value lies outside the seeds' range.", ""]

@@ -61,6 +61,19 @@ def test_the_second_lab_study_changes_only_what_decides_reward_variance():
                                                                           a.warm_start)
 
 
+def test_the_third_lab_study_adds_only_the_kl_term():
+    from configs import methods_lab_kl, methods_lab_signal
+    from dart_jax.run.run_dir import config_differences
+    from tests.test_configs import _validate
+    for arg in ("dart,0", "dart,2"):
+        a, b = methods_lab_signal.get_config(arg), methods_lab_kl.get_config(arg)
+        _validate(b)
+        assert (a.loss.kl_coef, b.loss.kl_coef, b.loss.kl_type) == (0.0, 0.001, "k3")
+        assert b.output.dir.startswith(methods_lab_kl.OUT) and b.train.seed == a.train.seed
+        diffs = [d.split(":")[0] for d in config_differences(config_dict(a), config_dict(b), ignore=())]
+        assert diffs == ["loss.kl_coef", "methods.archive", "methods.out", "output.dir"], diffs
+
+
 def test_grpo_signal_by_hand(tmp_path):
     """Groups are (step, uid); a group is mixed when its scores differ; rows left out of the update are not
     counted; the archive's gzipped records give the same counts."""
