@@ -40,8 +40,8 @@ GRACE_S = 10  # on Ctrl-C: how long the groups get to write their interrupt repo
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # CI's per-group wall times, longest first (the clean-clone CI row of docs/performance.md); groups not named
 # start after these
-LONGEST_FIRST = ["rl", "serve", "recipes", "rollout", "bench", "experiments", "parallel", "checkpoints", "eval", "sft",
-                 "models", "preflight", "parity", "top", "lab", "tokenization", "adapters", "run"]
+LONGEST_FIRST = ["rl", "serve", "rollout", "experiments", "bench", "parallel", "checkpoints", "recipes", "sft", "eval",
+                 "models", "preflight", "parity", "top", "lab", "adapters", "tokenization", "run"]
 # groups with wall-clock assertions (tests/tools/test_sqlite_exec.py: every call within timeout + 0.5 s)
 ALONE = {"tools"}
 

@@ -39,7 +39,7 @@ harness does with each kind:
 Devices: preflight steps run on 8 forced CPU devices (DEVICES), so the recipe's mesh flags are checked
 against the 8 accelerators they are written for; training and evaluation run on 8 too, unless the page
 says `<!-- rehearsal: devices=1 -->` (the GPU pages: 8 forced devices double a tiny run's cost, and the
-TPU page already rehearses an 8-device mesh), in which case they run on one device, training with
+TPU page, rehearsed under -m slow, runs an 8-device mesh), in which case they run on one device, training with
 `--config.mesh.shape=(1,1,1)` in place of the recipe's mesh (a tuple flag cannot be given twice).
 Everything else runs on one device.
 

@@ -100,14 +100,17 @@ def _check_evaluate(reh: rh.Rehearsal, ran: rh.Ran) -> None:
         assert f"paper: {METHOD_NAMES[method]} ({backbone})" in ran.stdout, ran.stdout[-3000:]
 
 
-# Rehearsed in CI's default run: the QA 3B page (DART, Search-R1 and LoRA-16, the stacked and per-layer
-# decode layouts, the sbatch step), the TPU page (training and evaluation on 8 devices, the commands
-# run through gcloud) and the SQL page. The 7B/8B page runs the same entry points with the 7B/8B
-# configs (its blocks parse in the default run, tests/test_configs.py builds every paper_qa method x
-# backbone); its rehearsal (four trainings and evaluations, ~4 min on 2 cores, the costliest) is
-# marked slow:
+# Rehearsed in CI's default run: the QA 3B page (prepare, adopt + serve, preflight on 8 devices, DART,
+# Search-R1 and LoRA-16 with the stacked and per-layer decode layouts, the sbatch step, as-trained
+# evaluation), the paper's main setting. The other pages run the same entry points with other configs
+# and are rehearsed under -m slow (CI time: 7B/8B ~4 min, SQL 154 s, TPU 86 s on 2 cores, alone):
 #     python tests/run_suite.py -m slow --only recipes
-SLOW_REHEARSALS = {"qa-7b-8b.md"}
+# In the default run their blocks parse (the TPU and sbatch commands are checked against the 3B page's),
+# tests/test_configs.py builds every paper_qa and paper_sql config, the SQL path's pieces run in
+# tests/data (prepare_data sql), tests/sft/test_sql_quickstart.py (SQL GRPO) and tests/eval (Spider
+# databases), and training and evaluation on 8 devices in tests/parallel/test_multihost.py (one
+# process x 8 devices, two x 4).
+SLOW_REHEARSALS = {"qa-7b-8b.md", "sql-qwen2.5-coder-7b.md", "tpu-pod.md"}
 
 
 @pytest.mark.parametrize("recipe", [pytest.param(os.path.basename(p), marks=pytest.mark.slow)

@@ -42,6 +42,10 @@ def setup(smollm2, tmp_path_factory):
     return cfg, base, tok, retriever, rows, prompts
 
 
+# slow (~105 s alone: SmolLM2 decoding 400 tokens at the suite's -O0): the same invariant on tiny models
+# runs by default (tests/rollout/test_sampler_invariants.py::test_resume_equals_teacher_forced_forward), and
+# SmolLM2's tool tags, observations and routes in the tests below
+@pytest.mark.slow
 def test_tool_calls_pause_append_and_resume_exactly(setup):
     cfg, base, tok, retriever, rows, prompts = setup
     rc = RolloutConfig(max_turns=2, max_tokens_per_turn=48, max_response_tokens=400, max_obs_tokens=120,

@@ -31,6 +31,9 @@ def _row(tb, i: int) -> dict:
             "observed": tb.observed[i], "prompt_len": int(tb.prompt_len[i]), "uid": tb.uids[i]}
 
 
+# slow (41 s alone): the default run checks the engine against the batch loop on a GRPO batch
+# (test_a_grpo_batch_on_the_engine_is_the_batch_samplers) and on evaluations (below)
+@pytest.mark.slow
 def test_continuous_rollouts_equal_the_batches_row_for_row(serve_setup):
     agent, base, prompts = serve_setup
     # two batches (seeds 7 and 8) of the batch sampler at T = 1
