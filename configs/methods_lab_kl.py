@@ -21,7 +21,7 @@ Stated before it ran (docs/results/lab.md, "The third study"):
 """
 
 from configs import methods_lab_signal
-from dart_jax.experiments.methods_run import apply_method
+from dart_jax.experiments.methods_run import relocate
 
 OUT = "runs/methods_lab_kl"
 ARCHIVE = "docs/results/data/lab/methods_kl/archive"
@@ -32,6 +32,4 @@ def get_config(arg: str | None = None):
     """arg: as configs/methods_lab.py (METHOD[,SEED])."""
     c = methods_lab_signal.get_config(arg)
     c.loss.kl_coef = KL_COEF
-    c.methods.out, c.methods.archive = OUT, ARCHIVE
-    parts = [p.strip() for p in (arg or "").split(",") if p.strip()]
-    return apply_method(c, parts[0] if parts else "dart", int(parts[1]) if len(parts) > 1 else 0)
+    return relocate(c, OUT, ARCHIVE)

@@ -17,7 +17,7 @@ Stated before it ran (docs/results/lab.md, "The second study"):
 """
 
 from configs import methods_lab
-from dart_jax.experiments.methods_run import apply_method
+from dart_jax.experiments.methods_run import relocate
 
 OUT = "runs/methods_lab_signal"
 ARCHIVE = "docs/results/data/lab/methods_signal/archive"
@@ -31,6 +31,4 @@ def get_config(arg: str | None = None):
     c.train.group_size = 8
     c.sampling.temperature = TEMPERATURE
     c.loss.temperature = TEMPERATURE
-    c.methods.out, c.methods.archive = OUT, ARCHIVE
-    parts = [p.strip() for p in (arg or "").split(",") if p.strip()]
-    return apply_method(c, parts[0] if parts else "dart", int(parts[1]) if len(parts) > 1 else 0)
+    return relocate(c, OUT, ARCHIVE)

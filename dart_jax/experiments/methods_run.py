@@ -109,6 +109,15 @@ def apply_method(c, method: str, seed: int):
     return c
 
 
+def relocate(c, out: str, archive: str):
+    """A run config of one study (`apply_method`'s) moved to another study's `out` and `archive`, for a
+    study defined as another's with a setting changed (in place; returns it)."""
+    run = os.path.basename(c.output.dir)
+    c.methods.out, c.methods.archive = out, archive
+    c.output.dir = f"{out}/train/{run}"
+    return c
+
+
 def run_config(config, method: str, seed: int):
     return apply_method(copy.deepcopy(config), method, seed)
 
