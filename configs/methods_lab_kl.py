@@ -7,7 +7,9 @@ run changes one thing: a k3 KL term to the warm start (adapters off) at the pape
 0.001 — with Adam, a step without reward variance then moves the adapters back toward the warm start.
 
 Stated before it ran (docs/results/lab.md, "The third study"):
-  mechanism   the KL term is active (actor/kl > 0 every step) and held-out accuracy stops falling:
+  mechanism   the KL term is active (actor/kl > 0 at every step after the first update that moved the
+              adapters; amended at step 2 of seed 0, before any evaluation: the run starts at the
+              reference, so KL is 0 until an update with a non-zero advantage) and held-out accuracy stops falling:
               pooled over the three seeds, question-runs lost minus gained ≤ 3 (second study: 15 - 1)
   primary     chain recall (the tool role per trajectory: share of the gold chain retrieved; the
               second study showed tool skill per call rises as calls fall) and reasoning skill on
