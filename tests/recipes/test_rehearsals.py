@@ -136,6 +136,17 @@ def test_rehearsal(recipe, standins, xla_cache, tmp_path):
     assert evaluated == trained, "every run the recipe trains is the one it evaluates"
 
 
+def test_every_page_parses_into_the_steps_it_rehearses():
+    """The default run's check of the pages rehearsed only under -m slow: every page's blocks parse
+    (each marked with a known step kind), and each page trains and evaluates the same runs."""
+    for p in rh.recipes():
+        steps = rh.parse(p)
+        kinds = {s.kind for s in steps}
+        assert {"train", "evaluate"} <= kinds, (p, kinds)
+        trained = {_flag(c, "config.output.dir") or _flag(c, "config") for c in rh.launch_commands(steps, ("train",))}
+        assert trained and rh.launch_commands(steps, ("evaluate",)), p
+
+
 def test_every_recipe_is_indexed():
     """docs/recipes/README.md links every recipe page, and every page it links exists."""
     index = open(os.path.join(rh.RECIPES, "README.md")).read()

@@ -227,10 +227,6 @@ def test_task_accuracy_scores_the_last_answer():
     np.testing.assert_array_equal(task_accuracy("sql", texts, metas, np.asarray([1, -1, 0, 1])), [1, 0, 0, 1])
 
 
-# slow (24 s alone): in the default run the layout's parts are checked apart — the decode layouts give the
-# same rollout (tests/rollout/test_sampler_mesh.py), scanning or looping the layers gives the same values
-# and gradients (tests/models/test_parity_hf.py), the rollout sweep holds no second copy (tests/rl/test_sweep.py)
-@pytest.mark.slow
 def test_shared_decode_layout_trains_the_same(tiny_smollm_dir, tmp_path):
     """rollout.decode_layout="shared": the run holds its frozen base per layer (no stacked tree, no
     decode copy), training loops over the layers instead of scanning them, and two steps end with the

@@ -42,9 +42,11 @@ def setup(smollm2, tmp_path_factory):
     return cfg, base, tok, retriever, rows, prompts
 
 
-# slow (~105 s alone: SmolLM2 decoding 400 tokens at the suite's -O0): the same invariant on tiny models
-# runs by default (tests/rollout/test_sampler_invariants.py::test_resume_equals_teacher_forced_forward), and
-# SmolLM2's tool tags, observations and routes in the tests below
+# slow (~105 s alone: SmolLM2 decoding 400 tokens at the suite's -O0): the default run checks the agent loop's
+# pauses, routes and teacher-forced log-probs on a tiny model
+# (tests/rollout/test_compose.py::test_each_token_is_its_writers_and_no_token_is_encoded_twice) and the
+# sampler's resume on tiny models (tests/rollout/test_sampler_invariants.py), SmolLM2's observation cap
+# and answer tag in the tests below
 @pytest.mark.slow
 def test_tool_calls_pause_append_and_resume_exactly(setup):
     cfg, base, tok, retriever, rows, prompts = setup
