@@ -69,12 +69,16 @@ def _check_served(standins: rh.StandIns, ran: rh.Ran) -> None:
     assert got == [[str(i) for i in ids[0]]]
 
 
+def _run_dir(args: list[str]) -> str:
+    """The run directory a training command writes (its --config.output.dir, else the paper config's)."""
+    method, _, model = _flag(args, "config").split(":", 1)[1].partition(",")
+    return _flag(args, "config.output.dir") or (f"runs/{method}-{model}" if model else
+                                                  f"runs/sql-{method}-qwen2.5-coder-7b")
+
+
 def _check_train(reh: rh.Rehearsal, ran: rh.Ran) -> str:
     args = shlex.split(ran.command[rh.LAUNCH.search(ran.command).start():])
-    config = _flag(args, "config")
-    method, _, model = config.split(":", 1)[1].partition(",")
-    run = _flag(args, "config.output.dir") or (f"runs/{method}-{model}" if model else
-                                                 f"runs/sql-{method}-qwen2.5-coder-7b")
+    run = _run_dir(args)
     rows = [json.loads(line) for line in open(os.path.join(reh.root, run, "metrics.jsonl"))]
     assert [r["step"] for r in rows if r["step"] > 0] == [1]
     saved = json.load(open(os.path.join(reh.root, run, "run_config.json")))
@@ -143,8 +147,9 @@ def test_every_page_parses_into_the_steps_it_rehearses():
         steps = rh.parse(p)
         kinds = {s.kind for s in steps}
         assert {"train", "evaluate"} <= kinds, (p, kinds)
-        trained = {_flag(c, "config.output.dir") or _flag(c, "config") for c in rh.launch_commands(steps, ("train",))}
-        assert trained and rh.launch_commands(steps, ("evaluate",)), p
+        trained = {_run_dir(c) for c in rh.launch_commands(steps, ("train",))}
+        evaluated = {_flag(c, "checkpoint") for c in rh.launch_commands(steps, ("evaluate",))}
+        assert trained and evaluated == trained, (p, trained, evaluated)
 
 
 def test_every_recipe_is_indexed():
