@@ -23,6 +23,12 @@ resident memory of its process (rl, the largest, ~5 GiB: beside a training run t
 machine's memory, use `--jobs 1`). Two processes share the compilation cache at once: JAX writes an
 entry in place without a lock, but entries are compressed, so a half-written entry read by the other
 process fails to decompress, which JAX reports as a warning and compiles the program instead.
+
+Why one torch thread (OMP_NUM_THREADS=1 when groups run side by side, unless set): torch's two
+OpenMP threads spin-wait for a core the other group holds. Measured beside a 2-core job: SmolLM2's
+greedy `generate` on the 4 parity prompts 11.5 s at one thread against 38-47 s at two, and
+tests/checkpoints/test_gguf.py's parity test 116 s -> 79 s. XLA:CPU's own thread pool showed no such
+loss (`--xla_cpu_multi_thread_eigen=false` changed nothing).
 """
 
 from __future__ import annotations
@@ -165,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     # one XLA compilation cache for every group's process (tests/conftest.py), removed at the end
     cache = os.environ.get("DART_JAX_TEST_XLA_CACHE") or tempfile.mkdtemp(prefix="dart_jax_suite_xla_")
     env = {**os.environ, "DART_JAX_TEST_XLA_CACHE": cache}
+    if args.jobs > 1:  # one OpenMP thread per group: see "Why one torch thread" above
+        env.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.time()
     try:
         results = run(chosen, pytest_args, env, args.jobs)

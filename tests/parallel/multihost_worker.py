@@ -15,8 +15,10 @@ import os
 import sys
 
 model_dir, out_dir, nproc, pid, port, local = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local}"
 sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", ".."), os.path.join(os.path.dirname(__file__), "..")]
+from xla_env import xla_flags  # noqa: E402
+
+os.environ["XLA_FLAGS"] = xla_flags(local)  # the suite's compile settings (tests/xla_env.py)
 
 from dart_jax.parallel.distributed import initialize  # noqa: E402
 
