@@ -1,6 +1,7 @@
 """dart_jax benchmarks, side by side with PyTorch in the same process.
 
     python -m launch.bench train                      one GRPO update of DART vs the same update in PyTorch
+    python -m launch.bench profile                    that update's time per op class: XLA:CPU's HLO vs torch's aten ops
     python -m launch.bench forward --dtype=bfloat16   forward tokens/s vs transformers
     python -m launch.bench adapters                   fwd+bwd: DART vs one LoRA vs full, and PEFT in torch
     python -m launch.bench sampler --batches=1,8,32   decode tok/s vs transformers generate
@@ -42,7 +43,7 @@ from launch._cli import Command
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 BENCHES = ("forward", "adapters", "sampler", "resume", "cache_blocks", "train", "prefill", "group_update", "handoff",
-           "retrieval", "methods", "suite", "corpus", "serve", "rollouts", "grpo_rollouts")
+           "retrieval", "methods", "suite", "corpus", "serve", "rollouts", "grpo_rollouts", "profile")
 DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(batch=4, length=256, repeats=5),
             "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4),
             "cache_blocks": dict(batch=32, length=768, repeats=4), "train": dict(batch=4, length=512,
@@ -50,7 +51,8 @@ DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(ba
             "prefill": dict(batch=2, repeats=3), "group_update": dict(batch=8, length=320, prompt_len=704, repeats=3),
             "handoff": dict(batch=1, repeats=3), "retrieval": dict(repeats=1),
             "methods": dict(batch=4, length=256, repeats=3), "suite": dict(repeats=None), "corpus": dict(repeats=1),
-            "serve": dict(repeats=1), "rollouts": dict(batch=8, repeats=2), "grpo_rollouts": dict(repeats=3)}
+            "serve": dict(repeats=1), "rollouts": dict(batch=8, repeats=2), "grpo_rollouts": dict(repeats=3),
+            "profile": dict(batch=4, length=512, repeats=2)}
 CLI = Command("launch.bench", __doc__)
 F = CLI.flags
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
@@ -58,10 +60,10 @@ BATCH = flags.DEFINE_integer("batch", None, "rows (forward 8, adapters 4, resume
                              "batch and the engine's rows, 8)", flag_values=F)
 LENGTH = flags.DEFINE_integer("length", None, "tokens per row (forward 512, adapters 256, train 512; "
                               "cache_blocks: slots written, 768)", flag_values=F)
-REPEATS = flags.DEFINE_integer("repeats", None, "interleaved rounds (5; resume 4)", flag_values=F)
+REPEATS = flags.DEFINE_integer("repeats", None, "interleaved rounds (5; resume 4; profile: profiled runs a side, 2)", flag_values=F)
 DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "forward / sampler: weights and compute "
                           "on both sides", flag_values=F)
-NO_TORCH = flags.DEFINE_bool("no-torch", False, "adapters / sampler / train: our side only", flag_values=F)
+NO_TORCH = flags.DEFINE_bool("no-torch", False, "adapters / sampler / train / profile: our side only", flag_values=F)
 BATCHES = flags.DEFINE_string("batches", "1,8,32", "sampler: batch sizes", flag_values=F)
 NEW_TOKENS = flags.DEFINE_integer("new-tokens", 128, "sampler: tokens decoded per row", flag_values=F)
 TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "sampler: 0 = greedy; > 0 samples (both sides, no top-k / "
@@ -144,6 +146,9 @@ def run(args) -> dict:
     if which == "train":
         from dart_jax.bench.train import bench_train
         return bench_train(args.model, args.batch, args.length, args.repeats, not args.no_torch, args.remat)
+    if which == "profile":
+        from dart_jax.bench.profile import bench_profile
+        return bench_profile(args.model, args.batch, args.length, args.repeats, args.remat, not args.no_torch)
     if which == "prefill":
         from dart_jax.bench.sampler import bench_group_prefill
         return bench_group_prefill(args.model, prompts=args.batch, group=GROUP.value, repeats=args.repeats)

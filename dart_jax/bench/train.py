@@ -21,6 +21,7 @@ forward's matmuls again; attention backward ≈ 2× its forward):
 from __future__ import annotations
 
 import statistics
+import types
 
 import jax
 import jax.numpy as jnp
@@ -115,8 +116,10 @@ def _torch_update(side: str, path, adapters, batch, lc: LossConfig, oc: OptimCon
     return step
 
 
-def bench_train(model: str = "smollm2-135m-instruct", batch: int = 4, length: int = 512, repeats: int = 5,
-                with_torch: bool = True, remat_policy: str = "none", torch_sides=TORCH_SIDES) -> dict:
+def setup_update(model: str, batch: int, length: int, remat_policy: str = "none") -> types.SimpleNamespace:
+    """The benchmarked update, ready to run: `ours()` runs one (donating and replacing the state);
+    `step`, `holder["state"]`, `base`, `mb`, `key` are its jitted function and arguments; `data`,
+    `host_adapters`, `lc`, `oc`, `path` build the PyTorch sides from the same inputs."""
     path = resolve(model)
     cfg, base = load_model(path, remat_policy=remat_policy)
     method = MethodSpec("dart", rank=8, alpha=16.0)
@@ -127,10 +130,20 @@ def bench_train(model: str = "smollm2-135m-instruct", batch: int = 4, length: in
     mb = {k: jnp.asarray(data[k])[None] for k in BATCH_KEYS}
     step = jax.jit(make_train_step(cfg, method, lc, oc), donate_argnums=(0,))
     holder = {"state": init_state(adapters, make_optimizer(oc))}
+    key = jax.random.PRNGKey(0)
 
     def ours():
-        holder["state"], m = step(holder["state"], base, mb, jax.random.PRNGKey(0), 0)
+        holder["state"], m = step(holder["state"], base, mb, key, 0)
         jax.block_until_ready(m)
+
+    return types.SimpleNamespace(path=path, cfg=cfg, base=base, host_adapters=host_adapters, lc=lc, oc=oc,
+                                 data=data, mb=mb, step=step, holder=holder, key=key, ours=ours)
+
+
+def bench_train(model: str = "smollm2-135m-instruct", batch: int = 4, length: int = 512, repeats: int = 5,
+                with_torch: bool = True, remat_policy: str = "none", torch_sides=TORCH_SIDES) -> dict:
+    u = setup_update(model, batch, length, remat_policy)
+    cfg, path, ours, host_adapters, data, lc, oc = u.cfg, u.path, u.ours, u.host_adapters, u.data, u.lc, u.oc
 
     mm, mm_flops = matmul_probe()
     sides = {"dart_jax": ours, "matmul": mm}

@@ -1,0 +1,341 @@
+"""Where one GRPO update's time goes: XLA:CPU's executed HLO against PyTorch's aten ops, same shapes.
+
+    python -m launch.bench profile            the update of `launch.bench train` (DART 2×r8, SmolLM2 4×512 fp32)
+
+dart_jax side: the jitted update (bench/train.py's) runs `runs` times under `jax.profiler.trace`; XLA:CPU
+records one event per executed HLO instruction (thunk), which is joined to the compiled module's text
+(`compiled.as_text()`): each instruction's opcode, output shape, the operations of the computation a
+fusion calls, and the source path in its metadata (`rematted_computation`: recomputed by remat).
+PyTorch side: the authors' concatenated-2r update (bench/train.py's `concat_2r`) under `torch.profiler`
+with input shapes; aten ops by self time (no double counting of a parent's children).
+
+Both sides are classified into the same op classes (CLASSES); a matmul's class comes from its shape:
+    matmul: projections   q/k/v/o, gate/up/down (M = tokens, K and N ≥ 128)
+    matmul: LoRA          a factor's matmul (K or N = the adapter rank, ≤ 64)
+    matmul: head          the vocabulary projection and its gradients (a dimension = vocab size)
+    attention             batched matmuls (batch dimensions) and softmax over keys, fused attention ops
+    log-probs             log-softmax / gather over the vocabulary (and their gradients)
+    copies / layout       copy, transpose, slice, concatenate, pad, gather/scatter, dynamic-(update-)slice
+    elementwise / other   norms, activations, the loss, AdamW, everything else
+Per class: ms per update, share of the summed op time, and for matmuls the FLOPs (from shapes) and the
+achieved GFLOP/s. Sums of op time can exceed wall time where a runtime runs ops on several threads at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import glob
+import gzip
+import json
+import math
+import re
+import tempfile
+
+CLASSES = ("matmul: projections", "matmul: LoRA", "matmul: head", "attention", "log-probs", "copies / layout",
+           "elementwise / other")
+LORA_MAX_RANK = 64
+_COPY_OPS = {"copy", "transpose", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad", "gather",
+             "scatter", "bitcast", "broadcast", "reshape", "reverse", "iota", "constant", "parameter", "tuple",
+             "get-tuple-element", "copy-start", "copy-done", "bitcast-convert", "convert"}
+_CONTAINERS = {"while", "call", "conditional", "async-start", "async-done"}
+
+
+@dataclasses.dataclass
+class Instr:
+    name: str
+    opcode: str
+    shape: str            # the output shape as printed (e.g. "f32[4,512,576]{2,1,0}", or a tuple)
+    operands: list[str]
+    attrs: str            # everything after the operand list
+    op_name: str          # metadata op_name ("" when none)
+    computation: str
+
+    def calls(self) -> list[str]:
+        got = re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", self.attrs)
+        m = re.search(r"called_computations=\{([^}]*)\}", self.attrs)
+        if m:
+            got += [c.strip().lstrip("%") for c in m.group(1).split(",") if c.strip()]
+        return got
+
+
+def dims(shape: str) -> list[int]:
+    """[4, 512, 576] from "f32[4,512,576]{2,1,0}" (the first array of a tuple; [] for a scalar)."""
+    m = re.search(r"\[([\d,]*)\]", shape)
+    return [int(d) for d in m.group(1).split(",") if d] if m else []
+
+
+def _split_shape(rest: str) -> tuple[str, str]:
+    """("(f32[2], s32[])", "while(...)...") or ("f32[2]{0}", "add(...)...") from the text after " = "."""
+    if rest.startswith("("):
+        depth = 0
+        for i, ch in enumerate(rest):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                return rest[:i + 1], rest[i + 1:].lstrip()
+    shape, _, tail = rest.partition(" ")
+    return shape, tail
+
+
+def _operand_list(tail: str) -> tuple[str, list[str], str]:
+    """(opcode, operand names, attributes) from "dot(%a, %b), lhs_contracting_dims={1}, ..."."""
+    opcode, _, after = tail.partition("(")
+    depth, i = 1, 0
+    while i < len(after) and depth:
+        depth += after[i] == "("
+        depth -= after[i] == ")"
+        i += 1
+    inside, attrs = after[:i - 1], after[i:]
+    return opcode.strip(), re.findall(r"%([\w.\-]+)", inside), attrs
+
+
+def parse_hlo(text: str) -> tuple[dict[str, Instr], dict[str, list[Instr]]]:
+    """The compiled module's instructions by name, and each computation's instructions."""
+    instrs: dict[str, Instr] = {}
+    comps: dict[str, list[Instr]] = collections.defaultdict(list)
+    comp = ""
+    for line in text.splitlines():
+        s = line.strip()
+        head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{$", s)
+        if head and " = " not in s.split("(")[0]:
+            comp = head.group(1)
+            continue
+        m = re.match(r"^(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$", s)
+        if not m or not comp:
+            continue
+        shape, tail = _split_shape(m.group(2))
+        opcode, operands, attrs = _operand_list(tail)
+        meta = re.search(r'op_name="([^"]*)"', attrs)
+        ins = Instr(m.group(1), opcode, shape, operands, attrs, meta.group(1) if meta else "", comp)
+        instrs[ins.name] = ins
+        comps[comp].append(ins)
+    return instrs, comps
+
+
+def _by_name(comps: dict[str, list[Instr]], comp: str) -> dict[str, Instr]:
+    return {i.name: i for i in comps.get(comp, [])}
+
+
+def dot_mkn(ins: Instr, scope: dict[str, Instr]) -> tuple[int, int, int, int]:
+    """(batch, M, K, N) of a dot: batch = product of batch dims, K = product of contracting dims."""
+    lhs = scope.get(ins.operands[0]) if ins.operands else None
+    out = dims(ins.shape)
+    ld = dims(lhs.shape) if lhs is not None else []
+
+    def dimset(key):
+        m = re.search(key + r"=\{([\d,]*)\}", ins.attrs)
+        return [int(d) for d in m.group(1).split(",") if d] if m else []
+    lc, lb = dimset("lhs_contracting_dims"), dimset("lhs_batch_dims")
+    k = math.prod(ld[d] for d in lc) if ld else 1
+    b = math.prod(ld[d] for d in lb) if ld else 1
+    free_l = math.prod(ld[d] for d in range(len(ld)) if d not in lc and d not in lb) if ld else 1
+    n = max(1, math.prod(out) // max(1, b * free_l))
+    return b, free_l, k, n
+
+
+def classify_matmul(b: int, m: int, k: int, n: int, vocab: int, batched: bool) -> str:
+    if batched and b > 1:
+        return "attention"
+    if vocab in (m, k, n):
+        return "matmul: head"
+    if min(k, n) <= LORA_MAX_RANK or min(m, k) <= LORA_MAX_RANK:
+        return "matmul: LoRA"
+    return "matmul: projections"
+
+
+def _walk(ins: Instr, comps: dict[str, list[Instr]], seen=None):
+    """Every instruction of the computations `ins` calls, recursively (with each one's scope)."""
+    seen = set() if seen is None else seen
+    for c in ins.calls():
+        if c in seen:
+            continue
+        seen.add(c)
+        scope = _by_name(comps, c)
+        for inner in comps.get(c, []):
+            yield inner, scope
+            yield from _walk(inner, comps, seen)
+
+
+def classify_instr(ins: Instr, instrs: dict[str, Instr], comps: dict[str, list[Instr]], vocab: int
+                   ) -> tuple[str, float, tuple | None]:
+    """(class, matmul FLOPs, (b, M, K, N) of its largest dot or None) of one executed instruction."""
+    body = [(ins, _by_name(comps, ins.computation))] if ins.opcode != "fusion" else list(_walk(ins, comps))
+    if ins.opcode == "custom-call" or ins.opcode == "fusion" and not body:
+        body = [(ins, _by_name(comps, ins.computation))]
+    dots = [(i, sc) for i, sc in body if i.opcode in ("dot", "convolution")]
+    if dots:
+        flops, best, cls = 0.0, None, None
+        for d, sc in dots:
+            b, m, k, n = dot_mkn(d, sc)
+            f = 2.0 * b * m * k * n
+            flops += f
+            if best is None or f > 2.0 * math.prod(best):
+                best = (b, m, k, n)
+                cls = classify_matmul(b, m, k, n, vocab, "lhs_batch_dims" in d.attrs)
+        return cls, flops, best
+    ops = {i.opcode for i, _ in body}
+    last = dims(ins.shape)[-1:] or [0]
+    if ops & {"exponential", "log"} and (vocab in dims(ins.shape) or any(vocab in dims(i.shape) for i, _ in body)):
+        return "log-probs", 0.0, None
+    if ops & {"exponential"} and "reduce" in ops and last[0] != vocab:
+        return "attention", 0.0, None
+    if ops <= _COPY_OPS:
+        return "copies / layout", 0.0, None
+    return "elementwise / other", 0.0, None
+
+
+def _events(trace_dir: str) -> list[dict]:
+    path = glob.glob(f"{trace_dir}/**/perfetto_trace.json.gz", recursive=True)
+    if not path:
+        raise RuntimeError(f"jax.profiler wrote no perfetto trace under {trace_dir}")
+    with gzip.open(path[0]) as f:
+        d = json.load(f)
+    return d["traceEvents"] if isinstance(d, dict) else d
+
+
+def profile_xla(fn, hlo_text: str, runs: int, vocab: int) -> dict:
+    """Run `fn()` (one update, blocking) `runs` times under the profiler; per-class ms per run."""
+    import jax
+    instrs, comps = parse_hlo(hlo_text)
+    with tempfile.TemporaryDirectory(prefix="dart_jax_profile_") as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            for _ in range(runs):
+                fn()
+        events = _events(d)
+    per = collections.defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "remat_ms": 0.0, "count": 0})
+    shapes = collections.defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "count": 0, "class": ""})
+    unknown = 0.0
+    cache = {}
+    for e in events:
+        op = (e.get("args") or {}).get("hlo_op")
+        if e.get("ph") != "X" or not op or e.get("name", "").startswith("end: "):
+            continue
+        ins = instrs.get(op)
+        if ins is None:
+            unknown += e.get("dur", 0.0) / 1e3
+            continue
+        if ins.opcode in _CONTAINERS:
+            continue
+        if op not in cache:
+            cache[op] = classify_instr(ins, instrs, comps, vocab)
+        cls, flops, mkn = cache[op]
+        ms = e.get("dur", 0.0) / 1e3
+        c = per[cls]
+        c["ms"] += ms
+        c["flops"] += flops
+        c["count"] += 1
+        if "rematted_computation" in ins.op_name:
+            c["remat_ms"] += ms
+        if mkn is not None:
+            s = shapes[f"{mkn[0]}×{mkn[1]}×{mkn[2]}×{mkn[3]}" if mkn[0] > 1 else f"{mkn[1]}×{mkn[2]}×{mkn[3]}"]
+            s["ms"] += ms
+            s["flops"] += flops
+            s["count"] += 1
+            s["class"] = cls
+    return _summarise(per, shapes, runs, extra={"unmatched_ms": unknown / runs})
+
+
+def _summarise(per, shapes, runs: int, extra: dict | None = None) -> dict:
+    total = sum(c["ms"] for c in per.values()) / runs
+    classes = {}
+    for cls in CLASSES:
+        c = per.get(cls)
+        if not c:
+            continue
+        ms = c["ms"] / runs
+        classes[cls] = {"ms": ms, "share": ms / total if total else 0.0, "calls": c["count"] // runs,
+                        "gflop": c["flops"] / runs / 1e9,
+                        "gflops_per_s": (c["flops"] / runs) / (ms / 1e3) / 1e9 if c["flops"] and ms else None,
+                        "remat_ms": c.get("remat_ms", 0.0) / runs}
+    top = sorted(shapes.items(), key=lambda kv: -kv[1]["ms"])[:12]
+    out = {"op_ms_per_update": total, "classes": classes,
+           "matmul_shapes": [{"shape": k, "class": v["class"], "ms": v["ms"] / runs, "calls": v["count"] // runs,
+                              "gflops_per_s": v["flops"] / (v["ms"] / 1e3) / 1e9 if v["ms"] else None}
+                             for k, v in top]}
+    out.update(extra or {})
+    return out
+
+
+_TORCH_MM = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
+_TORCH_ATTN = ("scaled_dot_product", "flash_attention", "_softmax", "softmax_backward")
+_TORCH_LOGP = ("log_softmax", "aten::gather", "aten::scatter")
+_TORCH_COPY = {"aten::copy_", "aten::clone", "aten::contiguous", "aten::cat", "aten::index", "aten::index_put_",
+               "aten::slice_backward", "aten::fill_", "aten::zero_", "aten::zeros_like", "aten::empty_like",
+               "aten::new_zeros", "aten::select_backward", "aten::_to_copy", "aten::expand", "aten::transpose"}
+
+
+def classify_torch(name: str, shapes: list, vocab: int) -> tuple[str, float, tuple | None]:
+    if name in _TORCH_MM and shapes:
+        arrs = [s for s in shapes if s]
+        a, b = (arrs[-2], arrs[-1]) if len(arrs) >= 2 else (arrs[0], arrs[0])
+        if name in ("aten::bmm", "aten::baddbmm"):
+            bt, m, k, n = a[0], a[1], a[2], b[-1]
+            return "attention" if bt > 1 else classify_matmul(1, m, k, n, vocab, False), 2.0 * bt * m * k * n, \
+                (bt, m, k, n)
+        m, k, n = a[0], a[-1], b[-1]
+        return classify_matmul(1, m, k, n, vocab, False), 2.0 * m * k * n, (1, m, k, n)
+    if "log_softmax" in name or name in ("aten::gather", "aten::scatter", "aten::scatter_add_"):
+        return "log-probs", 0.0, None
+    if any(t in name for t in _TORCH_ATTN):
+        return "attention", 0.0, None
+    if name in _TORCH_COPY:
+        return "copies / layout", 0.0, None
+    return "elementwise / other", 0.0, None
+
+
+def profile_torch(step, runs: int, vocab: int) -> dict:
+    """Run the PyTorch update `step()` `runs` times under torch.profiler; per-class ms per run."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(runs):
+            step()
+    per = collections.defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "count": 0})
+    shapes = collections.defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "count": 0, "class": ""})
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        ms = ev.self_cpu_time_total / 1e3
+        if ms <= 0:
+            continue
+        cls, flops, mkn = classify_torch(ev.name, list(ev.input_shapes or []), vocab)
+        c = per[cls]
+        c["ms"] += ms
+        c["flops"] += flops
+        c["count"] += 1
+        if mkn is not None:
+            s = shapes[f"{mkn[0]}×{mkn[1]}×{mkn[2]}×{mkn[3]}" if mkn[0] > 1 else f"{mkn[1]}×{mkn[2]}×{mkn[3]}"]
+            s["ms"] += ms
+            s["flops"] += flops
+            s["count"] += 1
+            s["class"] = cls
+    return _summarise(per, shapes, runs)
+
+
+def bench_profile(model: str = "smollm2-135m-instruct", batch: int = 4, length: int = 512, runs: int = 2,
+                  remat_policy: str = "none", with_torch: bool = True) -> dict:
+    """The update of `launch.bench train`, profiled on both sides (plus each side's wall time per run)."""
+    import time
+
+    from dart_jax.bench.train import setup_update, update_flops
+    u = setup_update(model, batch, length, remat_policy)
+    hlo = u.step.lower(u.holder["state"], u.base, u.mb, u.key, 0).compile().as_text()
+    for _ in range(2):  # compiled, and the state it returns (donated back in) settled
+        u.ours()
+    t = time.perf_counter()
+    u.ours()
+    wall = time.perf_counter() - t
+    vocab = u.cfg.vocab_size
+    out = {"bench": "profile", "model": model, "batch": batch, "length": length, "remat_policy": remat_policy,
+           "runs": runs, "update_flops": update_flops(u.cfg, batch, length),
+           "dart_jax": {"wall_s": wall, **profile_xla(u.ours, hlo, runs, vocab)}}
+    if with_torch:
+        from dart_jax.bench.train import _torch_update
+        step = _torch_update("concat_2r", u.path, u.host_adapters, u.data, u.lc, u.oc)
+        for _ in range(2):
+            step()
+        t = time.perf_counter()
+        step()
+        out["torch_concat_2r"] = {"wall_s": time.perf_counter() - t, **profile_torch(step, runs, vocab)}
+    return out

@@ -1,0 +1,112 @@
+"""launch.bench profile: the HLO parser and op classes on hand-written HLO, and the profile of a tiny
+model's update on both sides, checked by its matmul FLOPs — counted from the executed instructions'
+shapes, they must equal the model's matmul work computed by hand (exact integers, no tolerance on
+the count; 1e-9 relative for float summation)."""
+
+import math
+
+import pytest
+
+from dart_jax.bench.profile import classify_instr, classify_torch, dims, parse_hlo
+
+HLO = """HloModule jit_step, entry_computation_layout={(f32[8,16]{1,0})->f32[8,4]{1,0}}
+
+%fused_dot (param_0: f32[8,16], param_1: f32[16,300]) -> f32[8,300] {
+  %param_0 = f32[8,16]{1,0} parameter(0)
+  %param_1 = f32[16,300]{1,0} parameter(1)
+  ROOT %dot.1 = f32[8,300]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%fused_attn (param_0.1: f32[2,8,4], param_1.1: f32[2,4,8]) -> f32[2,8,8] {
+  %param_0.1 = f32[2,8,4]{2,1,0} parameter(0)
+  %param_1.1 = f32[2,4,8]{2,1,0} parameter(1)
+  ROOT %dot.2 = f32[2,8,8]{2,1,0} dot(%param_0.1, %param_1.1), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={1}
+}
+
+%fused_lse (param_0.2: f32[8,1000]) -> f32[8] {
+  %param_0.2 = f32[8,1000]{1,0} parameter(0)
+  %exponential.1 = f32[8,1000]{1,0} exponential(%param_0.2)
+  %constant.1 = f32[] constant(0)
+  ROOT %reduce.1 = f32[8]{0} reduce(%exponential.1, %constant.1), dimensions={1}, to_apply=%add
+}
+
+%fused_copy (param_0.3: f32[8,300]) -> f32[300,8] {
+  %param_0.3 = f32[8,300]{1,0} parameter(0)
+  ROOT %transpose.1 = f32[300,8]{1,0} transpose(%param_0.3), dimensions={1,0}
+}
+
+ENTRY %main.9 (Arg_0.1: f32[8,16], Arg_1.1: f32[16,300]) -> f32[8,300] {
+  %Arg_0.1 = f32[8,16]{1,0} parameter(0)
+  %Arg_1.1 = f32[16,300]{1,0} parameter(1)
+  %ynn_fusion = f32[8,300]{1,0} fusion(%Arg_0.1, %Arg_1.1), kind=kCustom, calls=%fused_dot, metadata={op_name="jit(step)/checkpoint/rematted_computation/dot_general"}
+  %t = f32[300,8]{1,0} fusion(%ynn_fusion), kind=kLoop, calls=%fused_copy
+  ROOT %dot.3 = f32[8,300]{1,0} dot(%Arg_0.1, %Arg_1.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_hlo_instructions_are_parsed_and_classified():
+    instrs, comps = parse_hlo(HLO)
+    assert {"ynn_fusion", "dot.1", "dot.2", "reduce.1", "dot.3", "t"} <= set(instrs)
+    f = instrs["ynn_fusion"]
+    assert f.opcode == "fusion" and f.calls() == ["fused_dot"] and "rematted_computation" in f.op_name
+    assert dims(f.shape) == [8, 300] and f.operands == ["Arg_0.1", "Arg_1.1"]
+    # a fusion around a dot: its FLOPs from the called computation's shapes (2·M·K·N), K = 16 ≤ 64: a LoRA-shaped dot
+    cls, flops, mkn = classify_instr(f, instrs, comps, vocab=1000)
+    assert (cls, flops, mkn) == ("matmul: LoRA", 2.0 * 8 * 16 * 300, (1, 8, 16, 300))
+    # the same dot at the top level
+    assert classify_instr(instrs["dot.3"], instrs, comps, vocab=1000)[1] == 2.0 * 8 * 16 * 300
+    # a batched dot: attention, FLOPs over the batch
+    attn = parse_hlo(HLO.replace("calls=%fused_dot", "calls=%fused_attn"))
+    cls, flops, mkn = classify_instr(attn[0]["ynn_fusion"], *attn, vocab=1000)
+    assert (cls, flops, mkn) == ("attention", 2.0 * 2 * 8 * 4 * 8, (2, 8, 4, 8))
+    # a vocabulary-wide exp + reduce: log-probs; the vocab dimension on a dot: the head
+    lse = parse_hlo(HLO.replace("calls=%fused_dot", "calls=%fused_lse"))
+    assert classify_instr(lse[0]["ynn_fusion"], *lse, vocab=1000)[0] == "log-probs"
+    assert classify_instr(f, instrs, comps, vocab=300)[0] == "matmul: head"
+    assert classify_instr(instrs["t"], instrs, comps, vocab=1000)[0] == "copies / layout"
+
+
+def test_torch_ops_are_classified_by_shape():
+    assert classify_torch("aten::mm", [[128, 576], [576, 1536]], 49152) == (
+        "matmul: projections", 2.0 * 128 * 576 * 1536, (1, 128, 576, 1536))
+    assert classify_torch("aten::addmm", [[1536], [128, 576], [576, 1536]], 49152)[0] == "matmul: projections"
+    assert classify_torch("aten::mm", [[128, 576], [576, 16]], 49152)[0] == "matmul: LoRA"
+    assert classify_torch("aten::mm", [[128, 576], [576, 49152]], 49152)[0] == "matmul: head"
+    assert classify_torch("aten::bmm", [[36, 64, 512], [36, 512, 64]], 49152)[0] == "attention"
+    assert classify_torch("aten::_log_softmax", [[4, 511, 49152]], 49152)[0] == "log-probs"
+    assert classify_torch("aten::copy_", [[4, 4]], 49152)[0] == "copies / layout"
+    assert classify_torch("aten::mul", [[4, 4]], 49152)[0] == "elementwise / other"
+
+
+def test_profile_counts_the_models_matmul_work_on_both_sides(tmp_path):
+    """Frozen base, so the backward multiplies activations only: each projection runs twice per token
+    (forward, input gradient) = 4·P·tokens FLOPs. dart_jax's head sees the T − 1 positions that have a
+    next token; torch's model runs it on all T and prunes layer 0's q/k/v input gradient (the
+    embeddings need none), which XLA's scanned layers still compute."""
+    pytest.importorskip("torch")
+    import tiny_models
+
+    from dart_jax.bench.profile import CLASSES, bench_profile
+    from dart_jax.bench.report import text
+
+    D, F, V, L, N, K, H = 256, 512, 1000, 2, 4, 2, 64
+    tiny_models.build("llama", str(tmp_path), vocab_size=V, hidden_size=D, intermediate_size=F,
+                      num_attention_heads=N, num_key_value_heads=K, max_position_embeddings=256, num_hidden_layers=L,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    B, T = 2, 64
+    res = bench_profile(str(tmp_path), batch=B, length=T, runs=1)
+    proj = L * (D * (N + 2 * K) * H + N * H * D + 3 * D * F)
+    ours, theirs = res["dart_jax"], res["torch_concat_2r"]
+    gflop = lambda side, cls: side["classes"][cls]["gflop"] * 1e9  # noqa: E731
+    assert gflop(ours, "matmul: projections") == pytest.approx(4 * proj * B * T, rel=1e-9)
+    assert gflop(ours, "matmul: head") == pytest.approx(4 * D * V * B * (T - 1), rel=1e-9)
+    assert gflop(theirs, "matmul: projections") == pytest.approx(4 * proj * B * T - 2 * B * T * D * (N + 2 * K) * H,
+                                                                 rel=1e-9)
+    assert gflop(theirs, "matmul: head") == pytest.approx(4 * D * V * B * T, rel=1e-9)
+    for side in (ours, theirs):
+        assert set(side["classes"]) <= set(CLASSES) and side["classes"]["matmul: LoRA"]["calls"] > 0
+        assert math.isclose(sum(c["share"] for c in side["classes"].values()), 1.0, rel_tol=1e-9)
+        assert side["wall_s"] > 0 and side["matmul_shapes"]
+    assert ours["unmatched_ms"] == 0.0  # every executed instruction was found in the compiled module
+    assert "| matmul: projections |" in text("profile", res)
