@@ -2,6 +2,8 @@
 
     python -m launch.bench train                      one GRPO update of DART vs the same update in PyTorch
     python -m launch.bench profile                    that update's time per op class: XLA:CPU's HLO vs torch's aten ops
+    python -m launch.bench options --options=default,ynn_eltwise,dpa   that update under XLA options / settings,
+                                                      one process each, interleaved (bench/xla_options.py)
     python -m launch.bench forward --dtype=bfloat16   forward tokens/s vs transformers
     python -m launch.bench adapters                   fwd+bwd: DART vs one LoRA vs full, and PEFT in torch
     python -m launch.bench sampler --batches=1,8,32   decode tok/s vs transformers generate
@@ -43,7 +45,7 @@ from launch._cli import Command
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 BENCHES = ("forward", "adapters", "sampler", "resume", "cache_blocks", "train", "prefill", "group_update", "handoff",
-           "retrieval", "methods", "suite", "corpus", "serve", "rollouts", "grpo_rollouts", "profile")
+           "retrieval", "methods", "suite", "corpus", "serve", "rollouts", "grpo_rollouts", "profile", "options")
 DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(batch=4, length=256, repeats=5),
             "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4),
             "cache_blocks": dict(batch=32, length=768, repeats=4), "train": dict(batch=4, length=512,
@@ -52,7 +54,7 @@ DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(ba
             "handoff": dict(batch=1, repeats=3), "retrieval": dict(repeats=1),
             "methods": dict(batch=4, length=256, repeats=3), "suite": dict(repeats=None), "corpus": dict(repeats=1),
             "serve": dict(repeats=1), "rollouts": dict(batch=8, repeats=2), "grpo_rollouts": dict(repeats=3),
-            "profile": dict(batch=4, length=512, repeats=2)}
+            "profile": dict(batch=4, length=512, repeats=2), "options": dict(batch=4, length=512, repeats=3)}
 CLI = Command("launch.bench", __doc__)
 F = CLI.flags
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
@@ -60,7 +62,8 @@ BATCH = flags.DEFINE_integer("batch", None, "rows (forward 8, adapters 4, resume
                              "batch and the engine's rows, 8)", flag_values=F)
 LENGTH = flags.DEFINE_integer("length", None, "tokens per row (forward 512, adapters 256, train 512; "
                               "cache_blocks: slots written, 768)", flag_values=F)
-REPEATS = flags.DEFINE_integer("repeats", None, "interleaved rounds (5; resume 4; profile: profiled runs a side, 2)", flag_values=F)
+REPEATS = flags.DEFINE_integer("repeats", None, "interleaved rounds (5; resume 4; options 3; profile: profiled "
+                               "runs a side, 2)", flag_values=F)
 DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "forward / sampler: weights and compute "
                           "on both sides", flag_values=F)
 NO_TORCH = flags.DEFINE_bool("no-torch", False, "adapters / sampler / train / profile: our side only", flag_values=F)
@@ -97,6 +100,8 @@ ROLLOUT_CONFIG = flags.DEFINE_string("rollout-config", "configs/lab_quickstart.p
                                      flag_values=F)
 QUESTIONS = flags.DEFINE_integer("questions", 16, "rollouts: held-out questions rolled out per side and round",
                                  flag_values=F)
+XLA_OPTIONS = flags.DEFINE_string("options", None, "options: comma-separated, starting with default (default: "
+                                  "default,ynn_eltwise,dpa; all: bench/xla_options.py's OPTIONS)", flag_values=F)
 JSON_OUT = flags.DEFINE_string("json", None, "also write the result to this file", flag_values=F)
 
 
@@ -149,6 +154,13 @@ def run(args) -> dict:
     if which == "profile":
         from dart_jax.bench.profile import bench_profile
         return bench_profile(args.model, args.batch, args.length, args.repeats, args.remat, not args.no_torch)
+    if which == "options":
+        from dart_jax.bench.xla_options import OPTIONS, bench_options
+        chosen = tuple(o.strip() for o in (XLA_OPTIONS.value or "default,ynn_eltwise,dpa").split(",") if o.strip())
+        if not chosen or chosen[0] != "default" or set(chosen) - set(OPTIONS):
+            raise SystemExit(f"launch.bench options: --options={XLA_OPTIONS.value!r} must start with default and name "
+                             f"some of {list(OPTIONS)}")
+        return bench_options(args.model, args.batch, args.length, args.repeats, chosen)
     if which == "prefill":
         from dart_jax.bench.sampler import bench_group_prefill
         return bench_group_prefill(args.model, prompts=args.batch, group=GROUP.value, repeats=args.repeats)

@@ -263,10 +263,24 @@ def profile(res: dict) -> str:
     return "\n".join(out)
 
 
+def options(res: dict) -> str:
+    """bench.options: each option's update time, speed-up over the default, and how far its numerics moved."""
+    rows = []
+    for name, o in res["options"].items():
+        sp = o["speedup"]
+        rows.append([name, f"{o['median_s']:.2f}", f"{sp['median']:.2f}× ({sp['min']:.2f}–{sp['max']:.2f})",
+                     "" if o["loss_rel_diff"] is None else f"{o['loss_rel_diff']:.1e}",
+                     f"{o['grad_norm_rel_diff']:.1e}"])
+    return (f"GRPO update under XLA:CPU options, {res['model']} {res['batch']}x{res['length']}, one process per "
+            f"option, {res['repeats']} interleaved rounds\n"
+            + markdown_table(["option", "median s", "default / option", "loss rel. diff", "grad-norm rel. diff"], rows))
+
+
 TEXT = {"forward": forward, "adapters": adapters, "sampler": sampler, "resume": resume, "cache_blocks": cache_blocks,
         "train": train, "prefill": prefill, "group_update": group_update, "handoff": handoff, "retrieval": retrieval,
         "methods": methods, "suite": suite, "corpus": corpus, "serve": serve, "rollouts": rollouts,
-        "grpo_rollouts": grpo_rollouts, "profile": profile}
+        "grpo_rollouts": grpo_rollouts, "profile": profile,
+        "options": options}
 
 
 def text(which: str, res: dict) -> str:

@@ -116,16 +116,19 @@ def _torch_update(side: str, path, adapters, batch, lc: LossConfig, oc: OptimCon
     return step
 
 
-def setup_update(model: str, batch: int, length: int, remat_policy: str = "none") -> types.SimpleNamespace:
-    """The benchmarked update, ready to run: `ours()` runs one (donating and replacing the state);
-    `step`, `holder["state"]`, `base`, `mb`, `key` are its jitted function and arguments; `data`,
-    `host_adapters`, `lc`, `oc`, `path` build the PyTorch sides from the same inputs."""
+def setup_update(model: str, batch: int, length: int, remat_policy: str = "none", logprob_chunk: int | None = None,
+                 **overrides) -> types.SimpleNamespace:
+    """The benchmarked update, ready to run: `ours()` runs one (donating and replacing the state) and
+    returns its metrics; `step`, `holder["state"]`, `base`, `mb`, `key` are its jitted function and
+    arguments; `data`, `host_adapters`, `lc`, `oc`, `path` build the PyTorch sides from the same inputs.
+    `overrides` set ModelConfig fields (attention_impl, compute_dtype, ...); `logprob_chunk` the loss's."""
     path = resolve(model)
-    cfg, base = load_model(path, remat_policy=remat_policy)
+    cfg, base = load_model(path, remat_policy=remat_policy, **overrides)
     method = MethodSpec("dart", rank=8, alpha=16.0)
     adapters = init_adapters(method, cfg, jax.random.PRNGKey(0))
     host_adapters = jax.device_get(adapters)  # the jitted step donates (deletes) its input state
-    lc, oc = LossConfig(), OptimConfig(lr=1e-5, warmup_steps=0)
+    lc = LossConfig() if logprob_chunk is None else LossConfig(logprob_chunk=logprob_chunk)
+    oc = OptimConfig(lr=1e-5, warmup_steps=0)
     data = synthetic_batch(cfg, batch, length)
     mb = {k: jnp.asarray(data[k])[None] for k in BATCH_KEYS}
     step = jax.jit(make_train_step(cfg, method, lc, oc), donate_argnums=(0,))
@@ -134,7 +137,7 @@ def setup_update(model: str, batch: int, length: int, remat_policy: str = "none"
 
     def ours():
         holder["state"], m = step(holder["state"], base, mb, key, 0)
-        jax.block_until_ready(m)
+        return jax.block_until_ready(m)
 
     return types.SimpleNamespace(path=path, cfg=cfg, base=base, host_adapters=host_adapters, lc=lc, oc=oc,
                                  data=data, mb=mb, step=step, holder=holder, key=key, ours=ours)

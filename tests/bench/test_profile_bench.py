@@ -110,3 +110,28 @@ def test_profile_counts_the_models_matmul_work_on_both_sides(tmp_path):
         assert side["wall_s"] > 0 and side["matmul_shapes"]
     assert ours["unmatched_ms"] == 0.0  # every executed instruction was found in the compiled module
     assert "| matmul: projections |" in text("profile", res)
+
+
+def test_options_bench_interleaves_worker_processes_and_shows_the_numerics(tmp_path):
+    """launch.bench options: one worker process per option, timed in interleaved rounds; an option that
+    only regroups the log-prob computation keeps the default's loss and gradient norm (fp32, same
+    updates: ≤ 1e-5 relative), bf16 compute moves them (> 1e-4) — shown, not hidden."""
+    import tiny_models
+
+    from dart_jax.bench.report import text
+    from dart_jax.bench.xla_options import bench_options
+    from launch.bench import main
+
+    tiny_models.build("llama", str(tmp_path), vocab_size=1000, hidden_size=128, intermediate_size=256,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, num_hidden_layers=2,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    res = bench_options(str(tmp_path), batch=2, length=64, repeats=2, options=("default", "chunk_32", "bf16"))
+    o = res["options"]
+    assert list(o) == ["default", "chunk_32", "bf16"]
+    assert all(len(v["times_s"]) == 2 and v["median_s"] > 0 for v in o.values())
+    assert o["default"]["loss_rel_diff"] == 0.0 and o["default"]["speedup"]["median"] == 1.0
+    assert o["chunk_32"]["loss_rel_diff"] <= 1e-5 and o["chunk_32"]["grad_norm_rel_diff"] <= 1e-5
+    assert o["bf16"]["grad_norm_rel_diff"] > 1e-4
+    assert "| chunk_32 |" in text("options", res)
+    with pytest.raises(SystemExit, match="must start with default"):
+        main(["options", "--options=bf16,default", f"--model={tmp_path}"])
