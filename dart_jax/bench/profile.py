@@ -219,21 +219,23 @@ def profile_xla(fn, hlo_text: str, runs: int, vocab: int) -> dict:
             continue
         if op not in cache:
             cache[op] = classify_instr(ins, instrs, comps, vocab)
-        cls, flops, mkn = cache[op]
         ms = e.get("dur", 0.0) / 1e3
-        c = per[cls]
-        c["ms"] += ms
-        c["flops"] += flops
-        c["count"] += 1
+        _add(per, shapes, *cache[op], ms)
         if "rematted_computation" in ins.op_name:
-            c["remat_ms"] += ms
-        if mkn is not None:
-            s = shapes[f"{mkn[0]}×{mkn[1]}×{mkn[2]}×{mkn[3]}" if mkn[0] > 1 else f"{mkn[1]}×{mkn[2]}×{mkn[3]}"]
-            s["ms"] += ms
-            s["flops"] += flops
-            s["count"] += 1
-            s["class"] = cls
+            per[cache[op][0]]["remat_ms"] += ms
     return _summarise(per, shapes, runs, extra={"unmatched_ms": unknown / runs})
+
+
+def _add(per, shapes, cls: str, flops: float, mkn: tuple | None, ms: float) -> None:
+    """Count one executed op of class `cls` (and, for a matmul, its shape's row)."""
+    rows = [per[cls]]
+    if mkn is not None:
+        rows.append(shapes[f"{mkn[0]}×{mkn[1]}×{mkn[2]}×{mkn[3]}" if mkn[0] > 1 else f"{mkn[1]}×{mkn[2]}×{mkn[3]}"])
+        rows[1]["class"] = cls
+    for r in rows:
+        r["ms"] += ms
+        r["flops"] += flops
+        r["count"] += 1
 
 
 def _summarise(per, shapes, runs: int, extra: dict | None = None) -> dict:
@@ -291,7 +293,7 @@ def profile_torch(step, runs: int, vocab: int) -> dict:
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(runs):
             step()
-    per = collections.defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "count": 0})
+    per = collections.defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "count": 0, "remat_ms": 0.0})
     shapes = collections.defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "count": 0, "class": ""})
     for ev in prof.events():
         if ev.device_type != torch.autograd.DeviceType.CPU:
@@ -299,17 +301,7 @@ def profile_torch(step, runs: int, vocab: int) -> dict:
         ms = ev.self_cpu_time_total / 1e3
         if ms <= 0:
             continue
-        cls, flops, mkn = classify_torch(ev.name, list(ev.input_shapes or []), vocab)
-        c = per[cls]
-        c["ms"] += ms
-        c["flops"] += flops
-        c["count"] += 1
-        if mkn is not None:
-            s = shapes[f"{mkn[0]}×{mkn[1]}×{mkn[2]}×{mkn[3]}" if mkn[0] > 1 else f"{mkn[1]}×{mkn[2]}×{mkn[3]}"]
-            s["ms"] += ms
-            s["flops"] += flops
-            s["count"] += 1
-            s["class"] = cls
+        _add(per, shapes, *classify_torch(ev.name, list(ev.input_shapes or []), vocab), ms)
     return _summarise(per, shapes, runs)
 
 
