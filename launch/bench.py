@@ -101,7 +101,8 @@ ROLLOUT_CONFIG = flags.DEFINE_string("rollout-config", "configs/lab_quickstart.p
 QUESTIONS = flags.DEFINE_integer("questions", 16, "rollouts: held-out questions rolled out per side and round",
                                  flag_values=F)
 XLA_OPTIONS = flags.DEFINE_string("options", None, "options: comma-separated, starting with default (default: "
-                                  "default,ynn_eltwise,dpa; all: bench/xla_options.py's OPTIONS)", flag_values=F)
+                                  "default,ynn_eltwise,dpa; the choices: bench/xla_options.py's OPTIONS)",
+                                  flag_values=F)
 JSON_OUT = flags.DEFINE_string("json", None, "also write the result to this file", flag_values=F)
 
 

@@ -9,16 +9,25 @@ fusion calls, and the source path in its metadata (`rematted_computation`: recom
 PyTorch side: the authors' concatenated-2r update (bench/train.py's `concat_2r`) under `torch.profiler`
 with input shapes; aten ops by self time (no double counting of a parent's children).
 
-Both sides are classified into the same op classes (CLASSES); a matmul's class comes from its shape:
-    matmul: projections   q/k/v/o, gate/up/down (M = tokens, K and N ≥ 128)
-    matmul: LoRA          a factor's matmul (K or N = the adapter rank, ≤ 64)
+Both sides are classified into the same op classes (CLASSES). On the XLA side an instruction's source
+(the Python stack XLA keeps for it: the innermost dart_jax or optax file) names its part of the update;
+a matmul's class comes from its shape first:
+    matmul: projections   q/k/v/o, gate/up/down (M = tokens, K and N > 64)
+    matmul: LoRA          a factor's matmul (K or N = the adapter rank, ≤ 64, or from models/lora.py)
     matmul: head          the vocabulary projection and its gradients (a dimension = vocab size)
-    attention             batched matmuls (batch dimensions) and softmax over keys, fused attention ops
-    log-probs             log-softmax / gather over the vocabulary (and their gradients)
-    copies / layout       copy, transpose, slice, concatenate, pad, gather/scatter, dynamic-(update-)slice
-    elementwise / other   norms, activations, the loss, AdamW, everything else
-Per class: ms per update, share of the summed op time, and for matmuls the FLOPs (from shapes) and the
-achieved GFLOP/s. Sums of op time can exceed wall time where a runtime runs ops on several threads at once.
+    attention             batched matmuls and everything else models/attention.py runs; torch's SDPA ops
+    log-probs             the rest of rl/logprobs.py (log-softmax, the target gather, entropy, their
+                          gradients); torch: log-softmax, gather and their backward functions
+    loss                  rl/losses.py (ratios, clipping, KL); torch: the loss's ops in its forward
+    optimizer             clipping and AdamW (optax, rl/optim.py); torch: clip_grad_norm_ + AdamW.step
+    LoRA routing / scale  models/lora.py's non-matmul ops (per-token select, scale)
+    copies / layout       copy, transpose, slice, concatenate, pad, dynamic-(update-)slice, ... alone
+    elementwise / other   norms, activations, RoPE, residuals, and anything unattributed
+Per class: ms per update, share of the summed op time, the part recomputed by remat (XLA: instructions
+from a `rematted_computation`), and for matmuls the FLOPs (from shapes) and the achieved GFLOP/s. Wall
+time minus summed op time is the runtime's own (dispatch, buffers, host transfers, idle threads); sums
+of op time can exceed wall time where a runtime runs ops on several threads at once. Torch's SDPA runs
+as one fused kernel: no FLOPs are counted for it.
 """
 
 from __future__ import annotations
@@ -32,8 +41,12 @@ import math
 import re
 import tempfile
 
-CLASSES = ("matmul: projections", "matmul: LoRA", "matmul: head", "attention", "log-probs", "copies / layout",
-           "elementwise / other")
+CLASSES = ("matmul: projections", "matmul: LoRA", "matmul: head", "attention", "log-probs", "loss", "optimizer",
+           "LoRA routing / scale", "copies / layout", "elementwise / other")
+# the innermost matching file of an instruction's Python stack -> its class (non-matmul instructions)
+SOURCES = (("dart_jax/models/attention.py", "attention"), ("dart_jax/rl/logprobs.py", "log-probs"),
+           ("dart_jax/rl/losses.py", "loss"), ("dart_jax/rl/optim.py", "optimizer"), ("optax/", "optimizer"),
+           ("dart_jax/models/lora.py", "LoRA routing / scale"), ("dart_jax/models/mixlora.py", "LoRA routing / scale"))
 LORA_MAX_RANK = 64
 _COPY_OPS = {"copy", "transpose", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad", "gather",
              "scatter", "bitcast", "broadcast", "reshape", "reverse", "iota", "constant", "parameter", "tuple",
@@ -50,6 +63,7 @@ class Instr:
     attrs: str            # everything after the operand list
     op_name: str          # metadata op_name ("" when none)
     computation: str
+    frame: int = 0        # metadata stack_frame_id (0: none)
 
     def calls(self) -> list[str]:
         got = re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", self.attrs)
@@ -92,11 +106,27 @@ def _operand_list(tail: str) -> tuple[str, list[str], str]:
 
 def parse_hlo(text: str) -> tuple[dict[str, Instr], dict[str, list[Instr]]]:
     """The compiled module's instructions by name, and each computation's instructions."""
+    return _parse(text)[:2]
+
+
+def _parse(text: str):
+    """(instructions by name, instructions per computation, the Python stack of each stack frame id:
+    [(file, function), ...] innermost first), from `compiled.as_text()`."""
     instrs: dict[str, Instr] = {}
     comps: dict[str, list[Instr]] = collections.defaultdict(list)
-    comp = ""
+    tables: dict[str, dict[int, str]] = {"FileNames": {}, "FunctionNames": {}, "FileLocations": {}, "StackFrames": {}}
+    comp, table = "", None
     for line in text.splitlines():
         s = line.strip()
+        if s in tables:
+            table = s
+            continue
+        if table is not None:
+            m = re.match(r"^(\d+)\s+(.*)$", s)
+            if m:
+                tables[table][int(m.group(1))] = m.group(2)
+                continue
+            table = None
         head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{$", s)
         if head and " = " not in s.split("(")[0]:
             comp = head.group(1)
@@ -107,10 +137,42 @@ def parse_hlo(text: str) -> tuple[dict[str, Instr], dict[str, list[Instr]]]:
         shape, tail = _split_shape(m.group(2))
         opcode, operands, attrs = _operand_list(tail)
         meta = re.search(r'op_name="([^"]*)"', attrs)
-        ins = Instr(m.group(1), opcode, shape, operands, attrs, meta.group(1) if meta else "", comp)
+        frame = re.search(r"stack_frame_id=(\d+)", attrs)
+        ins = Instr(m.group(1), opcode, shape, operands, attrs, meta.group(1) if meta else "", comp,
+                    int(frame.group(1)) if frame else 0)
         instrs[ins.name] = ins
         comps[comp].append(ins)
-    return instrs, comps
+    return instrs, comps, _stacks(tables)
+
+
+def _stacks(t: dict[str, dict[int, str]]) -> dict[int, list[tuple[str, str]]]:
+    def field(entry: str, key: str) -> int:
+        m = re.search(key + r"=(\d+)", entry)
+        return int(m.group(1)) if m else 0
+
+    files = {k: v.strip('"') for k, v in t["FileNames"].items()}
+    funcs = {k: v.strip('"') for k, v in t["FunctionNames"].items()}
+    locs = {k: (files.get(field(v, "file_name_id"), ""), funcs.get(field(v, "function_name_id"), ""))
+            for k, v in t["FileLocations"].items()}
+    out = {}
+    for fid in t["StackFrames"]:
+        stack, cur, seen = [], fid, set()
+        while cur in t["StackFrames"] and cur not in seen:  # a frame whose parent is itself (or 0) is outermost
+            seen.add(cur)
+            entry = t["StackFrames"][cur]
+            stack.append(locs.get(field(entry, "file_location_id"), ("", "")))
+            cur = field(entry, "parent_frame_id")
+        out[fid] = stack
+    return out
+
+
+def source_class(ins: Instr, stacks: dict[int, list[tuple[str, str]]]) -> str | None:
+    """The class SOURCES gives the innermost matching file of `ins`'s Python stack, or None."""
+    for file, _ in stacks.get(ins.frame, []):
+        for suffix, cls in SOURCES:
+            if suffix in file:
+                return cls
+    return None
 
 
 def _by_name(comps: dict[str, list[Instr]], comp: str) -> dict[str, Instr]:
@@ -134,12 +196,12 @@ def dot_mkn(ins: Instr, scope: dict[str, Instr]) -> tuple[int, int, int, int]:
     return b, free_l, k, n
 
 
-def classify_matmul(b: int, m: int, k: int, n: int, vocab: int, batched: bool) -> str:
-    if batched and b > 1:
-        return "attention"
+def classify_matmul(b: int, m: int, k: int, n: int, vocab: int, batched: bool, source: str | None = None) -> str:
     if vocab in (m, k, n):
         return "matmul: head"
-    if min(k, n) <= LORA_MAX_RANK or min(m, k) <= LORA_MAX_RANK:
+    if batched or source == "attention":
+        return "attention"
+    if source == "LoRA routing / scale" or min(k, n) <= LORA_MAX_RANK or min(m, k) <= LORA_MAX_RANK:
         return "matmul: LoRA"
     return "matmul: projections"
 
@@ -157,13 +219,15 @@ def _walk(ins: Instr, comps: dict[str, list[Instr]], seen=None):
             yield from _walk(inner, comps, seen)
 
 
-def classify_instr(ins: Instr, instrs: dict[str, Instr], comps: dict[str, list[Instr]], vocab: int
-                   ) -> tuple[str, float, tuple | None]:
-    """(class, matmul FLOPs, (b, M, K, N) of its largest dot or None) of one executed instruction."""
+def classify_instr(ins: Instr, instrs: dict[str, Instr], comps: dict[str, list[Instr]], vocab: int,
+                   stacks: dict[int, list[tuple[str, str]]] | None = None) -> tuple[str, float, tuple | None]:
+    """(class, matmul FLOPs, (b, M, K, N) of its largest dot or None) of one executed instruction. A
+    fusion with several dots is booked whole (time and FLOPs) to its largest dot's class."""
+    stacks = stacks or {}
     body = [(ins, _by_name(comps, ins.computation))] if ins.opcode != "fusion" else list(_walk(ins, comps))
     if ins.opcode == "custom-call" or ins.opcode == "fusion" and not body:
         body = [(ins, _by_name(comps, ins.computation))]
-    dots = [(i, sc) for i, sc in body if i.opcode in ("dot", "convolution")]
+    dots = [(i, sc) for i, sc in body if i.opcode == "dot"]
     if dots:
         flops, best, cls = 0.0, None, None
         for d, sc in dots:
@@ -172,16 +236,18 @@ def classify_instr(ins: Instr, instrs: dict[str, Instr], comps: dict[str, list[I
             flops += f
             if best is None or f > 2.0 * math.prod(best):
                 best = (b, m, k, n)
-                cls = classify_matmul(b, m, k, n, vocab, "lhs_batch_dims" in d.attrs)
+                cls = classify_matmul(b, m, k, n, vocab, "lhs_batch_dims" in d.attrs,
+                                      source_class(d, stacks) or source_class(ins, stacks))
         return cls, flops, best
-    ops = {i.opcode for i, _ in body}
-    last = dims(ins.shape)[-1:] or [0]
-    if ops & {"exponential", "log"} and (vocab in dims(ins.shape) or any(vocab in dims(i.shape) for i, _ in body)):
-        return "log-probs", 0.0, None
-    if ops & {"exponential"} and "reduce" in ops and last[0] != vocab:
-        return "attention", 0.0, None
-    if ops <= _COPY_OPS:
+    compute = [i for i, _ in body if i.opcode not in ("parameter", "constant", "get-tuple-element", "tuple")]
+    if compute and {i.opcode for i in compute} <= _COPY_OPS:
         return "copies / layout", 0.0, None
+    votes = collections.Counter(c for c in (source_class(i, stacks) for i in compute + [ins]) if c)
+    if votes:
+        return votes.most_common(1)[0][0], 0.0, None
+    ops = {i.opcode for i, _ in body}
+    if ops & {"exponential", "log"} and any(vocab in dims(i.shape) for i, _ in body):
+        return "log-probs", 0.0, None
     return "elementwise / other", 0.0, None
 
 
@@ -197,7 +263,9 @@ def _events(trace_dir: str) -> list[dict]:
 def profile_xla(fn, hlo_text: str, runs: int, vocab: int) -> dict:
     """Run `fn()` (one update, blocking) `runs` times under the profiler; per-class ms per run."""
     import jax
-    instrs, comps = parse_hlo(hlo_text)
+    instrs, comps, stacks = _parse(hlo_text)
+    module = re.match(r"HloModule\s+([\w.\-]+)", hlo_text.strip())
+    module = module.group(1) if module else None
     with tempfile.TemporaryDirectory(prefix="dart_jax_profile_") as d:
         with jax.profiler.trace(d, create_perfetto_trace=True):
             for _ in range(runs):
@@ -208,17 +276,18 @@ def profile_xla(fn, hlo_text: str, runs: int, vocab: int) -> dict:
     unknown = 0.0
     cache = {}
     for e in events:
-        op = (e.get("args") or {}).get("hlo_op")
+        args = e.get("args") or {}
+        op = args.get("hlo_op")
         if e.get("ph") != "X" or not op or e.get("name", "").startswith("end: "):
             continue
-        ins = instrs.get(op)
+        ins = instrs.get(op) if module is None or args.get("hlo_module") in (None, module) else None
         if ins is None:
             unknown += e.get("dur", 0.0) / 1e3
             continue
         if ins.opcode in _CONTAINERS:
             continue
         if op not in cache:
-            cache[op] = classify_instr(ins, instrs, comps, vocab)
+            cache[op] = classify_instr(ins, instrs, comps, vocab, stacks)
         ms = e.get("dur", 0.0) / 1e3
         _add(per, shapes, *cache[op], ms)
         if "rematted_computation" in ins.op_name:
@@ -260,34 +329,55 @@ def _summarise(per, shapes, runs: int, extra: dict | None = None) -> dict:
 
 
 _TORCH_MM = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
-_TORCH_ATTN = ("scaled_dot_product", "flash_attention", "_softmax", "softmax_backward")
-_TORCH_LOGP = ("log_softmax", "aten::gather", "aten::scatter")
+_TORCH_ATTN = ("scaled_dot_product", "flash_attention")
 _TORCH_COPY = {"aten::copy_", "aten::clone", "aten::contiguous", "aten::cat", "aten::index", "aten::index_put_",
                "aten::slice_backward", "aten::fill_", "aten::zero_", "aten::zeros_like", "aten::empty_like",
                "aten::new_zeros", "aten::select_backward", "aten::_to_copy", "aten::expand", "aten::transpose"}
+_TORCH_LABELS = {"dart::logprobs": "log-probs", "dart::loss": "loss", "dart::optimizer": "optimizer"}
+_GRAD_FN = "autograd::engine::evaluate_function: "
 
 
-def classify_torch(name: str, shapes: list, vocab: int) -> tuple[str, float, tuple | None]:
+def torch_context(ev) -> str | None:
+    """The class an aten op inherits from where it ran: a `dart::` label of bench/train.py's update, or
+    the backward function of a log-softmax / gather / SDPA."""
+    cur = ev.cpu_parent
+    while cur is not None:
+        if cur.name in _TORCH_LABELS:
+            return _TORCH_LABELS[cur.name]
+        if cur.name.startswith(_GRAD_FN):
+            fn = cur.name[len(_GRAD_FN):]
+            if "LogSoftmax" in fn or "Gather" in fn:
+                return "log-probs"
+            if "ScaledDotProduct" in fn:
+                return "attention"
+            return None
+        cur = cur.cpu_parent
+    return None
+
+
+def classify_torch(name: str, shapes: list, vocab: int, context: str | None = None) -> tuple[str, float, tuple | None]:
     if name in _TORCH_MM and shapes:
         arrs = [s for s in shapes if s]
         a, b = (arrs[-2], arrs[-1]) if len(arrs) >= 2 else (arrs[0], arrs[0])
         if name in ("aten::bmm", "aten::baddbmm"):
             bt, m, k, n = a[0], a[1], a[2], b[-1]
-            return "attention" if bt > 1 else classify_matmul(1, m, k, n, vocab, False), 2.0 * bt * m * k * n, \
-                (bt, m, k, n)
+            return classify_matmul(bt, m, k, n, vocab, bt > 1, context), 2.0 * bt * m * k * n, (bt, m, k, n)
         m, k, n = a[0], a[-1], b[-1]
-        return classify_matmul(1, m, k, n, vocab, False), 2.0 * m * k * n, (1, m, k, n)
-    if "log_softmax" in name or name in ("aten::gather", "aten::scatter", "aten::scatter_add_"):
-        return "log-probs", 0.0, None
+        return classify_matmul(1, m, k, n, vocab, False, context), 2.0 * m * k * n, (1, m, k, n)
     if any(t in name for t in _TORCH_ATTN):
         return "attention", 0.0, None
+    if "log_softmax" in name or name in ("aten::gather", "aten::scatter", "aten::scatter_add_"):
+        return "log-probs", 0.0, None
+    if context:
+        return context, 0.0, None
     if name in _TORCH_COPY:
         return "copies / layout", 0.0, None
     return "elementwise / other", 0.0, None
 
 
 def profile_torch(step, runs: int, vocab: int) -> dict:
-    """Run the PyTorch update `step()` `runs` times under torch.profiler; per-class ms per run."""
+    """Run the PyTorch update `step()` `runs` times under torch.profiler; per-class ms per run (self
+    time of each aten op: a parent's children are not counted twice)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
@@ -296,22 +386,22 @@ def profile_torch(step, runs: int, vocab: int) -> dict:
     per = collections.defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "count": 0, "remat_ms": 0.0})
     shapes = collections.defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "count": 0, "class": ""})
     for ev in prof.events():
-        if ev.device_type != torch.autograd.DeviceType.CPU:
-            continue
+        if ev.device_type != torch.autograd.DeviceType.CPU or not ev.name.startswith("aten::"):
+            continue  # labels and autograd's wrappers: their own time is bookkeeping, counted in wall − ops
         ms = ev.self_cpu_time_total / 1e3
         if ms <= 0:
             continue
-        _add(per, shapes, *classify_torch(ev.name, list(ev.input_shapes or []), vocab), ms)
+        _add(per, shapes, *classify_torch(ev.name, list(ev.input_shapes or []), vocab, torch_context(ev)), ms)
     return _summarise(per, shapes, runs)
 
 
 def bench_profile(model: str = "smollm2-135m-instruct", batch: int = 4, length: int = 512, runs: int = 2,
-                  remat_policy: str = "none", with_torch: bool = True) -> dict:
+                  remat_policy: str = "none", with_torch: bool = True, logprob_chunk: int | None = None) -> dict:
     """The update of `launch.bench train`, profiled on both sides (plus each side's wall time per run)."""
     import time
 
     from dart_jax.bench.train import setup_update, update_flops
-    u = setup_update(model, batch, length, remat_policy)
+    u = setup_update(model, batch, length, remat_policy, logprob_chunk)
     hlo = u.step.lower(u.holder["state"], u.base, u.mb, u.key, 0).compile().as_text()
     for _ in range(2):  # compiled, and the state it returns (donated back in) settled
         u.ours()
@@ -320,7 +410,7 @@ def bench_profile(model: str = "smollm2-135m-instruct", batch: int = 4, length: 
     wall = time.perf_counter() - t
     vocab = u.cfg.vocab_size
     out = {"bench": "profile", "model": model, "batch": batch, "length": length, "remat_policy": remat_policy,
-           "runs": runs, "update_flops": update_flops(u.cfg, batch, length),
+           "logprob_chunk": u.lc.logprob_chunk, "runs": runs, "update_flops": update_flops(u.cfg, batch, length),
            "dart_jax": {"wall_s": wall, **profile_xla(u.ours, hlo, runs, vocab)}}
     if with_torch:
         from dart_jax.bench.train import _torch_update

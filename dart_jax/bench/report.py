@@ -241,19 +241,22 @@ def profile(res: dict) -> str:
     """bench.profile: per op class, ms per update and share on each side; the busiest matmul shapes."""
     from dart_jax.bench.profile import CLASSES
     sides = [k for k in ("dart_jax", "torch_concat_2r") if k in res]
-    head = ["op class"] + [f"{s} ms (share)" for s in sides] + [f"{s} GFLOP/s" for s in sides]
+    head = (["op class"] + [f"{s} ms (share)" for s in sides] + ["dart_jax remat ms"]
+            + [f"{s} GFLOP/s" for s in sides])
     rows = []
     for cls in CLASSES:
         got = [res[s]["classes"].get(cls) for s in sides]
         if not any(got):
             continue
+        remat = (res["dart_jax"]["classes"].get(cls) or {}).get("remat_ms", 0.0)
         rows.append([cls] + [f"{g['ms']:.0f} ({100 * g['share']:.0f}%)" if g else "" for g in got]
+                    + [f"{remat:.0f}" if remat else ""]
                     + [f"{g['gflops_per_s']:.0f}" if g and g["gflops_per_s"] else "" for g in got])
     rows.append(["ops summed / wall"] + [f"{res[s]['op_ms_per_update']:.0f} / {1e3 * res[s]['wall_s']:.0f}"
-                                         for s in sides] + [""] * len(sides))
+                                         for s in sides] + [""] * (len(sides) + 1))
     out = [f"profile of one GRPO update, {res['model']} {res['batch']}x{res['length']} fp32, remat "
-           f"{res['remat_policy']}, {res['runs']} profiled runs a side (ms per update)",
-           markdown_table(head, rows)]
+           f"{res['remat_policy']}, log-prob chunk {res['logprob_chunk']}, {res['runs']} profiled runs a side "
+           "(ms per update; wall: one unprofiled update)", markdown_table(head, rows)]
     for s in sides:
         out.append(f"{s}: busiest matmul shapes (M×K×N, batch× for batched)")
         out.append(markdown_table(["shape", "class", "ms", "calls", "GFLOP/s"],

@@ -95,22 +95,28 @@ def _torch_update(side: str, path, adapters, batch, lc: LossConfig, oc: OptimCon
     t = {k: torch.tensor(v) for k, v in batch.items()}
     ids = t["tokens"].long()
 
+    from torch.profiler import record_function  # labels for bench/profile.py; no cost when not profiling
+
     def step():
         opt.zero_grad()
-        logits = model(input_ids=ids).logits.float() / lc.temperature
-        lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
-        lp = torch.cat([torch.zeros_like(lp[:, :1]), lp], 1)
-        a = t["advantages"][:, None]
-        ratio_ = torch.exp(torch.clamp(lp - t["old_logp"], -20, 20))
-        lclip = torch.maximum(-a * ratio_, -a * torch.clamp(ratio_, 1 - lc.clip_low, 1 + lc.clip_high))
-        pg = torch.where(a < 0, torch.minimum(-a * lc.dual_clip, lclip), lclip)
-        u = torch.clamp(t["ref_logp"] - lp, -20, 20)
-        kl = torch.clamp(torch.exp(u) - u - 1, -10, 10)
-        m = t["loss_mask"]
-        loss = ((pg + lc.kl_coef * kl) * m).sum() / m.sum()
+        out = model(input_ids=ids).logits
+        with record_function("dart::logprobs"):
+            logits = out.float() / lc.temperature
+            lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+            lp = torch.cat([torch.zeros_like(lp[:, :1]), lp], 1)
+        with record_function("dart::loss"):
+            a = t["advantages"][:, None]
+            ratio_ = torch.exp(torch.clamp(lp - t["old_logp"], -20, 20))
+            lclip = torch.maximum(-a * ratio_, -a * torch.clamp(ratio_, 1 - lc.clip_low, 1 + lc.clip_high))
+            pg = torch.where(a < 0, torch.minimum(-a * lc.dual_clip, lclip), lclip)
+            u = torch.clamp(t["ref_logp"] - lp, -20, 20)
+            kl = torch.clamp(torch.exp(u) - u - 1, -10, 10)
+            m = t["loss_mask"]
+            loss = ((pg + lc.kl_coef * kl) * m).sum() / m.sum()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, oc.clip_norm)
-        opt.step()
+        with record_function("dart::optimizer"):
+            torch.nn.utils.clip_grad_norm_(params, oc.clip_norm)
+            opt.step()
         return loss
 
     return step

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -42,18 +43,25 @@ OPTIONS = {
 }
 
 
+READY_TIMEOUT_S = 1800  # a worker's load + compile + two updates (minutes on 2 cores at SmolLM2 4×512)
+RUN_TIMEOUT_S = 900     # one update
+
+
 def _worker(model: str, batch: int, length: int, option: str) -> None:
     """Run as `python -m dart_jax.bench.xla_options MODEL BATCH LENGTH OPTION`: set up, warm up, then one
     timed update per "run" line on stdin, one JSON line per update on stdout."""
+    # the protocol owns the original stdout; everything else written to fd 1 (Python or C++) goes to stderr
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     from dart_jax.bench.train import setup_update
     o = OPTIONS[option]
     u = setup_update(model, batch, length, o.get("remat_policy", "none"), o.get("logprob_chunk"),
                      **o.get("overrides", {}))
-    out = sys.stdout
-    sys.stdout = sys.stderr  # anything else printed goes to the log, never into the protocol
     t = time.perf_counter()
     metrics = [u.ours() for _ in range(2)]
-    print(json.dumps({"ready": True, "warmup_s": time.perf_counter() - t}), file=out, flush=True)
+    ready = {"ready": True, "warmup_s": time.perf_counter() - t, "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    print(json.dumps(ready), file=out, flush=True)
     for line in sys.stdin:
         if line.strip() != "run":
             break
@@ -65,43 +73,49 @@ def _worker(model: str, batch: int, length: int, option: str) -> None:
                           "grad_norm": float(m["grad_norm"])}), file=out, flush=True)
 
 
+def _reply(p: subprocess.Popen, option: str, timeout_s: float, when: str) -> dict:
+    """The worker's next JSON line, or a clear error when it exits or stays silent for `timeout_s`."""
+    got, _, _ = select.select([p.stdout], [], [], timeout_s)
+    line = p.stdout.readline() if got else None
+    if line is None:
+        p.kill()
+        raise RuntimeError(f"option {option}: no reply from its worker in {timeout_s:.0f} s ({when}); killed")
+    if not line:
+        raise RuntimeError(f"option {option}: the worker exited ({p.wait()}) {when}; its error is above")
+    return json.loads(line)
+
+
 def bench_options(model: str = "smollm2-135m-instruct", batch: int = 4, length: int = 512, repeats: int = 3,
                   options: tuple[str, ...] = ("default", "ynn_eltwise", "dpa")) -> dict:
     bad = [o for o in options if o not in OPTIONS]
     if bad or not options or options[0] != "default":
         raise ValueError(f"options {list(options)}: name some of {list(OPTIONS)}, starting with 'default' (the "
                          f"ratios are against it){'; unknown ' + str(bad) if bad else ''}")
-    procs = {}
+    procs, ready = {}, {}
     try:
         for o in options:  # one at a time: each compiles with the host to itself
             env = dict(os.environ)
             env["XLA_FLAGS"] = " ".join(x for x in (env.get("XLA_FLAGS", ""), OPTIONS[o].get("xla_flags", "")) if x)
-            p = subprocess.Popen([sys.executable, "-m", "dart_jax.bench.xla_options", model, str(batch), str(length),
-                                  o], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-            first = p.stdout.readline()
-            if not first:
-                raise RuntimeError(f"option {o}: the worker exited ({p.wait()}) before it was ready (its error "
-                                   "is above)")
-            procs[o] = (p, json.loads(first))
+            procs[o] = subprocess.Popen([sys.executable, "-m", "dart_jax.bench.xla_options", model, str(batch),
+                                         str(length), o], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        env=env)
+            ready[o] = _reply(procs[o], o, READY_TIMEOUT_S, "before it was ready")
         rounds = {o: [] for o in options}
         for _ in range(repeats):
             for o in options:
-                p, _ = procs[o]
                 time.sleep(0.5)  # the previous worker's threads settle
-                p.stdin.write("run\n")
-                p.stdin.flush()
-                line = p.stdout.readline()
-                if not line:
-                    raise RuntimeError(f"option {o}: the worker exited ({p.wait()}) mid-benchmark")
-                rounds[o].append(json.loads(line))
+                procs[o].stdin.write("run\n")
+                procs[o].stdin.flush()
+                rounds[o].append(_reply(procs[o], o, RUN_TIMEOUT_S, "mid-benchmark"))
     finally:
-        for p, _ in procs.values():
+        for p in procs.values():
             if p.stdin and not p.stdin.closed:
-                p.stdin.close()
+                p.stdin.close()  # the worker's loop ends
             try:
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
     base = rounds["default"]
     out = {"bench": "options", "model": model, "batch": batch, "length": length, "repeats": repeats, "options": {}}
     for o in options:
@@ -111,7 +125,8 @@ def bench_options(model: str = "smollm2-135m-instruct", batch: int = 4, length: 
               if x["loss"] is not None and b["loss"] is not None]
         dg = [abs(x["grad_norm"] - b["grad_norm"]) / max(abs(b["grad_norm"]), 1e-30) for b, x in zip(base, r)]
         out["options"][o] = {"setting": OPTIONS[o], "times_s": [x["s"] for x in r],
-                             "median_s": statistics.median(x["s"] for x in r), "warmup_s": procs[o][1]["warmup_s"],
+                             "median_s": statistics.median(x["s"] for x in r), "warmup_s": ready[o]["warmup_s"],
+                             "xla_flags": ready[o]["xla_flags"],
                              "speedup": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
                                          "rounds": len(ratios)},
                              "loss_rel_diff": max(dl) if dl else None, "grad_norm_rel_diff": max(dg)}

@@ -4,8 +4,9 @@ processes, each rolling out its share of the prompts on its own devices — and 
 trainable parameters as 1 process × 8 devices (tolerance 2e-5 absolute: fp32, the same rollouts;
 the gradient all-reduce runs through gloo instead of in-process, which may sum in another order;
 measured 8.1e-6 at the suite's compile settings, 3.8e-6 at XLA's defaults, which took 204 s against
-144 s. A process's gradient share lost or double-counted would move parameters by the update's scale,
-the > 1e-3 checked below).
+144 s. A process's gradient share lost, or the shares combined unevenly, would move parameters at the
+update's scale, the > 1e-3 checked below; a uniform scaling of the gradient would not show through
+the clip and AdamW).
 A > 4 MiB reduce-scatter through gloo is checked on the way. Only process 0 writes the run's files.
 Held-out evaluation during training and launch.evaluate's function split their batches across the
 processes and give the single process's numbers and records (the same batches and seeds)."""
