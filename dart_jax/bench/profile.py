@@ -40,6 +40,7 @@ import json
 import math
 import re
 import tempfile
+import time
 
 CLASSES = ("matmul: projections", "matmul: LoRA", "matmul: head", "attention", "log-probs", "loss", "optimizer",
            "LoRA routing / scale", "copies / layout", "elementwise / other")
@@ -48,6 +49,7 @@ SOURCES = (("dart_jax/models/attention.py", "attention"), ("dart_jax/rl/logprobs
            ("dart_jax/rl/losses.py", "loss"), ("dart_jax/rl/optim.py", "optimizer"), ("optax/", "optimizer"),
            ("dart_jax/models/lora.py", "LoRA routing / scale"), ("dart_jax/models/mixlora.py", "LoRA routing / scale"))
 LORA_MAX_RANK = 64
+TOP_OPS = 15  # the busiest non-matmul instructions listed
 _COPY_OPS = {"copy", "transpose", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad", "gather",
              "scatter", "bitcast", "broadcast", "reshape", "reverse", "iota", "constant", "parameter", "tuple",
              "get-tuple-element", "copy-start", "copy-done", "bitcast-convert", "convert"}
@@ -268,13 +270,16 @@ def profile_xla(fn, hlo_text: str, runs: int, vocab: int) -> dict:
     module = module.group(1) if module else None
     with tempfile.TemporaryDirectory(prefix="dart_jax_profile_") as d:
         with jax.profiler.trace(d, create_perfetto_trace=True):
+            t = time.perf_counter()
             for _ in range(runs):
                 fn()
+            profiled = (time.perf_counter() - t) / runs
         events = _events(d)
     per = collections.defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "remat_ms": 0.0, "count": 0})
     shapes = collections.defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "count": 0, "class": ""})
     unknown = 0.0
     cache = {}
+    by_op = collections.Counter()
     for e in events:
         args = e.get("args") or {}
         op = args.get("hlo_op")
@@ -292,7 +297,22 @@ def profile_xla(fn, hlo_text: str, runs: int, vocab: int) -> dict:
         _add(per, shapes, *cache[op], ms)
         if "rematted_computation" in ins.op_name:
             per[cache[op][0]]["remat_ms"] += ms
-    return _summarise(per, shapes, runs, extra={"unmatched_ms": unknown / runs})
+        if cache[op][2] is None:  # not a matmul: kept per instruction, for the busiest-ops table
+            by_op[op] += ms
+    top = [{"op": op, "class": cache[op][0], "ms": ms / runs, "shape": instrs[op].shape.split("{")[0],
+            "source": _where(instrs[op], instrs, comps, stacks)}
+           for op, ms in by_op.most_common(TOP_OPS)]
+    return _summarise(per, shapes, runs, extra={"unmatched_ms": unknown / runs, "top_other_ops": top,
+                                                 "profiled_wall_s": profiled})
+
+
+def _where(ins: Instr, instrs, comps, stacks) -> str:
+    """`file:function` of the innermost dart_jax frame behind `ins` (or its fused body's first), or ""."""
+    for i in [ins] + [j for j, _ in _walk(ins, comps)]:
+        for file, func in stacks.get(i.frame, []):
+            if "dart_jax/" in file:
+                return f"{file[file.index('dart_jax/'):]}:{func}"
+    return ""
 
 
 def _add(per, shapes, cls: str, flops: float, mkn: tuple | None, ms: float) -> None:
@@ -381,8 +401,10 @@ def profile_torch(step, runs: int, vocab: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        t = time.perf_counter()
         for _ in range(runs):
             step()
+        profiled = (time.perf_counter() - t) / runs
     per = collections.defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "count": 0, "remat_ms": 0.0})
     shapes = collections.defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "count": 0, "class": ""})
     for ev in prof.events():
@@ -392,14 +414,12 @@ def profile_torch(step, runs: int, vocab: int) -> dict:
         if ms <= 0:
             continue
         _add(per, shapes, *classify_torch(ev.name, list(ev.input_shapes or []), vocab, torch_context(ev)), ms)
-    return _summarise(per, shapes, runs)
+    return _summarise(per, shapes, runs, extra={"profiled_wall_s": profiled})
 
 
 def bench_profile(model: str = "smollm2-135m-instruct", batch: int = 4, length: int = 512, runs: int = 2,
                   remat_policy: str = "none", with_torch: bool = True, logprob_chunk: int | None = None) -> dict:
     """The update of `launch.bench train`, profiled on both sides (plus each side's wall time per run)."""
-    import time
-
     from dart_jax.bench.train import setup_update, update_flops
     u = setup_update(model, batch, length, remat_policy, logprob_chunk)
     hlo = u.step.lower(u.holder["state"], u.base, u.mb, u.key, 0).compile().as_text()

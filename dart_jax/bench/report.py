@@ -252,11 +252,17 @@ def profile(res: dict) -> str:
         rows.append([cls] + [f"{g['ms']:.0f} ({100 * g['share']:.0f}%)" if g else "" for g in got]
                     + [f"{remat:.0f}" if remat else ""]
                     + [f"{g['gflops_per_s']:.0f}" if g and g["gflops_per_s"] else "" for g in got])
-    rows.append(["ops summed / wall"] + [f"{res[s]['op_ms_per_update']:.0f} / {1e3 * res[s]['wall_s']:.0f}"
-                                         for s in sides] + [""] * (len(sides) + 1))
+    rows.append(["ops summed / profiled wall / wall"]
+                + [f"{res[s]['op_ms_per_update']:.0f} / {1e3 * res[s].get('profiled_wall_s', float('nan')):.0f} / "
+                   f"{1e3 * res[s]['wall_s']:.0f}" for s in sides] + [""] * (len(sides) + 1))
     out = [f"profile of one GRPO update, {res['model']} {res['batch']}x{res['length']} fp32, remat "
            f"{res['remat_policy']}, log-prob chunk {res['logprob_chunk']}, {res['runs']} profiled runs a side "
            "(ms per update; wall: one unprofiled update)", markdown_table(head, rows)]
+    if res["dart_jax"].get("top_other_ops"):
+        out.append("dart_jax: busiest other instructions")
+        out.append(markdown_table(["instruction", "class", "ms", "shape", "source"],
+                                  [[t["op"], t["class"], f"{t['ms']:.1f}", t["shape"], t["source"]]
+                                   for t in res["dart_jax"]["top_other_ops"]]))
     for s in sides:
         out.append(f"{s}: busiest matmul shapes (M×K×N, batch× for batched)")
         out.append(markdown_table(["shape", "class", "ms", "calls", "GFLOP/s"],

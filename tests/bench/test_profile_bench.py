@@ -124,6 +124,7 @@ def test_profile_counts_the_models_matmul_work_on_both_sides(tmp_path, chunk):
     assert "LoRA routing / scale" in ours["classes"]
     assert ours["unmatched_ms"] == 0.0  # every executed instruction was found in the compiled module
     assert "| matmul: projections |" in text("profile", res)
+    assert all(side["profiled_wall_s"] > 0 for side in (ours, theirs))
 
 
 def test_options_bench_interleaves_worker_processes_and_shows_the_numerics(tmp_path):
