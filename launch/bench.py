@@ -156,11 +156,12 @@ def run(args) -> dict:
         from dart_jax.bench.profile import bench_profile
         return bench_profile(args.model, args.batch, args.length, args.repeats, args.remat, not args.no_torch)
     if which == "options":
-        from dart_jax.bench.xla_options import OPTIONS, bench_options
+        from dart_jax.bench.xla_options import bench_options, check_options
         chosen = tuple(o.strip() for o in (XLA_OPTIONS.value or "default,ynn_eltwise,dpa").split(",") if o.strip())
-        if not chosen or chosen[0] != "default" or set(chosen) - set(OPTIONS):
-            raise SystemExit(f"launch.bench options: --options={XLA_OPTIONS.value!r} must start with default and name "
-                             f"some of {list(OPTIONS)}")
+        try:  # before any worker starts: nothing runs or is written on a mistake
+            check_options(chosen)
+        except ValueError as e:
+            raise SystemExit(f"options: --options: {e}") from None
         return bench_options(args.model, args.batch, args.length, args.repeats, chosen)
     if which == "prefill":
         from dart_jax.bench.sampler import bench_group_prefill

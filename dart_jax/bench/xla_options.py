@@ -59,7 +59,8 @@ def _worker(model: str, batch: int, length: int, option: str) -> None:
     u = setup_update(model, batch, length, o.get("remat_policy", "none"), o.get("logprob_chunk"),
                      **o.get("overrides", {}))
     t = time.perf_counter()
-    metrics = [u.ours() for _ in range(2)]
+    for _ in range(2):
+        u.ours()
     ready = {"ready": True, "warmup_s": time.perf_counter() - t, "xla_flags": os.environ.get("XLA_FLAGS", "")}
     print(json.dumps(ready), file=out, flush=True)
     for line in sys.stdin:
@@ -68,7 +69,6 @@ def _worker(model: str, batch: int, length: int, option: str) -> None:
         t = time.perf_counter()
         m = u.ours()
         dt = time.perf_counter() - t
-        metrics.append(m)
         print(json.dumps({"s": dt, "loss": float(m["loss"]) if "loss" in m else None,
                           "grad_norm": float(m["grad_norm"])}), file=out, flush=True)
 
@@ -85,12 +85,17 @@ def _reply(p: subprocess.Popen, option: str, timeout_s: float, when: str) -> dic
     return json.loads(line)
 
 
-def bench_options(model: str = "smollm2-135m-instruct", batch: int = 4, length: int = 512, repeats: int = 3,
-                  options: tuple[str, ...] = ("default", "ynn_eltwise", "dpa")) -> dict:
+def check_options(options: tuple[str, ...]) -> None:
+    """ValueError unless `options` starts with "default" and names only OPTIONS."""
     bad = [o for o in options if o not in OPTIONS]
     if bad or not options or options[0] != "default":
-        raise ValueError(f"options {list(options)}: name some of {list(OPTIONS)}, starting with 'default' (the "
-                         f"ratios are against it){'; unknown ' + str(bad) if bad else ''}")
+        raise ValueError(f"options {list(options)} must start with default (the ratios are against it) and name "
+                         f"some of {list(OPTIONS)}{'; unknown ' + str(bad) if bad else ''}")
+
+
+def bench_options(model: str = "smollm2-135m-instruct", batch: int = 4, length: int = 512, repeats: int = 3,
+                  options: tuple[str, ...] = ("default", "ynn_eltwise", "dpa")) -> dict:
+    check_options(options)
     procs, ready = {}, {}
     try:
         for o in options:  # one at a time: each compiles with the host to itself
