@@ -31,6 +31,7 @@ from dart_jax.adapters.method import MethodSpec, init_adapters
 from dart_jax.bench.timing import interleaved, matmul_probe, peak_per_round, ratio
 from dart_jax.checkpoints.registry import load_model
 from dart_jax.models.names import resolve
+from dart_jax.models.transformer import unstack_layers
 from dart_jax.rl.optim import make_optimizer
 from dart_jax.rl.step import BATCH_KEYS, init_state, make_train_step
 from dart_jax.run.spec import LossConfig, OptimConfig
@@ -123,17 +124,21 @@ def _torch_update(side: str, path, adapters, batch, lc: LossConfig, oc: OptimCon
 
 
 def setup_update(model: str, batch: int, length: int, remat_policy: str = "none", logprob_chunk: int | None = None,
-                 **overrides) -> types.SimpleNamespace:
+                 loss: dict | None = None, unstack: bool = False, **overrides) -> types.SimpleNamespace:
     """The benchmarked update, ready to run: `ours()` runs one (donating and replacing the state) and
     returns its metrics; `step`, `holder["state"]`, `base`, `mb`, `key` are its jitted function and
     arguments; `data`, `host_adapters`, `lc`, `oc`, `path` build the PyTorch sides from the same inputs.
-    `overrides` set ModelConfig fields (attention_impl, compute_dtype, ...); `logprob_chunk` the loss's."""
+    `overrides` set ModelConfig fields (attention_impl, compute_dtype, ...); `logprob_chunk` and `loss`
+    (LossConfig fields) the loss's; `unstack`: the base's layers as per-layer arrays, so they run as a
+    Python loop instead of a scan (models.transformer.unstack_layers)."""
     path = resolve(model)
     cfg, base = load_model(path, remat_policy=remat_policy, **overrides)
+    if unstack:
+        base = unstack_layers(base)
     method = MethodSpec("dart", rank=8, alpha=16.0)
     adapters = init_adapters(method, cfg, jax.random.PRNGKey(0))
     host_adapters = jax.device_get(adapters)  # the jitted step donates (deletes) its input state
-    lc = LossConfig() if logprob_chunk is None else LossConfig(logprob_chunk=logprob_chunk)
+    lc = LossConfig(**(loss or {}), **({} if logprob_chunk is None else {"logprob_chunk": logprob_chunk}))
     oc = OptimConfig(lr=1e-5, warmup_steps=0)
     data = synthetic_batch(cfg, batch, length)
     mb = {k: jnp.asarray(data[k])[None] for k in BATCH_KEYS}

@@ -14,9 +14,14 @@ OPTIONS (name: XLA flags and/or settings of the update):
     ynn_eltwise          YNNPACK fuses elementwise ops too (dots are YNN fusions by default)
     ynn_eltwise_reduce   ... and reductions
     concurrent_sched     XLA:CPU's concurrency-optimised scheduler
+    no_ynn_reduce        reductions as XLA's own loops, not YNNPACK fusions (dots stay YNN)
+    no_ynn               no YNNPACK fusion at all (dots as XLA:CPU's own kernels)
     dpa                  jax.nn.dot_product_attention (implementation chosen by JAX) for the hand-written attention
     remat_dots           remat policy "dots" (save matmul outputs, recompute the rest)
     chunk_512 / chunk_32 log-probs over 512 / 32 positions at a time (default 128)
+    lp_logits            the log-probs' backward from saved logits, no recomputed head matmul (rl/logprobs.py)
+    lp_autodiff          the log-probs differentiated by JAX (rematerialised chunks) instead of by hand
+    unrolled             the layers as a Python loop over a per-layer base (no scan, no stacked residuals)
     bf16                 bf16 compute, fp32 masters (numerics change)
 """
 
@@ -34,11 +39,16 @@ OPTIONS = {
     "default": {},
     "ynn_eltwise": {"xla_flags": "--xla_cpu_experimental_ynn_fusion_type=+eltwise"},
     "ynn_eltwise_reduce": {"xla_flags": "--xla_cpu_experimental_ynn_fusion_type=+eltwise,+reduce"},
+    "no_ynn_reduce": {"xla_flags": "--xla_cpu_experimental_ynn_fusion_type=-reduce"},
+    "no_ynn": {"xla_flags": "--xla_cpu_experimental_ynn_fusion_type="},
     "concurrent_sched": {"xla_flags": "--xla_cpu_enable_concurrency_optimized_scheduler=true"},
     "dpa": {"overrides": {"attention_impl": "auto"}},
     "remat_dots": {"remat_policy": "dots"},
     "chunk_512": {"logprob_chunk": 512},
     "chunk_32": {"logprob_chunk": 32},
+    "lp_logits": {"loss": {"logprob_residual": "logits"}},
+    "lp_autodiff": {"loss": {"logprob_residual": "autodiff"}},
+    "unrolled": {"unstack": True},
     "bf16": {"overrides": {"compute_dtype": "bfloat16"}},
 }
 
@@ -57,7 +67,7 @@ def _worker(model: str, batch: int, length: int, option: str) -> None:
     from dart_jax.bench.train import setup_update
     o = OPTIONS[option]
     u = setup_update(model, batch, length, o.get("remat_policy", "none"), o.get("logprob_chunk"),
-                     **o.get("overrides", {}))
+                     loss=o.get("loss"), unstack=o.get("unstack", False), **o.get("overrides", {}))
     t = time.perf_counter()
     for _ in range(2):
         u.ours()

@@ -4,6 +4,8 @@ loop over a cache's written slots for chunks that resume from a cache."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -120,11 +122,61 @@ def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray,
     if not cache_layout:
         k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
     b, t, n, h = q.shape
-    kv, s = k.shape[1], k.shape[3]
+    kv = k.shape[1]
     g = n // kv
     qm = q.reshape(b, t, kv, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
-    sc = jnp.matmul(qm, k.astype(q.dtype), preferred_element_type=jnp.float32).reshape(b, kv, g, t, s)
-    sc = jnp.where(mask[:, :, None], sc * (h ** -0.5), jnp.finfo(jnp.float32).min)
-    p = jax.nn.softmax(sc, axis=-1).astype(v.dtype).reshape(b, kv, g * t, s)
-    o = jnp.matmul(p, v.astype(q.dtype)).reshape(b, kv, g, t, h)
-    return o.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+    o = _grouped_softmax_attention(qm, k.astype(q.dtype), v.astype(q.dtype), mask, h ** -0.5)
+    return o.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+def _scores(qm, k, mask, scale):
+    """[B, K, G·T, H] × kᵀ [B, K, H, S] -> masked fp32 scores [B, K, G, T, S]."""
+    b, kv, gt, _ = qm.shape
+    t, s = mask.shape[2], k.shape[3]
+    sc = jnp.matmul(qm, k, preferred_element_type=jnp.float32).reshape(b, kv, gt // t, t, s)
+    return jnp.where(mask[:, :, None], sc * scale, jnp.finfo(jnp.float32).min)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _grouped_softmax_attention(qm, k, v, mask, scale: float):
+    """softmax(mask(qm kᵀ · scale)) v over grouped queries qm [B, K, G·T, H], kᵀ [B, K, H, S],
+    v [B, K, S, H], mask bool[B, 1, T, S] -> [B, K, G·T, H] (qm's dtype; scores and softmax fp32).
+
+    The gradient is written by hand (as flash attention's): the forward keeps, per query, only the
+    row maximum m and Σexp — not the [B, K, G, T, S] probabilities autodiff would store (on
+    XLA:CPU, a scanned update zero-fills and writes a stacked buffer of them per layer) — and the
+    backward recomputes p = exp(s − m)/Σ from one score matmul:
+        dv = pᵀ do,  dp = do vᵀ,  ds = p ⊙ (dp − Σ_s p dp) · scale (0 where masked),
+        dq = ds k,   dk = dsᵀ q.
+    A query that sees no key (padding) gets the mean of v, as the softmax over equal scores gives."""
+    b, kv, gt, h = qm.shape
+    p = jax.nn.softmax(_scores(qm, k, mask, scale), axis=-1).astype(v.dtype).reshape(b, kv, gt, k.shape[3])
+    return jnp.matmul(p, v)
+
+
+def _gsa_fwd(qm, k, v, mask, scale):
+    b, kv, gt, h = qm.shape
+    sc = _scores(qm, k, mask, scale)
+    m = jnp.max(sc, axis=-1, keepdims=True)
+    e = jnp.exp(sc - m)
+    den = jnp.sum(e, axis=-1, keepdims=True)
+    p = (e / den).astype(v.dtype).reshape(b, kv, gt, k.shape[3])  # jax.nn.softmax's arithmetic, as the primal
+    return jnp.matmul(p, v), (qm, k, v, mask, m, den)
+
+
+def _gsa_bwd(scale, res, do):
+    qm, k, v, mask, m, den = res
+    b, kv, gt, h = qm.shape
+    s = k.shape[3]
+    p = jnp.exp(_scores(qm, k, mask, scale) - m) / den                      # [B, K, G, T, S] fp32
+    p2 = p.reshape(b, kv, gt, s)
+    dv = jnp.matmul(p2.astype(v.dtype).swapaxes(-1, -2), do)
+    dp = jnp.matmul(do, v.swapaxes(-1, -2), preferred_element_type=jnp.float32)
+    ds = p2 * (dp - jnp.sum(dp * p2, axis=-1, keepdims=True))
+    ds = (jnp.where(mask[:, :, None], ds.reshape(p.shape), 0.0) * scale).reshape(b, kv, gt, s).astype(qm.dtype)
+    dq = jnp.matmul(ds, k.swapaxes(-1, -2))
+    dk = jnp.matmul(qm.swapaxes(-1, -2), ds)
+    return dq.astype(qm.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_grouped_softmax_attention.defvjp(_gsa_fwd, _gsa_bwd)

@@ -82,15 +82,16 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
 
 
 def sequence_logprobs(base, adapters, tokens, positions, route_ids, *, cfg: ModelConfig, temperature: float,
-                      chunk: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """Teacher-forced (logp, entropy) f32[B, T], token-aligned, at the rollout temperature."""
+                      chunk: int, residual: str = "recompute") -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Teacher-forced (logp, entropy) f32[B, T], token-aligned, at the rollout temperature; `residual`:
+    what their backward starts from (rl.logprobs)."""
     logp, ent, _ = sequence_logprobs_and_gate_stats(base, adapters, tokens, positions, route_ids, cfg=cfg,
-                                                    temperature=temperature, chunk=chunk)
+                                                    temperature=temperature, chunk=chunk, residual=residual)
     return logp, ent
 
 
 def sequence_logprobs_and_gate_stats(base, adapters, tokens, positions, route_ids, *, cfg: ModelConfig,
-                                     temperature: float, chunk: int, prefix=None):
+                                     temperature: float, chunk: int, prefix=None, residual: str = "recompute"):
     """(logp, entropy, MixLoRA gate statistics or None): see `sequence_logprobs`. With `base` a
     TwoModels (2-Agent), `route_ids` are ψ's roles and token t takes the log-prob of the model that
     wrote it (adapters.method.two_model_logprobs).
@@ -100,14 +101,14 @@ def sequence_logprobs_and_gate_stats(base, adapters, tokens, positions, route_id
         if isinstance(base, TwoModels):
             raise ValueError("a shared-prefix forward does not support the 2-Agent composition (train.share_prefix)")
         h = shared_prefix_hidden_states(base, adapters, prefix, tokens, positions, route_ids, cfg=cfg)
-        logp, ent = token_logprobs(h, output_head(base, cfg), tokens, temperature, chunk)
+        logp, ent = token_logprobs(h, output_head(base, cfg), tokens, temperature, chunk, residual)
         return logp, ent, None
     if isinstance(base, TwoModels):
         logp, ent = two_model_logprobs(base, route_ids, lambda b, a, r: sequence_logprobs(
-            b, a, tokens, positions, r, cfg=cfg, temperature=temperature, chunk=chunk))
+            b, a, tokens, positions, r, cfg=cfg, temperature=temperature, chunk=chunk, residual=residual))
         return logp, ent, None
     h, _, stats = hidden_states_and_ffn_stats(base, adapters, tokens, positions, route_ids, None, cfg=cfg)
-    logp, ent = token_logprobs(h, output_head(base, cfg), tokens, temperature, chunk)
+    logp, ent = token_logprobs(h, output_head(base, cfg), tokens, temperature, chunk, residual)
     return logp, ent, stats
 
 
@@ -139,7 +140,8 @@ def per_token_terms(base, adapters, mb: dict, *, cfg: ModelConfig, lc: LossConfi
     prefix = tuple(mb[k] for k in PREFIX_KEYS) if PREFIX_KEYS[0] in mb else None  # [1, P] each
     logp, ent, gate = sequence_logprobs_and_gate_stats(base, adapters, mb["tokens"], mb["positions"],
                                                        mb["route_ids"], cfg=cfg, temperature=lc.temperature,
-                                                       chunk=lc.logprob_chunk, prefix=prefix)
+                                                       chunk=lc.logprob_chunk, prefix=prefix,
+                                                       residual=lc.logprob_residual)
     keep = mb["loss_mask"] > 0
     masked = lambda v: jnp.where(keep, v, 0.0)  # noqa: E731
     aux = {}

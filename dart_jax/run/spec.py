@@ -27,6 +27,7 @@ from typing import Any
 from dart_jax.adapters.method import MethodSpec
 from dart_jax.errors import UserError
 from dart_jax.rewards.training import RewardConfig
+from dart_jax.rl.logprobs import RESIDUALS as LOGPROB_RESIDUALS
 from dart_jax.rollout.agent import RolloutConfig
 from dart_jax.rollout.sampling import SamplingConfig
 
@@ -69,6 +70,7 @@ class LossConfig:
     agg_mode: str = "token-mean"
     micro_mode: str = "global"
     logprob_chunk: int = 128
+    logprob_residual: str = "recompute"  # what the log-probs' backward starts from (rl/logprobs.py)
     objective: str = "grpo"  # grpo (clipped policy loss) | sft (−log p on the loss-mask tokens)
     norm_length: int = 0     # seq-mean-token-sum-norm's L; 0 in a config = rollout.max_response_tokens
 
@@ -77,6 +79,8 @@ class LossConfig:
                               ("objective", OBJECTIVES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"loss.{name}={getattr(self, name)!r}; expected one of {allowed}")
+        if self.logprob_residual not in LOGPROB_RESIDUALS:
+            raise ValueError(f"loss.logprob_residual={self.logprob_residual!r}; expected one of {LOGPROB_RESIDUALS}")
         if self.agg_mode == "seq-mean-token-sum-norm" and self.norm_length <= 0:
             raise ValueError("loss.agg_mode='seq-mean-token-sum-norm' divides by the maximum response length: "
                              f"loss.norm_length must be > 0, got {self.norm_length}")
