@@ -61,6 +61,7 @@ LAYOUT = {
     "model.causal_block": "query blocks that skip later keys (exact under the position rule)",
     "model.cache_block": "the KV-cache blocks attention reads (unwritten slots are masked either way)",
     "loss.logprob_chunk": "the chunks the log-probs are computed in",
+    "loss.logprob_residual": "what the log-probs' backward starts from (the same gradient to rounding)",
 }
 RESUMABLE = tuple(UNCHANGING) + tuple(LAYOUT)  # not reported as differences (also by the studies' checks)
 RUN_DIR = "<output.dir>"  # how a path inside the run directory is compared
