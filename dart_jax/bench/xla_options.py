@@ -22,6 +22,7 @@ OPTIONS (name: XLA flags and/or settings of the update):
     lp_logits            the log-probs' backward from saved logits, no recomputed head matmul (rl/logprobs.py)
     lp_autodiff          the log-probs differentiated by JAX (rematerialised chunks) instead of by hand
     unrolled             the layers as a Python loop over a per-layer base (no scan, no stacked residuals)
+    block_64 / block_256 causal query blocks of 64 / 256 positions (default 128)
     bf16                 bf16 compute, fp32 masters (numerics change)
 """
 
@@ -49,6 +50,8 @@ OPTIONS = {
     "lp_logits": {"loss": {"logprob_residual": "logits"}},
     "lp_autodiff": {"loss": {"logprob_residual": "autodiff"}},
     "unrolled": {"unstack": True},
+    "block_64": {"overrides": {"causal_block": 64}},
+    "block_256": {"overrides": {"causal_block": 256}},
     "bf16": {"overrides": {"compute_dtype": "bfloat16"}},
 }
 

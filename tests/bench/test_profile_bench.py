@@ -109,10 +109,12 @@ def test_profile_counts_the_models_matmul_work_on_both_sides(tmp_path, chunk):
     gflop = lambda side, cls: side["classes"][cls]["gflop"] * 1e9  # noqa: E731
     assert gflop(ours, "matmul: projections") == pytest.approx(4 * proj * B * T, rel=1e-9)
     assert gflop(ours, "matmul: LoRA") == pytest.approx(3 * lora_fwd, rel=1e-9)
-    assert gflop(ours, "attention") == pytest.approx(L * 6 * 2 * B * N * T * T * H, rel=1e-9)
+    # attention: 2 forward matmuls, 5 in the hand-written backward (the scores recomputed, dv, dp, dq, dk)
+    assert gflop(ours, "attention") == pytest.approx(L * 7 * 2 * B * N * T * T * H, rel=1e-9)
+    # the logits, their gradient's input product and (several chunks) the logits recomputed by the
+    # log-probs' backward; with one chunk XLA reuses the forward's logits
     head_matmuls = 2 if chunk >= T - 1 else 3
     assert gflop(ours, "matmul: head") == pytest.approx(head_matmuls * 2 * D * V * B * positions, rel=1e-9)
-    assert ours["classes"]["matmul: head"]["remat_ms"] > 0  # the log-prob scan's body is rematerialised
     assert gflop(theirs, "matmul: projections") == pytest.approx(4 * proj * B * T - qkv_in, rel=1e-9)
     assert gflop(theirs, "matmul: LoRA") == pytest.approx(3 * lora_fwd - lora_in0, rel=1e-9)
     assert gflop(theirs, "matmul: head") == pytest.approx(4 * D * V * B * T, rel=1e-9)
