@@ -30,7 +30,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-RESIDUALS = ("recompute", "logits", "autodiff")
+from dart_jax.run.spec import LOGPROB_RESIDUALS as RESIDUALS
 
 
 def _logits(h, head, inv_temp):

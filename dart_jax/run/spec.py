@@ -27,12 +27,12 @@ from typing import Any
 from dart_jax.adapters.method import MethodSpec
 from dart_jax.errors import UserError
 from dart_jax.rewards.training import RewardConfig
-from dart_jax.rl.logprobs import RESIDUALS as LOGPROB_RESIDUALS
 from dart_jax.rollout.agent import RolloutConfig
 from dart_jax.rollout.sampling import SamplingConfig
 
 # the values a loss / optimiser / update setting may take (rl/losses.py, rl/optim.py, rl/stages.py act on them)
 KL_TYPES = ("k1", "abs", "k2", "k3")
+LOGPROB_RESIDUALS = ("recompute", "logits", "autodiff")  # what the log-probs' backward starts from
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 MICRO_MODES = ("global", "verl_microbatch_mean")
 OBJECTIVES = ("grpo", "sft")
