@@ -12,7 +12,7 @@ numerics gives the default's values (to fp32 reduction order), and one that does
 OPTIONS (name: XLA flags and/or settings of the update):
     default              the pinned jaxlib's defaults, remat none, hand-written GQA attention, log-prob chunk 128
     ynn_eltwise          YNNPACK fuses elementwise ops too (dots are YNN fusions by default)
-    ynn_eltwise_reduce   ... and reductions
+    ynn_eltwise_reduce   ... and reductions (already YNN fusions by default in jaxlib 0.10.2)
     concurrent_sched     XLA:CPU's concurrency-optimised scheduler
     no_ynn_reduce        reductions as XLA's own loops, not YNNPACK fusions (dots stay YNN)
     no_ynn               no YNNPACK fusion at all (dots as XLA:CPU's own kernels)

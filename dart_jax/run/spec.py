@@ -76,11 +76,9 @@ class LossConfig:
 
     def __post_init__(self):
         for name, allowed in (("kl_type", KL_TYPES), ("agg_mode", AGG_MODES), ("micro_mode", MICRO_MODES),
-                              ("objective", OBJECTIVES)):
+                              ("objective", OBJECTIVES), ("logprob_residual", LOGPROB_RESIDUALS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"loss.{name}={getattr(self, name)!r}; expected one of {allowed}")
-        if self.logprob_residual not in LOGPROB_RESIDUALS:
-            raise ValueError(f"loss.logprob_residual={self.logprob_residual!r}; expected one of {LOGPROB_RESIDUALS}")
         if self.agg_mode == "seq-mean-token-sum-norm" and self.norm_length <= 0:
             raise ValueError("loss.agg_mode='seq-mean-token-sum-norm' divides by the maximum response length: "
                              f"loss.norm_length must be > 0, got {self.norm_length}")
