@@ -74,6 +74,20 @@ def test_the_third_lab_study_adds_only_the_kl_term():
         assert diffs == ["loss.kl_coef", "methods.archive", "methods.out", "output.dir"], diffs
 
 
+def test_the_fourth_lab_study_changes_only_the_rate():
+    from configs import methods_lab_kl, methods_lab_lr
+    from dart_jax.run.run_dir import config_differences
+    from tests.test_configs import _validate
+    for arg in ("dart,0", "dart,2"):
+        a, b = methods_lab_kl.get_config(arg), methods_lab_lr.get_config(arg)
+        _validate(b)
+        assert (a.optim.lr, b.optim.lr) == (pytest.approx(1e-3), pytest.approx(2e-4))
+        assert b.optim.lr == methods_lab_lr.LR
+        assert b.output.dir.startswith(methods_lab_lr.OUT) and b.train.seed == a.train.seed
+        diffs = [d.split(":")[0] for d in config_differences(config_dict(a), config_dict(b), ignore=())]
+        assert diffs == ["methods.archive", "methods.lr_scale", "methods.out", "optim.lr", "output.dir"], diffs
+
+
 def test_grpo_signal_by_hand(tmp_path):
     """Groups are (step, uid); a group is mixed when its scores differ; rows left out of the update are not
     counted; the archive's gzipped records give the same counts."""
