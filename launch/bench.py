@@ -7,6 +7,7 @@
     python -m launch.bench forward --dtype=bfloat16   forward tokens/s vs transformers
     python -m launch.bench adapters                   fwd+bwd: DART vs one LoRA vs full, and PEFT in torch
     python -m launch.bench sampler --batches=1,8,32   decode tok/s vs transformers generate
+    python -m launch.bench matmul                     the model's matmul shapes, fp32 / bf16, XLA:CPU vs torch
     python -m launch.bench resume --obs-len=400       KV-cache resume vs re-prefilling the history per turn
     python -m launch.bench cache_blocks --length=768  decode attention over the cache's written blocks vs its capacity
     python -m launch.bench prefill --batch=2          a GRPO group's shared prompt prefill vs one per row (SQL schemas)
@@ -45,7 +46,8 @@ from launch._cli import Command
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 BENCHES = ("forward", "adapters", "sampler", "resume", "cache_blocks", "train", "prefill", "group_update", "handoff",
-           "retrieval", "methods", "suite", "corpus", "serve", "rollouts", "grpo_rollouts", "profile", "options")
+           "retrieval", "methods", "suite", "corpus", "serve", "rollouts", "grpo_rollouts", "profile", "options",
+           "matmul")
 DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(batch=4, length=256, repeats=5),
             "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4),
             "cache_blocks": dict(batch=32, length=768, repeats=4), "train": dict(batch=4, length=512,
@@ -54,7 +56,8 @@ DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(ba
             "handoff": dict(batch=1, repeats=3), "retrieval": dict(repeats=1),
             "methods": dict(batch=4, length=256, repeats=3), "suite": dict(repeats=None), "corpus": dict(repeats=1),
             "serve": dict(repeats=1), "rollouts": dict(batch=8, repeats=2), "grpo_rollouts": dict(repeats=3),
-            "profile": dict(batch=4, length=512, repeats=2), "options": dict(batch=4, length=512, repeats=3)}
+            "profile": dict(batch=4, length=512, repeats=2), "options": dict(batch=4, length=512, repeats=3),
+            "matmul": dict(repeats=5)}
 CLI = Command("launch.bench", __doc__)
 F = CLI.flags
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
@@ -141,6 +144,9 @@ def run(args) -> dict:
         return bench_sampler(args.model, tuple(int(x) for x in args.batches.split(",")), args.new_tokens,
                              repeats=args.repeats, with_torch=not args.no_torch, dtype=args.dtype,
                              temperature=args.temperature)
+    if which == "matmul":
+        from dart_jax.bench.matmul import bench_matmul
+        return bench_matmul(args.model, repeats=args.repeats, with_torch=not args.no_torch)
     if which == "resume":
         from dart_jax.bench.sampler import bench_resume
         return bench_resume(args.model, args.batch, args.prompt_len, args.turns, obs_len=args.obs_len,

@@ -39,6 +39,19 @@ def sampler(res: dict) -> str:
     return "\n".join(lines)
 
 
+def matmul(res: dict) -> str:
+    lines = [f"matmul peak {res['matmul_flops'] / 1e9:.1f} GFLOP/s (2048² fp32); GFLOP/s per side, then time ratios"]
+    for r in res["rows"]:
+        g = ", ".join(f"{k} {v:.0f}" for k, v in r["gflops"].items())
+        line = (f"{r['name']:>4} [{r['m']}, {r['k']}] × [{r['k']}, {r['n']}]: {g}; bf16-out / fp32-accumulated "
+                f"{fmt_ratio(r['bf16_out_over_acc32'])}")
+        if "torch_bf16_over_jax_bf16_acc32" in r:
+            line += f"; torch bf16 / ours bf16 {fmt_ratio(r['torch_bf16_over_jax_bf16_acc32'])}"
+        a = r["agree"]
+        lines.append(line + f"; values differing {a['bf16_ulps_differing']} of {a['of']}")
+    return "\n".join(lines)
+
+
 def resume(res: dict) -> str:
     return (f"{res['turns']} tool calls, batch {res['batch']}, prompt {res['prompt_len']}, "
             f"{res['gen_per_turn']} generated + {res['obs_len']} observation tokens per turn: cache resume "
@@ -289,7 +302,7 @@ TEXT = {"forward": forward, "adapters": adapters, "sampler": sampler, "resume": 
         "train": train, "prefill": prefill, "group_update": group_update, "handoff": handoff, "retrieval": retrieval,
         "methods": methods, "suite": suite, "corpus": corpus, "serve": serve, "rollouts": rollouts,
         "grpo_rollouts": grpo_rollouts, "profile": profile,
-        "options": options}
+        "options": options, "matmul": matmul}
 
 
 def text(which: str, res: dict) -> str:

@@ -12,6 +12,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from dart_jax.models import dots
 from dart_jax.models.cache import init_cache
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import forward, hidden_states, output_head
@@ -34,7 +35,7 @@ def greedy_generate(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray,
     routes = None if adapters is None else jnp.zeros((b, t), jnp.int32)
     cache = init_cache(cfg, b, t + max_new_tokens)
     x, cache = hidden_states(base, adapters, tokens, positions, routes, cache, cfg=cfg, cache_is_empty=True)
-    logits = jnp.einsum("btd,dv->btv", x[:, -1:], output_head(base, cfg).astype(x.dtype)).astype(jnp.float32)
+    logits = dots.einsum("btd,dv->btv", x[:, -1:], output_head(base, cfg).astype(x.dtype)).astype(jnp.float32)
     first = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
     next_pos = jnp.max(positions, axis=1) + 1
     out = jnp.zeros((b, max_new_tokens), jnp.int32)

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dart_jax.models import dots
 from dart_jax.models.config import ModelConfig
 
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -191,8 +192,8 @@ def _flat(x: jnp.ndarray, lead: int) -> jnp.ndarray:
 
 def _masked_lora_fwd(x, a, b, gate):
     n_in = a.ndim - 1
-    h = jnp.dot(_flat(x, x.ndim - n_in), _flat(a, n_in)) * _flat(gate, 2)            # [N, R]
-    y = jnp.dot(h, b.reshape(b.shape[0], -1))
+    h = dots.dot(_flat(x, x.ndim - n_in), _flat(a, n_in)) * _flat(gate, 2)            # [N, R]
+    y = dots.dot(h, b.reshape(b.shape[0], -1))
     return y.reshape(x.shape[:x.ndim - n_in] + b.shape[1:]), (x, a, b, gate, h)
 
 
@@ -204,10 +205,10 @@ def _masked_lora_bwd(res, g):
     b2 = b.reshape(b.shape[0], -1)                                                      # [R, O]
     a2 = _flat(a, n_in)                                                                 # [I, R]
     x2 = _flat(x, lead)                                                                 # [N, I]
-    gb = jnp.dot(jax.lax.optimization_barrier(h.T), g2).reshape(b.shape)
-    gh = jnp.dot(g2, b2.T) * _flat(gate, 2)                                             # [N, R]
-    ga = jax.lax.optimization_barrier(jnp.dot(gh.T, x2)).T.reshape(a.shape)             # (ghᵀ x)ᵀ: x not transposed
-    gx = jnp.dot(gh, a2.T).reshape(x.shape)
+    gb = dots.dot(jax.lax.optimization_barrier(h.T), g2).reshape(b.shape)
+    gh = dots.dot(g2, b2.T) * _flat(gate, 2)                                             # [N, R]
+    ga = jax.lax.optimization_barrier(dots.dot(gh.T, x2)).T.reshape(a.shape)             # (ghᵀ x)ᵀ: x not transposed
+    gx = dots.dot(gh, a2.T).reshape(x.shape)
     return gx, ga, gb, jnp.zeros_like(gate)
 
 

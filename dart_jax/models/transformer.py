@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from dart_jax.models import cache as cache_lib, lora as lora_lib, rope
+from dart_jax.models import cache as cache_lib, dots, lora as lora_lib, rope
 from dart_jax.models.attention import (  # noqa: F401  (re-exported: callers import them from here)
     attention,
     attention_mask,
@@ -105,7 +105,7 @@ def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
 
 
 def _proj(x, w, spec, layer_adapters, target, route_ids):
-    y = jnp.einsum(spec, x, w.astype(x.dtype))
+    y = dots.einsum(spec, x, w.astype(x.dtype))
     delta = lora_lib.routed_delta(x, layer_adapters, target, route_ids)
     return y if delta is None else y + delta
 
@@ -407,5 +407,5 @@ def forward(base: Params, adapters, tokens: jnp.ndarray, positions: jnp.ndarray,
             ) -> tuple[jnp.ndarray, KVCache | None]:
     """tokens, positions, route_ids: i32[B, T] -> logits f32[B, T, V], updated cache."""
     x, cache = hidden_states(base, adapters, tokens, positions, route_ids, cache, cfg=cfg)
-    logits = jnp.einsum("btd,dv->btv", x, output_head(base, cfg).astype(x.dtype))
+    logits = dots.einsum("btd,dv->btv", x, output_head(base, cfg).astype(x.dtype))
     return logits.astype(jnp.float32), cache

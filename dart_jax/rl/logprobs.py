@@ -30,11 +30,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from dart_jax.models import dots
 from dart_jax.run.spec import LOGPROB_RESIDUALS as RESIDUALS
 
 
 def _logits(h, head, inv_temp):
-    return jnp.einsum("bcd,dv->bcv", h, head.astype(h.dtype)).astype(jnp.float32) * inv_temp
+    return dots.einsum("bcd,dv->bcv", h, head.astype(h.dtype)).astype(jnp.float32) * inv_temp
 
 
 def _stats(z, targets):

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from dart_jax.adapters.method import ROUTE_MODES, mode_routes
-from dart_jax.models import cache as cache_lib
+from dart_jax.models import cache as cache_lib, dots
 from dart_jax.models.cache import KVCache
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import hidden_states, output_head
@@ -123,7 +123,7 @@ def cache_used(state: DecodeState) -> int:
 def last_logits(base, cfg, x, index):
     """x: [B, T, D] hidden -> f32[B, V] logits at per-row index (only that position's head)."""
     h = jnp.take_along_axis(x, index[:, None, None], axis=1)[:, 0]
-    return jnp.einsum("bd,dv->bv", h, output_head(base, cfg).astype(h.dtype)).astype(jnp.float32)
+    return dots.einsum("bd,dv->bv", h, output_head(base, cfg).astype(h.dtype)).astype(jnp.float32)
 
 
 def draw_keys(keys: jax.Array, pos: jnp.ndarray) -> jax.Array:
