@@ -38,6 +38,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from dart_jax.models import dots
 from dart_jax.models.config import ModelConfig
 
 FFN = ("gate", "up", "down")
@@ -128,16 +129,16 @@ def moe_ffn(x: jnp.ndarray, p: dict, experts: MixLoraExperts, real: jnp.ndarray 
     probs, selected, weights = gating(x, ep["router"], experts.top_k)
 
     def delta(inp, t, spec_a, spec_b):
-        h = jnp.einsum(spec_a, inp, ep[t]["a"].astype(dt))
-        return jnp.einsum(spec_b, h, ep[t]["b"].astype(dt)) * jnp.asarray(s, dt)
+        h = dots.einsum(spec_a, inp, ep[t]["a"].astype(dt))
+        return dots.einsum(spec_b, h, ep[t]["b"].astype(dt)) * jnp.asarray(s, dt)
 
-    g = jnp.einsum("btd,df->btf", x, p["gate"].astype(dt))[:, :, None] + delta(x, "gate", "btd,edr->bter",
-                                                                              "bter,erf->btef")
-    u = jnp.einsum("btd,df->btf", x, p["up"].astype(dt))[:, :, None] + delta(x, "up", "btd,edr->bter",
-                                                                            "bter,erf->btef")
+    g = dots.einsum("btd,df->btf", x, p["gate"].astype(dt))[:, :, None] + delta(x, "gate", "btd,edr->bter",
+                                                                               "bter,erf->btef")
+    u = dots.einsum("btd,df->btf", x, p["up"].astype(dt))[:, :, None] + delta(x, "up", "btd,edr->bter",
+                                                                             "bter,erf->btef")
     h = jax.nn.silu(g) * u                                                                  # [B, T, E, F]
-    y = jnp.einsum("btef,fd->bted", h, p["down"].astype(dt)) + delta(h, "down", "btef,efr->bter",
-                                                                     "bter,erd->bted")
+    y = dots.einsum("btef,fd->bted", h, p["down"].astype(dt)) + delta(h, "down", "btef,efr->bter",
+                                                                      "bter,erd->bted")
     out = jnp.einsum("bted,bte->btd", y.astype(jnp.float32), weights).astype(dt)
     return out, gate_stats(probs, selected, real)
 
