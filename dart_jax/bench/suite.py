@@ -53,6 +53,7 @@ from dart_jax.bench.sampler import _spec, decode_flops_per_token, resume_sides
 from dart_jax.bench.shapes import model_config
 from dart_jax.bench.timing import interleaved
 from dart_jax.bench.train import synthetic_batch
+from dart_jax.models import dots
 from dart_jax.models.cache import init_cache
 from dart_jax.models.config import ModelConfig
 from dart_jax.models.transformer import clear_decode_layout, init_params, per_layer_params
@@ -116,7 +117,8 @@ def measure_peaks(n: int, copy_bytes: int, repeats: int, device_kind: str) -> di
     """Best of `repeats` programs of PEAK_ITERS dependent bf16 n×n matmuls (each feeds the next, so
     none is elided) and of PEAK_ITERS passes over a `copy_bytes` buffer (read + write each)."""
     a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)) / np.sqrt(n), jnp.bfloat16)
-    mm = jax.jit(lambda x: jax.lax.fori_loop(0, PEAK_ITERS, lambda i, y: y @ x, x))
+    # models.dots: the models' own bf16 product (on XLA:CPU accumulated in fp32: YNNPACK's bf16 kernels)
+    mm = jax.jit(lambda x: jax.lax.fori_loop(0, PEAK_ITERS, lambda i, y: dots.dot(y, x), x))
     buf = jnp.zeros((copy_bytes // 4,), jnp.float32)
     cp = jax.jit(lambda x: jax.lax.fori_loop(0, PEAK_ITERS, lambda i, y: y * 0.5 + 1.0, x))
     res = interleaved({"matmul": lambda: _block(mm(a)), "copy": lambda: _block(cp(buf))}, repeats=max(3, repeats),
