@@ -48,7 +48,8 @@ def matmul(res: dict) -> str:
         if "torch_bf16_over_jax_bf16_acc32" in r:
             line += f"; torch bf16 / ours bf16 {fmt_ratio(r['torch_bf16_over_jax_bf16_acc32'])}"
         a = r["agree"]
-        lines.append(line + f"; values differing {a['differing']} of {a['of']} (at most {a['max_rel_diff']:.1e} rel.)")
+        lines.append(line + f"; values differing {a['differing']} of {a['of']} (at most "
+                     f"{a['max_diff_of_scale']:.1e} of the largest)")
     return "\n".join(lines)
 
 
