@@ -21,17 +21,21 @@ OUT = "runs/methods_lab"
 ARCHIVE = "docs/results/data/lab/methods/archive"
 
 
-def get_config(arg: str | None = None):
-    """arg: "" (the study: DART, seed 0, as the default run) | METHOD[,SEED] (that run)."""
+def run_arg(arg: str | None) -> tuple[str, int]:
+    """"" (the study: DART, seed 0, as the default run) | METHOD[,SEED] (that run) -> (method, seed)."""
     parts = [p.strip() for p in (arg or "").split(",") if p.strip()]
     if len(parts) > 2:
         raise ValueError(f"configs/methods_lab.py:{arg}: expected METHOD[,SEED]")
+    return (parts[0] if parts else "dart"), (int(parts[1]) if len(parts) > 1 else 0)
+
+
+def get_config(arg: str | None = None):
+    """arg: see `run_arg`."""
+    method, seed = run_arg(arg)
     c = lab_quickstart.get_config()
     c.methods = ConfigDict(dict(out=OUT, methods="dart", seeds="0,1,2", datasets="lab_world1", limit=48, batch=16,
                                 archive=ARCHIVE, report="",
                                 # every method's rate × 5 (DART: 1e-3, the quickstart's lab_quickstart.LR)
                                 lr_scale=lab_quickstart.LR / METHODS["dart"]["lr"]))
     c.eval.n = 0  # the eval stage is the held-out evaluation (the first 48 questions: 4 per (hops, op) cell)
-    method = parts[0] if parts else "dart"
-    seed = int(parts[1]) if len(parts) > 1 else 0
     return apply_method(c, method, seed)

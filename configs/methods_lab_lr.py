@@ -21,7 +21,7 @@ Stated before it ran (docs/results/lab.md, "The fourth study"):
     python -m launch.methods --config=configs/methods_lab_lr.py     # every missing stage, resumable
 """
 
-from configs import methods_lab_kl
+from configs import methods_lab, methods_lab_kl
 from dart_jax.experiments.methods_run import METHODS, apply_method, relocate
 
 OUT = "runs/methods_lab_lr"
@@ -33,6 +33,4 @@ def get_config(arg: str | None = None):
     """arg: as configs/methods_lab.py (METHOD[,SEED])."""
     c = methods_lab_kl.get_config(arg)
     c.methods.lr_scale = 1.0  # every method at its own default rate: DART's is LR
-    parts = [p.strip() for p in (arg or "").split(",") if p.strip()]
-    c = apply_method(c, parts[0] if parts else "dart", int(parts[1]) if len(parts) > 1 else 0)
-    return relocate(c, OUT, ARCHIVE)
+    return relocate(apply_method(c, *methods_lab.run_arg(arg)), OUT, ARCHIVE)

@@ -34,15 +34,14 @@ def _sides(m: int, k: int, n: int, with_torch: bool, seed: int = 0) -> dict:
     from dart_jax.models import dots
     rng = np.random.default_rng(seed)
     x, w = rng.standard_normal((m, k), np.float32), (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-    f32 = jax.jit(lambda a, b: jnp.einsum("mk,kn->mn", a, b))
-    out16 = jax.jit(lambda a, b: jnp.einsum("mk,kn->mn", a, b))
+    plain = jax.jit(lambda a, b: jnp.einsum("mk,kn->mn", a, b))   # fp32 in: fp32 out; bf16 in: bf16 out
     acc32 = jax.jit(lambda a, b: dots.einsum("mk,kn->mn", a, b))
     xf, wf = jnp.asarray(x), jnp.asarray(w)
     xb, wb = xf.astype(jnp.bfloat16), wf.astype(jnp.bfloat16)
-    sides = {"jax_fp32": lambda: f32(xf, wf).block_until_ready(),
-             "jax_bf16_out": lambda: out16(xb, wb).block_until_ready(),
+    sides = {"jax_fp32": lambda: plain(xf, wf).block_until_ready(),
+             "jax_bf16_out": lambda: plain(xb, wb).block_until_ready(),
              "jax_bf16_acc32": lambda: acc32(xb, wb).block_until_ready()}
-    same = np.asarray(out16(xb, wb).astype(jnp.float32)), np.asarray(acc32(xb, wb).astype(jnp.float32))
+    same = np.asarray(plain(xb, wb).astype(jnp.float32)), np.asarray(acc32(xb, wb).astype(jnp.float32))
     agree = {"differing": int((same[0] != same[1]).sum()), "of": m * n,
              # summation order: relative to the product's largest entry (near-zero sums differ more, relatively)
              "max_diff_of_scale": float(np.abs(same[0] - same[1]).max() / np.abs(same[0]).max())}
