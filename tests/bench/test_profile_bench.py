@@ -129,6 +129,17 @@ def test_profile_counts_the_models_matmul_work_on_both_sides(tmp_path, chunk):
     assert all(side["profiled_wall_s"] > 0 for side in (ours, theirs))
 
 
+def test_options_are_refused_before_any_worker_starts(tmp_path):
+    """A mistaken --options list is one line naming the known options, with nothing started or written."""
+    from launch.bench import main
+    for bad in ("bf16,default", "default,fastest"):
+        with pytest.raises(SystemExit, match="must start with default.*ynn_eltwise"):
+            main(["options", f"--options={bad}", f"--model={tmp_path}", f"--json={tmp_path / 'o.json'}"])
+    assert not (tmp_path / "o.json").exists()
+
+
+@pytest.mark.slow  # ~40 s beside another group: three worker processes each compile the update (the
+# refusal of a mistaken --options list is the test above, in the default run)
 def test_options_bench_interleaves_worker_processes_and_shows_the_numerics(tmp_path):
     """launch.bench options: one worker process per option, each with its own XLA flags, timed in
     interleaved rounds; YNNPACK's elementwise fusion keeps the default's loss and gradient norm (fp32,
@@ -136,7 +147,6 @@ def test_options_bench_interleaves_worker_processes_and_shows_the_numerics(tmp_p
     import tiny_models
     from dart_jax.bench.report import text
     from dart_jax.bench.xla_options import bench_options
-    from launch.bench import main
 
     tiny_models.build("llama", str(tmp_path), vocab_size=1000, hidden_size=128, intermediate_size=256,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, num_hidden_layers=2,
@@ -151,5 +161,3 @@ def test_options_bench_interleaves_worker_processes_and_shows_the_numerics(tmp_p
     assert o["ynn_eltwise"]["loss_rel_diff"] <= 1e-5 and o["ynn_eltwise"]["grad_norm_rel_diff"] <= 1e-5
     assert o["bf16"]["grad_norm_rel_diff"] > 1e-4
     assert "| ynn_eltwise |" in text("options", res)
-    with pytest.raises(SystemExit, match="must start with default"):
-        main(["options", "--options=bf16,default", f"--model={tmp_path}"])

@@ -16,6 +16,9 @@ from dart_jax.tools.retrieval import RetrievalTool
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow  # ~110 s in CI (an engine compiled per side); what it relies on runs by default in
+# tests/serve: tokens under continuous batching equal each request alone (test_engine.py), 429 under
+# overload with nothing hung (test_server.py)
 def test_serve_bench_runs_every_side(tiny_smollm_dir, tmp_path):
     index = build_lexical_index(os.path.join(ROOT, "data/lab/world1/corpus.jsonl"), str(tmp_path / "lex"))
     tool = tool_for(QA, RetrievalTool(LexicalRetriever(index), topk=1))
