@@ -129,12 +129,23 @@ def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray,
     return o.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
-def _scores(qm, k, mask, scale):
-    """[B, K, G·T, H] × kᵀ [B, K, H, S] -> masked fp32 scores [B, K, G, T, S]."""
-    b, kv, gt, _ = qm.shape
-    t, s = mask.shape[2], k.shape[3]
-    sc = jnp.matmul(qm, k, preferred_element_type=jnp.float32).reshape(b, kv, gt // t, t, s)
-    return jnp.where(mask[:, :, None], sc * scale, jnp.finfo(jnp.float32).min)
+def _scores(qm, k, bias, scale):
+    """[B, K, G·T, H] × kᵀ [B, K, H, S] + the mask's bias [B, 1, G·T, S] -> fp32 scores [B, K, G·T, S]
+    (MASKED where hidden)."""
+    return jnp.matmul(qm, k, preferred_element_type=jnp.float32) * scale + bias
+
+
+MASKED = jnp.finfo(jnp.float32).min
+
+
+def _bias(mask, g: int):
+    """bool[B, 1, T, S] -> fp32 [B, 1, 1, T, S]: 0 where visible, MASKED where not. A score plus MASKED
+    rounds to MASKED (|score| ≪ its ulp), so a hidden key's score is MASKED exactly, as a select gives;
+    an add is one elementwise op XLA:CPU fuses into the score matmul, where a select over the mask
+    broadcast to every head was a pass of its own."""
+    b, _, t, s = mask.shape
+    bias = jnp.where(mask, 0.0, MASKED).astype(jnp.float32)
+    return jnp.broadcast_to(bias[:, :, None], (b, 1, g, t, s)).reshape(b, 1, g * t, s)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -146,36 +157,38 @@ def _grouped_softmax_attention(qm, k, v, mask, scale: float):
     row maximum m and Σexp — not the [B, K, G, T, S] probabilities autodiff would store (on
     XLA:CPU, a scanned update zero-fills and writes a stacked buffer of them per layer) — and the
     backward recomputes p = exp(s − m)/Σ from one score matmul:
-        dv = pᵀ do,  dp = do vᵀ,  ds = p ⊙ (dp − Σ_s p dp) · scale (0 where masked),
-        dq = ds k,   dk = dsᵀ q.
-    A query that sees no key (padding) gets the mean of v, as the softmax over equal scores gives."""
-    b, kv, gt, h = qm.shape
-    p = jax.nn.softmax(_scores(qm, k, mask, scale), axis=-1).astype(v.dtype).reshape(b, kv, gt, k.shape[3])
-    return jnp.matmul(p, v)
+        dv = pᵀ do,  dp = do vᵀ,  ds = p ⊙ (dp − δ),  δ = Σ_s p dp = do · o (per query),
+        dq = ds k · scale,  dk = dsᵀ q · scale.
+    δ from the output (an H-long product, not a reduction over the keys) and the scale applied to
+    dq, dk rather than to ds save two passes over the [B, K, G, T, S] tensors. A hidden key has
+    p = 0 exactly, so ds is 0 there with no mask applied; a query that sees no key (padding) gets the
+    mean of v, as the softmax over equal scores gives, and no gradient into q or k (its row of ds is
+    zeroed: its scores do not depend on them)."""
+    return _gsa_fwd(qm, k, v, mask, scale)[0]
 
 
 def _gsa_fwd(qm, k, v, mask, scale):
     b, kv, gt, h = qm.shape
-    sc = _scores(qm, k, mask, scale)
+    sc = _scores(qm, k, _bias(mask, gt // mask.shape[2]), scale)
     m = jnp.max(sc, axis=-1, keepdims=True)
     e = jnp.exp(sc - m)
     den = jnp.sum(e, axis=-1, keepdims=True)
-    p = (e / den).astype(v.dtype).reshape(b, kv, gt, k.shape[3])  # jax.nn.softmax's arithmetic, as the primal
-    return jnp.matmul(p, v), (qm, k, v, mask, m, den)
+    p = (e / den).astype(v.dtype)  # jax.nn.softmax's arithmetic
+    o = jnp.matmul(p, v)
+    return o, (qm, k, v, mask, m, den, o)
 
 
 def _gsa_bwd(scale, res, do):
-    qm, k, v, mask, m, den = res
+    qm, k, v, mask, m, den, o = res
     b, kv, gt, h = qm.shape
-    s = k.shape[3]
-    p = jnp.exp(_scores(qm, k, mask, scale) - m) / den                      # [B, K, G, T, S] fp32
-    p2 = p.reshape(b, kv, gt, s)
-    dv = jnp.matmul(p2.astype(v.dtype).swapaxes(-1, -2), do)
+    seen = (m > MASKED).astype(jnp.float32)  # 0 for a query that sees no key
+    p = jnp.exp(_scores(qm, k, _bias(mask, gt // mask.shape[2]), scale) - m) / den  # fp32
+    dv = jnp.matmul(p.astype(v.dtype).swapaxes(-1, -2), do)
     dp = jnp.matmul(do, v.swapaxes(-1, -2), preferred_element_type=jnp.float32)
-    ds = p2 * (dp - jnp.sum(dp * p2, axis=-1, keepdims=True))
-    ds = (jnp.where(mask[:, :, None], ds.reshape(p.shape), 0.0) * scale).reshape(b, kv, gt, s).astype(qm.dtype)
-    dq = jnp.matmul(ds, k.swapaxes(-1, -2))
-    dk = jnp.matmul(qm.swapaxes(-1, -2), ds)
+    delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1, keepdims=True)
+    ds = (p * ((dp - delta) * seen)).astype(qm.dtype)
+    dq = jnp.matmul(ds, k.swapaxes(-1, -2), preferred_element_type=jnp.float32) * scale
+    dk = jnp.matmul(qm.swapaxes(-1, -2), ds, preferred_element_type=jnp.float32) * scale
     return dq.astype(qm.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
