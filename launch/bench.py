@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"launch.bench: name one benchmark of {BENCHES} (got {rest}); --help for examples")
     which = rest[0]
     d = DEFAULTS[which]
-    bad = [f"--{f.name}={f.value}" for f in (BATCH, LENGTH, REPEATS) if f.value is not None and f.value < 1]
+    bad = [f"--{f.name}={f.value}" for f in (BATCH, LENGTH, REPEATS, PROMPT_LEN, CAPACITY, REQUESTS, NEW_TOKENS, TURNS,
+                                              GROUP) if f.value is not None and f.value < 1]
     if bad:  # 0 once meant "the default" silently
         raise SystemExit(f"launch.bench: {', '.join(bad)} must be ≥ 1 (leave a flag out for the benchmark's default)")
     args = types.SimpleNamespace(which=which, model=MODEL.value, batch=BATCH.value or d.get("batch"),

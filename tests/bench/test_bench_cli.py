@@ -5,7 +5,8 @@ import pytest
 from launch.bench import main
 
 
-@pytest.mark.parametrize("flag", ["--repeats=0", "--batch=-1", "--length=0"])
+@pytest.mark.parametrize("flag", ["--repeats=0", "--batch=-1", "--length=0", "--prompt-len=0", "--capacity=0",
+                                  "--requests=0", "--new-tokens=0", "--turns=0", "--group=0"])
 def test_a_size_below_one_is_refused_by_name(flag, tmp_path):
     out = tmp_path / "r.json"
     with pytest.raises(SystemExit, match=f"{flag} must be ≥ 1"):
