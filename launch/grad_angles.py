@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         for key, v in s["paper"].items():
             print(f"paper {key}: cross {v['cross'].get('median', float('nan')):.1f}°, same reasoning "
                   f"{v['same_reasoning'].get('median', float('nan')):.1f}°, same tool "
-                  f"{v['same_tool'].get('median', float('nan')):.1f}° (medians over {v['queries']} queries' pairs)")
+                  f"{v['same_tool'].get('median', float('nan')):.1f}°"
+                  + (f", control {v['control'].get('median', float('nan')):.1f}°" if "control" in v else "")
+                  + f" (medians over {v['queries']} queries' pairs)")
         for key, v in s["authors"].items():
             print(f"authors {key}: cross {v['flattened']['cross'].get('median', float('nan')):.1f}°, same "
                   f"{v['flattened']['same'].get('median', float('nan')):.1f}° "

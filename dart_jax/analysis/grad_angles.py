@@ -242,15 +242,22 @@ def pick_subset(acc: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray
 def paper_pairs(present: np.ndarray, advantages: np.ndarray, weighting: str) -> dict[str, list]:
     """Index pairs into the 2G Gram rows (i < G: reasoning of trajectory i; G + i: its tool) by kind,
     each with the sign flip its weighting implies: [(i, j, flip)]. Under `advantage` a pair with a zero
-    advantage is undefined (left out); a same-role pair with advantages of opposite signs is flipped."""
+    advantage is undefined (left out); a same-role pair with advantages of opposite signs is flipped.
+    With the role-agnostic control the Gram has 4G rows (2G + i, 3G + i: trajectory i's two random token
+    sets of the roles' sizes) and `control` pairs them (within one trajectory: like `cross`, never
+    flipped); without it `control` is empty."""
     g = len(advantages)
     adv = np.asarray(advantages, np.float64)
     ok = present.astype(bool)
+    if len(ok) not in (2 * g, 4 * g):
+        raise ValueError(f"{len(ok)} gradients for {g} trajectories: expected 2G (roles) or 4G (roles + control)")
     usable = lambda i: weighting == "loglik" or adv[i % g] != 0  # noqa: E731
-    out: dict[str, list] = {"cross": [], "same_reasoning": [], "same_tool": []}
+    out: dict[str, list] = {"cross": [], "same_reasoning": [], "same_tool": [], "control": []}
     for i in range(g):
         if ok[i] and ok[g + i] and usable(i):
             out["cross"].append((i, g + i, False))
+        if len(ok) == 4 * g and ok[2 * g + i] and ok[3 * g + i] and usable(i):
+            out["control"].append((2 * g + i, 3 * g + i, False))
     for kind, off in (("same_reasoning", 0), ("same_tool", g)):
         for i in range(g):
             for j in range(i + 1, g):

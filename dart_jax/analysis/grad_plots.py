@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 COLORS = {"cross": "#c0392b", "same_reasoning": "#2471a3", "same_tool": "#1e8449", "same": "#2471a3",
-          "same_reasoning_distinct": "#2471a3", "same_tool_distinct": "#1e8449"}
+          "same_reasoning_distinct": "#2471a3", "same_tool_distinct": "#1e8449", "control": "#7f8c8d"}
 LABELS = {"cross": "reasoning vs tool (one trajectory)", "same_reasoning": "reasoning vs reasoning",
           "same_tool": "tool vs tool", "same": "tool(A) vs tool(B)",
           "same_reasoning_distinct": "reasoning vs reasoning (distinct)",
-          "same_tool_distinct": "tool vs tool (distinct)"}
+          "same_tool_distinct": "tool vs tool (distinct)",
+          "control": "random token split (one trajectory)"}
 
 
 def _plt():

@@ -27,6 +27,7 @@ from dart_jax.analysis.grad_angles import GRAD_PROTOCOLS, flip, paper_pairs
 from dart_jax.analysis.tables import markdown_table
 
 KINDS = ("cross", "same_reasoning", "same_tool")
+CONTROL = "control"  # two random token sets of one trajectory, of the roles' sizes (when the study ran it)
 NEAR_90 = (80.0, 100.0)
 
 
@@ -87,7 +88,7 @@ def paper_tables(records: list[dict], weighting: str):
     """-> (rows for angles.csv, flattened angles per kind, per-query medians per kind, per-layer angles
     per kind {layer: [angles]}, the share of same-role pairs with identical gradients). Kinds: KINDS
     and, for the same-role kinds, `<kind>_distinct` (identical gradients left out)."""
-    kinds = KINDS + tuple(f"{k}_distinct" for k in KINDS[1:])
+    kinds = KINDS + (CONTROL,) + tuple(f"{k}_distinct" for k in KINDS[1:])
     rows, flat = [], {k: [] for k in kinds}
     med = {k: [] for k in kinds}
     per_layer: dict = {k: {} for k in kinds}
@@ -98,19 +99,20 @@ def paper_tables(records: list[dict], weighting: str):
         pairs = paper_pairs(r["present"], r["advantages"], weighting)
         tensors = list(dict.fromkeys(names.tolist()))
         layer_ids = sorted(set(layers.tolist()))
-        for kind in KINDS:
+        for kind in KINDS + (CONTROL,):
             ps = pairs[kind]
+            same_role = kind.startswith("same")
             if not ps:
                 med[kind].append(np.nan)
-                if kind != "cross":
+                if same_role:
                     med[f"{kind}_distinct"].append(np.nan)
                 continue
             ij = [(i, j) for i, j, _ in ps]
             flips = [f for _, _, f in ps]
-            same = identical_pairs(gram, ij) if kind != "cross" else np.zeros(len(ps), bool)
+            same = identical_pairs(gram, ij) if same_role else np.zeros(len(ps), bool)
             theta = flip(ga_pairs(gram, ij), flips)
             views = [(kind, np.ones(len(ps), bool))]
-            if kind != "cross":
+            if same_role:
                 identical[kind] += same.tolist()
                 views.append((f"{kind}_distinct", ~same))
             by_layer = {layer: flip(ga_pairs(gram, ij, layers == layer), flips) for layer in layer_ids}
@@ -292,13 +294,17 @@ def write_report(study_dir: str, out: str, c, times: dict | None = None, n_boot:
                     s["sketch_dim"] = int(max(int(r["sketch_dim"]) for r in records))
                     for kind in ("same_reasoning", "same_tool", "same_reasoning_distinct", "same_tool_distinct"):
                         s[f"cross_vs_{kind}"] = paired_test(med["cross"], med[kind], n_boot)
+                    shown = ("cross", "same_reasoning_distinct", "same_tool_distinct")
+                    if flat[CONTROL]:
+                        s[f"cross_vs_{CONTROL}"] = paired_test(med["cross"], med[CONTROL], n_boot)
+                        shown += (CONTROL,)
+                    else:  # the study did not run the control: nothing about it is reported
+                        del s[CONTROL]
                     s["per_layer"] = {k: {int(ly): _describe(v) for ly, v in per_layer[k].items()}
-                                      for k in per_layer}
+                                      for k in per_layer if k != CONTROL or per_layer[k]}
                     summary["paper"][key] = s
-                    paper_figs[key] = {k: flat[k] for k in ("cross", "same_reasoning_distinct",
-                                                              "same_tool_distinct")}
-                    layer_figs[("paper", key)] = ({k: per_layer[k] for k in ("cross", "same_reasoning_distinct",
-                                                                              "same_tool_distinct")}, None)
+                    paper_figs[key] = {k: flat[k] for k in shown}
+                    layer_figs[("paper", key)] = ({k: per_layer[k] for k in shown}, None)
                 else:
                     rows, m, layers, flat, counts = authors_tables(records, weighting)
                     s = {"flattened": {k: _describe(v) for k, v in flat.items()}, **counts,
@@ -377,6 +383,20 @@ def render(summary: dict) -> str:
                                   "same reasoning: all / distinct (identical share)",
                                   "same tool: all / distinct (identical share)", "cross − same reas. (CI, p)",
                                   "cross − same tool (CI, p)"], rows), ""]
+        controlled = {k: s for k, s in summary["paper"].items() if CONTROL in s}
+        if controlled:
+            lines += ["Role-agnostic control: each trajectory's reasoning and tool tokens together, split at random "
+                      "into two sets of the two roles' sizes; the angle between the two sets' gradients is what any "
+                      "two token sets of one trajectory give. Test: each query's median cross-role angle vs its "
+                      "median control angle (Wilcoxon one-sided, cross > control; bootstrap 95% CI).", ""]
+            rows = []
+            for key, s in controlled.items():
+                t = s[f"cross_vs_{CONTROL}"]
+                rows.append([key, _fmt(s["cross"]), _fmt(s[CONTROL]),
+                             f"{t['median_difference']:+.1f}° [{t['ci95'][0]:+.1f}, {t['ci95'][1]:+.1f}], "
+                             f"p {t['wilcoxon_p']:.2g} ({t['queries']} q)" if t.get("queries") else "—"])
+            lines += [markdown_table(["params / weighting", "cross (one trajectory)", "control (one trajectory)",
+                                      "cross − control (CI, p)"], rows), ""]
     def share(d):
         return f"{d['median']:.3f} [{d['q1']:.3f}, {d['q3']:.3f}] ({d['min']:.3f}, n {d['n']})" if d.get("n") else "—"
     for params, sh in (summary.get("routed_shares") or {}).items():

@@ -83,10 +83,36 @@ class RoleGradients:
         """-> (gradient tree, number of role tokens). A role with no tokens in these rows has no gradient:
         (None, 0). `key` is unused (no dropout in an analysis pass); kept for call compatibility."""
         arr = self.arrays(ids, positions, loss_mask, role)
-        n = float(arr["loss_mask"].sum())
+        return self._masked(params, base, arr, arr["loss_mask"], advantages)
+
+    def _masked(self, params, base, arr: dict, mask: np.ndarray, advantages: np.ndarray):
+        """The gradient of the loss over the token arrays `arr` with `mask` as the loss mask: (tree, tokens), or
+        (None, 0) for an empty mask."""
+        n = float(mask.sum())
         if n == 0:
             return None, 0
-        adv = np.ones(len(ids), np.float32) if self.weighting == "loglik" else np.asarray(advantages, np.float32)
-        grads = self._grad(params, base, *(jnp.asarray(arr[k]) for k in ("tokens", "positions", "route_ids",
-                                                                         "loss_mask")), jnp.asarray(adv))
+        rows = arr["tokens"].shape[0]
+        adv = np.ones(rows, np.float32) if self.weighting == "loglik" else np.asarray(advantages, np.float32)
+        grads = self._grad(params, base, *(jnp.asarray(arr[k]) for k in ("tokens", "positions", "route_ids")),
+                           jnp.asarray(mask, jnp.float32), jnp.asarray(adv))
         return grads, int(n)
+
+    def random_split(self, params, base, ids: np.ndarray, positions: np.ndarray, loss_mask: np.ndarray,
+                     advantages: np.ndarray, rng: np.random.Generator):
+        """The role-agnostic control: the rows' reasoning and tool tokens together, split uniformly at random into
+        two sets of the two roles' sizes (set A as many tokens as the reasoning role, set B as the tool role),
+        each set's gradient as a role's. -> [(tree A, tokens), (tree B, tokens)]; both (None, 0) when either
+        role has no tokens (the cross-role pair is undefined then too). The token-mean losses make
+        |A|·g_A + |B|·g_B = |R|·g_R + |T|·g_T exactly (tests/experiments/test_grad_roles.py)."""
+        reasoning = self.arrays(ids, positions, loss_mask, "reasoning")
+        tool = self.arrays(ids, positions, loss_mask, "tool")
+        k_r, k_t = int(reasoning["loss_mask"].sum()), int(tool["loss_mask"].sum())
+        if k_r == 0 or k_t == 0:
+            return [(None, 0), (None, 0)]
+        both = (reasoning["loss_mask"] > 0) | (tool["loss_mask"] > 0)
+        pick = rng.permutation(np.flatnonzero(both.ravel()))[:k_r]
+        a = np.zeros(both.size, np.float32)
+        a[pick] = 1.0
+        a = a.reshape(both.shape)
+        b = both.astype(np.float32) - a
+        return [self._masked(params, base, reasoning, m, advantages) for m in (a, b)]

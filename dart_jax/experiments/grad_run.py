@@ -8,7 +8,9 @@
                               a different setting samples again (with a warning naming why): experiments.grad_sample
     grads/<params>/<protocol>/<uid>.npz
                               per mixed query: `paper` — the Gram matrix, per unit (tensor × layer), of the
-                              2G per-trajectory role gradients (reasoning of each trajectory, tool of each);
+                              2G per-trajectory role gradients (reasoning of each trajectory, tool of each;
+                              with `control`, 4G: then each trajectory's two random token sets of the
+                              roles' sizes, the role-agnostic control);
                               `authors` — per-unit (g1·g2, |g1|², |g2|²) of tool(A)·answer(A) and
                               tool(A)·tool(B) for two 5-subsets A, B, per weighting. A query's file is its
                               checkpoint: an interrupted stage resumes at the next query
@@ -160,6 +162,8 @@ class Study(GradSamples, StageLog):
             out["seed"] = int(c.seed)
         if protocol == "paper":
             out.update(exact_max_gb=float(c.exact_max_gb), sketch_dim=int(c.sketch_dim), sketch_seed=int(c.sketch_seed))
+            if _control(c):  # named only when on: gradients computed before the control existed stay valid
+                out.update(control=True, seed=int(c.seed))
         else:
             out.update(authors_k=int(c.authors_k), seed=int(c.seed))
         return out
@@ -212,30 +216,50 @@ class Study(GradSamples, StageLog):
         return done
 
     def _paper_query(self, params: str, g: Group) -> dict:
-        """2G log-likelihood gradients (reasoning, then tool, per trajectory) -> their per-unit Gram."""
+        """2G log-likelihood gradients (reasoning, then tool, per trajectory) -> their per-unit Gram; with the
+        control on, 4G: then each trajectory's two random token sets of the roles' sizes (set A, then set B;
+        RoleGradients.random_split, seeded by (seed, query, trajectory))."""
         import jax.numpy as jnp
 
         from dart_jax.rl.advantages import grpo_advantages
         rg, tree, base = self._role_grads(params, "loglik")
         n = len(g.scores)
+        control = _control(self.c)
         adv = np.asarray(grpo_advantages(jnp.asarray(g.scores), jnp.zeros(n, jnp.int32), 1))
-        exact = 2 * n * tree_nbytes(base if rg.wrt == "base" else tree) <= float(self.c.exact_max_gb) * 2 ** 30
+        rows = (4 if control else 2) * n
+        exact = rows * tree_nbytes(base if rg.wrt == "base" else tree) <= float(self.c.exact_max_gb) * 2 ** 30
         if not exact and self._sketch is None:
             self._sketch = ga.Sketch(int(self.c.sketch_dim), int(self.c.sketch_seed))
         sketch = self._sketch
         held, tokens = [], []
+
+        def held_form(grad):  # a tree when exact, else its sketch (never many full trees at once)
+            return grad if exact or grad is None else sketch(grad)
+
+        def keep(grad, k):
+            tokens.append(k)
+            held.append(held_form(grad))
+
+        def row(i):  # right-padded: a pass needs only the row's tokens
+            w = int((g.positions[i] >= 0).sum())
+            return g.ids[i:i + 1, :w], g.positions[i:i + 1, :w], g.loss_mask[i:i + 1, :w], adv[i:i + 1]
+
         for role in ("reasoning", "tool"):
             for i in range(n):
-                w = int((g.positions[i] >= 0).sum())  # right-padded: the pass needs only the row's tokens
-                grad, k = rg(tree, base, g.ids[i:i + 1, :w], g.positions[i:i + 1, :w], g.loss_mask[i:i + 1, :w],
-                             adv[i:i + 1], role)
+                keep(*rg(tree, base, *row(i), role))
+        if control:
+            halves: tuple[list, list] = ([], [])
+            for i in range(n):
+                rng = np.random.default_rng([int(self.c.seed), _stable(g.uid), i])
+                for h, (grad, k) in enumerate(rg.random_split(tree, base, *row(i), rng)):
+                    halves[h].append((held_form(grad), k))
+            for grad, k in halves[0] + halves[1]:
                 tokens.append(k)
-                held.append(grad if exact or grad is None else sketch(grad))
-                del grad
+                held.append(grad)
         names, layers, gram = exact_gram(held) if exact else sketch_gram(held)
         return {"gram": gram, "names": names, "layers": layers, "present": np.asarray(tokens) > 0,
                 "tokens": np.asarray(tokens), "advantages": adv, "scores": g.scores, "accuracy": g.accuracy,
-                "exact": exact, "sketch_dim": 0 if exact else int(self.c.sketch_dim)}
+                "exact": exact, "sketch_dim": 0 if exact else int(self.c.sketch_dim), "control": control}
 
     def _authors_query(self, params: str, g: Group) -> dict:
         """Per weighting: tool(A) vs answer(A) (cross) and tool(A) vs tool(B) (same role), per unit."""
@@ -310,6 +334,11 @@ class Study(GradSamples, StageLog):
         self._record("report", "all", time.perf_counter() - t0)
         return summary
 
+
+
+def _control(c) -> bool:
+    """The role-agnostic control is on (`grad_angles.control`; configs written before it have none: off)."""
+    return bool(c.get("control", False))
 
 
 def _safe(uid: str) -> str:

@@ -128,6 +128,50 @@ def test_separate_passes_are_the_strict_isolation_terms(setup):
         assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(got[other].params)) > 0
 
 
+def test_random_split_is_a_partition_of_the_roles_tokens_with_their_sizes(setup):
+    """The role-agnostic control: two random token sets of one row with the reasoning and tool roles' sizes,
+    disjoint, covering exactly the row's reasoning ∪ tool tokens; their token-mean gradients recombine into
+    the roles' (|A|·g_A + |B|·g_B = |R|·g_R + |T|·g_T: the sum of every generated token's gradient), against
+    autodiff of each set's masked loss; seeded. Tolerances as above (fp32)."""
+    cfg, base, ids, positions, loss_mask, _ = setup
+    rg = RoleGradients(cfg, MethodSpec("full"), ROUTER, "loglik")
+    row = (ids[:1], positions[:1], loss_mask[:1], np.ones(1, np.float32))
+    (g_r, n_r), (g_t, n_t) = (rg(base, base, *row, role) for role in ("reasoning", "tool"))
+    seen = []
+    orig = rg._masked
+
+    def spy(params, b, arr, mask, adv):
+        seen.append(np.asarray(mask).copy())
+        return orig(params, b, arr, mask, adv)
+
+    rg._masked = spy
+    (g_a, n_a), (g_b, n_b) = rg.random_split(base, base, *row, np.random.default_rng(7))
+    rg._masked = orig
+    assert (n_a, n_b) == (n_r, n_t) and n_r > 0 and n_t > 0
+    m_a, m_b = seen
+    roles = _role_mask(ids[:1], loss_mask[:1], REASONING) + _role_mask(ids[:1], loss_mask[:1], TOOL)
+    assert not (m_a * m_b).any() and np.array_equal(m_a[:, :20] + m_b[:, :20], roles)
+    assert not np.array_equal(m_a[:, :20], _role_mask(ids[:1], loss_mask[:1], REASONING))  # not the roles again
+    routes = jnp.full((1, 20), -1, jnp.int32)
+    want_a = jax.grad(lambda p: -jnp.sum(m_a[:, :20] * _token_logp(cfg, p, None, ids[:1], positions[:1], routes))
+                      / m_a.sum())(base)
+    for x, y in zip(jax.tree.leaves(g_a), jax.tree.leaves(want_a)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
+    for a, b, r, t in zip(*(jax.tree.leaves(g) for g in (g_a, g_b, g_r, g_t))):
+        np.testing.assert_allclose(n_a * np.asarray(a) + n_b * np.asarray(b), n_r * np.asarray(r) + n_t * np.asarray(t),
+                                   rtol=1e-4, atol=1e-4)
+    # seeded: the same generator state gives the same sets
+    seen.clear()
+    rg._masked = spy
+    rg.random_split(base, base, *row, np.random.default_rng(7))
+    rg._masked = orig
+    assert np.array_equal(seen[0], m_a)
+    # no tool tokens: no control either
+    no_tool = ids[:1].copy()
+    no_tool[np.isin(no_tool, [OPEN, CLOSE])] = 5
+    assert rg.random_split(base, base, no_tool, *row[1:], np.random.default_rng(0)) == [(None, 0), (None, 0)]
+
+
 def test_a_role_without_tokens_and_bad_options(setup):
     cfg, base, ids, positions, loss_mask, _ = setup
     rg = RoleGradients(cfg, MethodSpec("full"), ROUTER)

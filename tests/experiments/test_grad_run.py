@@ -57,6 +57,12 @@ def test_helpers_on_hand_made_cases():
     assert [p[:2] for p in loglik["cross"]] == [(0, 3), (2, 5)] and len(loglik["same_reasoning"]) == 3
     assert loglik["same_tool"] == [(3, 5, False)]
     np.testing.assert_allclose(flip([10.0, 30.0], [True, False]), [170.0, 30.0])
+    # the role-agnostic control: rows 2G + i and 3G + i, within one trajectory (never flipped)
+    assert pairs["control"] == [] and loglik["control"] == []
+    ctrl = paper_pairs(np.ones(12, bool), np.array([1.0, -1.0, 0.0]), "advantage")
+    assert ctrl["control"] == [(6, 9, False), (7, 10, False)] and ctrl["cross"] == pairs["cross"]
+    with pytest.raises(ValueError, match="expected 2G"):
+        paper_pairs(np.ones(8, bool), np.array([1.0, -1.0, 0.0]), "loglik")
     # two zero vectors have no angle (a LoRA A factor while B = 0); one zero side is the authors' 90°
     from dart_jax.analysis.grad_report import defined_angle
     got = defined_angle(np.array([0.0, 0.0, 1.0]), np.array([0.0, 1.0, 1.0]), np.array([0.0, 0.0, 1.0]))
@@ -233,6 +239,7 @@ def test_grads_and_report_match_direct_passes_and_resume(studied, capsys):
     summary = json.load(open(os.path.join(rep, "summary.json")))
     s = summary["paper"]["full/loglik"]
     assert s["queries"] == 2 and s["cross"]["n"] == 8 and s["same_reasoning"]["n"] == 12
+    assert "control" not in s and "cross_vs_control" not in s  # a study without the control reports none
     assert summary["paper"]["full/advantage"]["cross"]["median"] == pytest.approx(s["cross"]["median"])
     with open(os.path.join(rep, "angles.csv")) as f:
         rows = list(csv.DictReader(f))
@@ -252,6 +259,39 @@ def test_grads_and_report_match_direct_passes_and_resume(studied, capsys):
     assert len(fp) == 1 and fp[0].endswith("s a query)"), walls  # per-query time, not the stage time again
     assert (summary["setting"]["params"] == ["full", "adapters"]
             and summary["setting"]["protocols"] == ["paper", "authors"])
+
+
+def test_the_control_study_matches_direct_random_splits(studied, tmp_path):
+    """`control=True`: the paper protocol's Gram gains each trajectory's two random token sets (4G rows); the
+    control angle from the Gram equals the angle of the same sets' gradients computed directly; the report
+    tests cross against control; gradients computed without the control are computed again."""
+    from dart_jax.experiments.grad_run import _stable
+    c, first, (ids, pos, lm, acc) = studied
+    c2 = c.copy_and_resolve_references()
+    c2.grad_angles.update(out=str(tmp_path), params=["adapters"], protocols=["paper"])
+    _write_chunk(tmp_path, ids, pos, lm, acc, ["q0", "q1"])
+    plain = Study(c2)
+    plain._policy = first.policy()
+    assert plain.grads() == {"adapters/paper": 2}
+    c2.grad_angles.control = True
+    study = Study(c2)
+    study._policy = first.policy()
+    assert study.grads_mismatch("adapters", "paper") == ["control: None → True"]
+    assert study.grads() == {"adapters/paper": 2}  # computed again, with the control
+    z = np.load(os.path.join(study.grad_dir("adapters", "paper"), "q0.npz"))
+    assert bool(z["control"]) and z["gram"].shape[1:] == (16, 16) and z["present"].all()
+    assert np.array_equal(z["tokens"][8:12], z["tokens"][:4]) and np.array_equal(z["tokens"][12:], z["tokens"][4:8])
+    rg, tree, base = study._role_grads("adapters", "loglik")
+    w = int((pos[1] >= 0).sum())
+    (g_a, _), (g_b, _) = rg.random_split(tree, base, ids[1:2, :w], pos[1:2, :w], lm[1:2, :w], np.ones(1),
+                                         np.random.default_rng([0, _stable("q0"), 1]))
+    tot = z["gram"].sum(0)
+    np.testing.assert_allclose(ga.angle(tot[9, 13], tot[9, 9], tot[13, 13]), ga.pair_stats(g_a, g_b).angle(), atol=1e-3)
+    summary = study.report()
+    s = summary["paper"]["adapters/loglik"]
+    assert s["control"]["n"] == 8 and s["cross_vs_control"]["queries"] == 2
+    text = open(os.path.join(tmp_path, "report", "report.md")).read()
+    assert "Role-agnostic control" in text and "cross − control" in text
 
 
 def test_the_sketch_agrees_with_the_exact_gram(studied, tmp_path):
