@@ -136,6 +136,23 @@ def test_sample_stage_samples_real_rollouts_and_resamples_on_a_changed_setting(t
         assert json.load(f)["temperature"] == 0.7
 
 
+def test_the_lab_study_samples_on_the_lab_world_with_the_control_on(tiny_smollm_dir, tmp_path):
+    """configs/grad_angles_lab.py end to end at the sample stage: real rollouts on lab world 0's questions
+    through the lab's tool (lexical index over world 0's corpus), the control named in its gradient settings."""
+    from configs import grad_angles_lab
+    c = grad_angles_lab.get_config()
+    c.model.path = tiny_smollm_dir
+    c.warm_start = ""
+    c.rollout.update(max_turns=1, max_tokens_per_turn=8, max_obs_tokens=32, max_response_tokens=48)
+    c.grad_angles.update(out=str(tmp_path), limit=2, queries=1, chunk=2, group_size=2)
+    study = Study(c)
+    assert study.sample()["sampled"] == 2
+    groups = study.groups()
+    assert [g.uid.split("-q")[0] for g in groups] == ["lab-lab0"] * 2 and all(g.ids.shape[0] == 2 for g in groups)
+    assert study.settings()["datasets"] == ["lab_world0"]
+    assert study.grad_settings("adapters", "paper")["control"] is True
+
+
 @pytest.fixture(scope="module")
 def studied(tiny_smollm_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("grad_angles")
