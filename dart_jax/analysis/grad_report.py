@@ -5,7 +5,10 @@ angles.csv: protocol, params, weighting, query, a, b, kind, tensor, layer, angle
 and granularity: tensor "all" / layer "all" is the angle flattened over every parameter (the paper's),
 tensor "all" / layer L over layer L's tensors, tensor T / layer "all" over T's layers, and (authors'
 protocol) tensor T / layer L per unit (their per-parameter cosines). a, b: trajectory indices in the
-query's group (paper), or "A" / "B" subsets (authors).
+query's group (paper), or "A" / "B" subsets (authors); kind: cross, same_reasoning, same_tool, or control
+(the role-agnostic control's two random token sets of one trajectory). trajectories.csv (paper protocol): per
+trajectory its score, accuracy, GRPO advantage and the tokens behind each of its gradients, to join on
+(query, a) / (query, b).
 
 Statistics. Pairs of one query are not independent, so comparisons are made across queries: each
 query's median cross-role angle against its median same-role angle, a one-sided Wilcoxon signed-rank
@@ -134,6 +137,20 @@ def paper_tables(records: list[dict], weighting: str):
     return rows, flat, med, per_layer, shares
 
 
+def trajectory_rows(records: list[dict]) -> list[list]:
+    """Per trajectory of the paper protocol's queries: query, index in its group, score, accuracy, GRPO advantage,
+    and the tokens behind each of its gradients (reasoning, tool, and the control's two sets, empty without the
+    control) — what angles.csv's pairs are made of (trajectories.csv)."""
+    out = []
+    for r in records:
+        g, tok = len(r["advantages"]), np.asarray(r["tokens"])
+        for i in range(g):
+            ctrl = [int(tok[2 * g + i]), int(tok[3 * g + i])] if len(tok) == 4 * g else ["", ""]
+            out.append([str(r["uid"]), i, float(r["scores"][i]), float(r["accuracy"][i]), float(r["advantages"][i]),
+                        int(tok[i]), int(tok[g + i]), *ctrl])
+    return out
+
+
 ROUTED = ("reasoning", "tool")  # the two adapters of a DART policy, first key of a unit's name
 
 
@@ -164,7 +181,8 @@ def routed_shares(records: list[dict]) -> dict | None:
             return None
         gram = np.asarray(r["gram"], np.float64)
         sq = np.einsum("tii->ti", gram)  # (units, 2G) squared norms
-        g = sq.shape[1] // 2  # columns: reasoning gradients of the G trajectories, then their tool gradients
+        g = len(r["advantages"])  # columns: reasoning gradients of the G trajectories, then their tool gradients
+        # (then, with the control, the two random token sets: not a role, left out here)
         for k, role in enumerate(ROUTED):
             for i in range(g):
                 col = k * g + i
@@ -271,7 +289,7 @@ def write_report(study_dir: str, out: str, c, times: dict | None = None, n_boot:
         w = csv.writer(f)
         w.writerow(["protocol", "params", "weighting", "query", "a", "b", "kind", "tensor", "layer", "angle",
                     "identical"])
-        reported = []
+        reported, trajectories = [], []
         for params, protocol in (cells if cells is not None else
                                  [(p, q) for p in c.params for q in c.protocols]):
             records = _load(os.path.join(study_dir, "grads", params, protocol))
@@ -281,6 +299,8 @@ def write_report(study_dir: str, out: str, c, times: dict | None = None, n_boot:
             secs = [float(r["seconds"]) for r in records if "seconds" in r]
             if protocol == "paper" and (shares := routed_shares(records)) is not None:
                 summary.setdefault("routed_shares", {})[params] = shares
+            if protocol == "paper":
+                trajectories += [[params, *row] for row in trajectory_rows(records)]
             summary.setdefault("query_seconds", {})[f"{params}/{protocol}"] = {
                 "queries": len(records), "timed": len(secs), "total": round(sum(secs), 1)}
             for weighting in ("advantage", "loglik"):
@@ -329,6 +349,13 @@ def write_report(study_dir: str, out: str, c, times: dict | None = None, n_boot:
         summary["setting"]["params"] = list(dict.fromkeys(p for p, _ in reported))
         summary["setting"]["protocols"] = [q for q in GRAD_PROTOCOLS if any(q == r for _, r in reported)]
     files = {"angles": csv_path}
+    if trajectories:
+        files["trajectories"] = os.path.join(out, "trajectories.csv")
+        with open(files["trajectories"], "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["params", "query", "trajectory", "score", "accuracy", "advantage", "reasoning_tokens",
+                        "tool_tokens", "control_a_tokens", "control_b_tokens"])
+            w.writerows(trajectories)
     if paper_figs:
         files["histogram"] = grad_plots.cross_vs_same(paper_figs, os.path.join(out, "paper_cross_vs_same.png"))
     for (protocol, key), (per_layer, tests) in layer_figs.items():

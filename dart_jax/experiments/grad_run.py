@@ -175,7 +175,9 @@ class Study(GradSamples, StageLog):
         with open(path) as f:
             got = json.load(f)
         want = self.grad_settings(params, protocol)
-        return [f"{k}: {got.get(k)!r} → {want[k]!r}" for k in want if got.get(k) != want[k]]
+        # both ways: a setting saved but no longer named (the control switched off) is a difference too
+        return [f"{k}: {got.get(k)!r} → {want.get(k)!r}" for k in dict.fromkeys([*want, *got])
+                if got.get(k) != want.get(k)]
 
     def grads(self) -> dict:
         c = self.c

@@ -137,8 +137,9 @@ def test_sample_stage_samples_real_rollouts_and_resamples_on_a_changed_setting(t
 
 
 def test_the_lab_study_samples_on_the_lab_world_with_the_control_on(tiny_smollm_dir, tmp_path):
-    """configs/grad_angles_lab.py end to end at the sample stage: real rollouts on lab world 0's questions
-    through the lab's tool (lexical index over world 0's corpus), the control named in its gradient settings."""
+    """configs/grad_angles_lab.py end to end at the sample stage: real rollouts on lab world 0's questions with
+    the lab's tool set up (lexical index over world 0's corpus; a tiny random model may never call it), the
+    control named in its gradient settings."""
     from configs import grad_angles_lab
     c = grad_angles_lab.get_config()
     c.model.path = tiny_smollm_dir
@@ -309,6 +310,31 @@ def test_the_control_study_matches_direct_random_splits(studied, tmp_path):
     assert s["control"]["n"] == 8 and s["cross_vs_control"]["queries"] == 2
     text = open(os.path.join(tmp_path, "report", "report.md")).read()
     assert "Role-agnostic control" in text and "cross − control" in text
+    with open(os.path.join(tmp_path, "report", "trajectories.csv")) as f:
+        traj = list(csv.DictReader(f))
+    assert len(traj) == 8 and all(r["control_a_tokens"] == r["reasoning_tokens"] for r in traj)
+    assert [float(r["accuracy"]) for r in traj[:4]] == acc.tolist()
+    # switched off again: the 4G files are computed again as 2G, not mixed with new ones
+    c2.grad_angles.control = False
+    off = Study(c2)
+    off._policy = first.policy()
+    assert off.grads_mismatch("adapters", "paper") == ["control: True → None"]
+    assert off.grads() == {"adapters/paper": 2}
+    assert np.load(os.path.join(off.grad_dir("adapters", "paper"), "q0.npz"))["gram"].shape[1:] == (8, 8)
+
+
+def test_routed_shares_read_only_the_role_columns_of_a_control_gram():
+    """DART's per-adapter shares come from the 2G role columns; a control study's random-set columns (2G..4G)
+    are not a role and must not enter them."""
+    from dart_jax.analysis.grad_report import routed_shares
+    names = np.asarray(["['reasoning']['a']", "['tool']['a']"])
+    gram = np.zeros((2, 8, 8))
+    for col, (on_r, on_t) in enumerate([(3, 1), (3, 1), (1, 1), (1, 1)] + [(100, 1)] * 4):
+        gram[0, col, col], gram[1, col, col] = on_r, on_t
+    rec = {"names": names, "gram": gram, "present": np.ones(8, bool), "advantages": np.zeros(2)}
+    got = routed_shares([rec])
+    assert got["reasoning"]["median"] == pytest.approx(0.75) and got["reasoning"]["n"] == 2
+    assert got["tool"]["median"] == pytest.approx(0.5) and got["tool"]["n"] == 2
 
 
 def test_the_sketch_agrees_with_the_exact_gram(studied, tmp_path):
