@@ -181,8 +181,9 @@ def routed_shares(records: list[dict]) -> dict | None:
             return None
         gram = np.asarray(r["gram"], np.float64)
         sq = np.einsum("tii->ti", gram)  # (units, 2G) squared norms
-        g = len(r["advantages"])  # columns: reasoning gradients of the G trajectories, then their tool gradients
-        # (then, with the control, the two random token sets: not a role, left out here)
+        # columns: reasoning gradients of the G trajectories, then their tool gradients (then, with the control,
+        # the two random token sets: not a role, left out here)
+        g = len(r["advantages"]) if "advantages" in r else sq.shape[1] // 2
         for k, role in enumerate(ROUTED):
             for i in range(g):
                 col = k * g + i
