@@ -306,3 +306,25 @@ def sketch_gram(sketches: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     names, layers, rows = ref
     s = np.stack([x[2] if x is not None else np.zeros_like(rows) for x in sketches]).astype(np.float64)
     return names, layers, np.einsum("iud,jud->uij", s, s)
+
+
+# -- summaries of many angles (the report's) ---------------------------------------------------------
+NEAR_90 = (80.0, 100.0)
+
+
+def describe(v) -> dict:
+    """n, mean, median, quartiles, min and the share within NEAR_90 of an array of angles (non-finite left out)."""
+    v = np.asarray(v, np.float64)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return {"n": 0}
+    q1, med, q3 = np.percentile(v, [25, 50, 75])
+    return {"n": int(len(v)), "mean": float(v.mean()), "median": float(med), "q1": float(q1), "q3": float(q3),
+            "min": float(v.min()), "share_80_100": float(np.mean((v >= NEAR_90[0]) & (v <= NEAR_90[1])))}
+
+
+def defined_angle(dot, n1, n2) -> np.ndarray:
+    """angle, but NaN where both vectors are exactly zero (a LoRA factor A whose B is 0 has no
+    gradient in either pass: its angle says nothing, and the authors' ε would call it 90°)."""
+    n1, n2 = np.asarray(n1, np.float64), np.asarray(n2, np.float64)
+    return np.where((n1 == 0) & (n2 == 0), np.nan, angle(dot, n1, n2))
