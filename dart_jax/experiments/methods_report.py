@@ -67,6 +67,30 @@ def clustered_paired(a: dict, b: dict, dataset: str, cluster: dict) -> dict:
     return {"clusters": len(net), "moved": len(d), "net": int(d.sum()), "p": float(min(1.0, res.pvalue))}
 
 
+def seed_question_bootstrap(a: list[dict], b: list[dict], dataset: str, n_boot: int = 10_000, seed: int = 0,
+                            level: float = 0.95) -> dict:
+    """Method A minus method B in accuracy on `dataset`, averaged over seeds, paired over questions: a[i] and
+    b[i] are seed i's outcomes ({(dataset, question id): correct}, `_outcomes`) of the two methods, which share
+    seed i's data order. The interval is a two-way bootstrap over seeds × questions: each resample draws S
+    seed indices (A and B of a seed together) and Q questions (the same for every seed) with replacement,
+    so it carries the training seeds' variance as well as the questions'. -> {diff, lo, hi, p_le0 (share of
+    resamples with diff <= 0), p_ge0, seeds, questions}."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"seed_question_bootstrap: {len(a)} seeds of A, {len(b)} of B: pair them by seed")
+    keys = sorted(set.intersection(*(set(k for k in x if k[0] == dataset) for x in a + b)))
+    if not keys:
+        raise ValueError(f"seed_question_bootstrap: no question of {dataset} answered by every run")
+    d = np.array([[float(x[k]) - float(y[k]) for k in keys] for x, y in zip(a, b)])  # [S, Q]
+    rng = np.random.default_rng(seed)
+    S, Q = d.shape
+    boot = np.empty(n_boot)
+    for i in range(n_boot):
+        boot[i] = d[rng.integers(0, S, S)][:, rng.integers(0, Q, Q)].mean()
+    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+    return {"diff": float(d.mean()), "lo": float(lo), "hi": float(hi), "p_le0": float((boot <= 0).mean()),
+            "p_ge0": float((boot >= 0).mean()), "seeds": S, "questions": Q, "n_boot": n_boot}
+
+
 def _eval_counts(eval_dir: str, datasets: list[str]) -> dict:
     """{dataset: (correct, questions)} from an evaluation's per-question outcomes."""
     outcomes = _outcomes(eval_dir, datasets)
@@ -196,6 +220,15 @@ def write_report(runs: dict, out: str, datasets: list[str], times: dict | None =
         if r["method"] != "dart" and dart:
             pairs += [dict(a=dart, b=name, dataset=d, **paired(outcomes[dart], outcomes[name], d)) for d in datasets]
     summary["paired"] = pairs
+    summary["seed_question"] = []
+    for m in methods:
+        seeds = [r["seed"] for r in per_run.values() if r["method"] == m and run_name_of(runs, "dart", r["seed"])]
+        if m == "dart" or not seeds:
+            continue
+        a = [outcomes[run_name_of(runs, "dart", s)] for s in seeds]
+        b = [outcomes[run_name_of(runs, m, s)] for s in seeds]
+        summary["seed_question"] += [dict(a="dart", b=m, dataset=d, **seed_question_bootstrap(a, b, d))
+                                     for d in datasets]
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     with open(os.path.join(out, "results.csv"), "w", newline="") as f:
@@ -268,6 +301,17 @@ def _markdown(summary: dict, per_run: dict, datasets: list[str], times: dict) ->
         lines.append(markdown_table(["A", "B", *datasets], [
             [a, b, *(f"{q['only_a']} / {q['only_b']} / {q['both']} of {q['n']}, p {q['p']:.2g}"
                      for q in (qs[d] for d in datasets))] for (a, b), qs in by.items()]))
+    if summary.get("seed_question"):
+        lines += ["", "## DART against each method, over seeds and questions", "",
+                  "Accuracy of DART minus the method's, averaged over the seeds both ran, paired over questions; "
+                  "95% interval from a bootstrap over seeds × questions (a seed's two runs, which share the data "
+                  "order, resampled together; the same questions for every seed); p(≤ 0) = share of resamples "
+                  "where DART is not ahead.", ""]
+        lines.append(markdown_table(["A", "B", "set", "A − B", "95% interval", "p(≤ 0)", "p(≥ 0)",
+                                     "seeds × questions"], [
+            [q["a"], q["b"], q["dataset"], f"{q['diff']:+.3f}", f"[{q['lo']:+.3f}, {q['hi']:+.3f}]",
+             f"{q['p_le0']:.3f}", f"{q['p_ge0']:.3f}", f"{q['seeds']} × {q['questions']}"]
+            for q in summary["seed_question"]]))
     if summary.get("skill_shifts"):
         lines += ["", "## Role skills (lab sets)", "",
                   "Pooled over each evaluation's trajectories (dart_jax/lab/metrics.py): tool skill = share of "

@@ -174,6 +174,12 @@ def test_launch_methods_end_to_end(tiny_smollm_dir, tmp_path, capsys):
     assert all(q["n"] == 2 and q["only_a"] + q["only_b"] + q["both"] <= 2 for q in pairs.values())
     report = open(out / "report" / "report.md").read()
     assert "| warm start (no GRPO) |" in report and "## Paired on the same questions" in report
+    # the primary test's form: DART minus each method over seeds × questions, from the same outcomes
+    (sq,) = [q for q in summary["seed_question"] if q["dataset"] == summary["datasets"][0]]
+    q = pairs[("dart_s0", "2agent_s0", sq["dataset"])]
+    assert (sq["a"], sq["b"], sq["seeds"], sq["questions"]) == ("dart", "2agent", 1, 2)
+    assert sq["diff"] == pytest.approx((q["only_a"] - q["only_b"]) / q["n"]) and sq["lo"] <= sq["diff"] <= sq["hi"]
+    assert "## DART against each method, over seeds and questions" in report
     # the wall-time table in the order the stages ran
     walls = [line.split(" | ")[1] for line in report.split("## Wall time")[1].splitlines()
              if line.startswith("| eval |")]
@@ -256,6 +262,34 @@ def test_methods_archive_outlives_the_output_directory(tiny_smollm_dir, tmp_path
     (archive / "eval" / "dart_s0" / "results.json").unlink()
     with pytest.raises(FileNotFoundError, match="has no finished checkpoint"):
         launch_methods.main(args + ["--stage=eval"])
+
+
+def test_seed_question_bootstrap_by_hand():
+    """Seed-averaged paired difference by hand; the interval resamples seeds (a seed's two runs together)
+    and questions (the same for every seed): the same draws in plain loops give the same quantiles."""
+    import numpy as np
+
+    from dart_jax.experiments.methods_report import seed_question_bootstrap
+    k = [("w", "1"), ("w", "2"), ("w", "3")]
+    a = [{k[0]: True, k[1]: False, k[2]: True}, {k[0]: True, k[1]: True, k[2]: False}]
+    b = [{k[0]: False, k[1]: False, k[2]: True}, {k[0]: True, k[1]: False, k[2]: True, ("x", "9"): True}]
+    r = seed_question_bootstrap(a, b, "w", n_boot=2000, seed=3)
+    assert r["diff"] == pytest.approx((1 / 3 + 0) / 2) and (r["seeds"], r["questions"]) == (2, 3)
+    d = [[1, 0, 0], [0, 1, -1]]
+    rng, vals = np.random.default_rng(3), []
+    for _ in range(2000):
+        si, qi = rng.integers(0, 2, 2), rng.integers(0, 3, 3)
+        vals.append(sum(d[s][q] for s in si for q in qi) / 6)
+    assert (r["lo"], r["hi"]) == pytest.approx(tuple(np.quantile(vals, [0.025, 0.975])))
+    assert r["p_le0"] == pytest.approx(np.mean(np.array(vals) <= 0))
+    same = seed_question_bootstrap(a, a, "w", n_boot=200)
+    assert (same["diff"], same["lo"], same["hi"], same["p_le0"]) == (0.0, 0.0, 0.0, 1.0)
+    ahead = seed_question_bootstrap([{q: True for q in k}] * 3, [{q: False for q in k}] * 3, "w", n_boot=200)
+    assert (ahead["diff"], ahead["lo"], ahead["hi"], ahead["p_le0"]) == (1.0, 1.0, 1.0, 0.0)
+    with pytest.raises(ValueError, match="pair them by seed"):
+        seed_question_bootstrap(a, b[:1], "w")
+    with pytest.raises(ValueError, match="no question of x"):
+        seed_question_bootstrap(a, b, "x")
 
 
 def test_clustered_paired_flips_whole_clusters_by_hand():
