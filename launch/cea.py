@@ -9,7 +9,9 @@ per-question β and report it with its uncertainty (dart_jax/experiments/cea_run
     python -m launch.cea --stage=solve --inputs=base=EVAL_DIR --inputs=reas=EVAL_DIR ... --out=DIR
 
 With --config, every stage writes under config.cea.out (train/<variant>/, sample/<variant>/, solve/,
-stages.json with each stage's wall time); a stage whose output exists is skipped, an interrupted
+stages.json with each stage's wall time; with cea.train_seeds, train/<variant>_s<seed>/ and
+sample/<variant>_s<seed>/, solved per seed and pooled; with cea.screen, screen/ first:
+dart_jax/experiments/cea_screen.py); a stage whose output exists is skipped, an interrupted
 training run resumes from its newest checkpoint, so re-running the same command finishes the job.
 --inputs: a directory holding one sub-directory per variant (base, reas, tool, unified, h_tool,
 h_reas), or `variant=PATH` six times; each PATH is `launch.evaluate --n-samples N`'s output
@@ -38,8 +40,8 @@ from launch._cli import Command, define_distributed_flags
 CLI = Command("launch.cea", __doc__, config=True)
 F = CLI.flags
 START = define_distributed_flags(CLI)
-STAGE = flags.DEFINE_enum("stage", "all", ["all", "train", "sample", "solve"], "the stage to run (all: every "
-                          "missing one, in order)", flag_values=F)
+STAGE = flags.DEFINE_enum("stage", "all", ["all", "screen", "train", "sample", "solve"], "the stage to run (all: "
+                          "every missing one, in order; screen: only with cea.screen)", flag_values=F)
 INPUTS = flags.DEFINE_multi_string("inputs", [], "a directory of six variant sub-directories, or variant=PATH "
                                    "(repeated)", flag_values=F)
 OUT = flags.DEFINE_string("out", None, "output directory (with --inputs)", flag_values=F)
@@ -95,6 +97,14 @@ def _print_gate(s: dict) -> None:
 
 def _print(s: dict, estimator: str, out: str) -> None:
     _print_gate(s)
+    if "seed_means" in s:  # pooled over training seeds (analysis.cea_seeds)
+        b, d = s["coefficients"]["b23"], s["decided"]
+        print(f"seeds {s['seeds']}, {s['kept']} questions kept ({s['dropped']} dropped): β23 ({estimator}) mean "
+              f"{b['mean']:+.3f} [{b['ci'][0]:+.3f}, {b['ci'][1]:+.3f}] over seeds × questions, per seed "
+              + ", ".join(f"{x:+.3f}" for x in s["seed_means"]["b23"])
+              + f"; sign decided at 90%: {d['negative']} negative, {d['positive']} positive of {d['questions']}")
+        print(f"report: {os.path.join(out, 'report.md')}")
+        return
     b = s[estimator]["b23"]
     print(f"{s['kept']} questions kept ({s['dropped']} dropped): β23 mean {b['mean']:+.3f} "
           f"[{b['mean_ci'][0]:+.3f}, {b['mean_ci'][1]:+.3f}], {b['share_negative']:.0%} negative "

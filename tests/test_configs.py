@@ -6,7 +6,17 @@ import re
 
 import pytest
 
-from configs import base, cea, cea_quickstart, grad_angles_quickstart, paper_qa, paper_sql, quickstart, quickstart_sql
+from configs import (
+    base,
+    cea,
+    cea_lab,
+    cea_quickstart,
+    grad_angles_quickstart,
+    paper_qa,
+    paper_sql,
+    quickstart,
+    quickstart_sql,
+)
 from dart_jax.errors import UserError
 from dart_jax.run.spec import DERIVED, SECTIONS, TOP_LEVEL, RunSpec, run_spec
 
@@ -23,6 +33,7 @@ SETUPS = ([(paper_qa, f"{m},{k}") for m in paper_qa.METHODS for k in paper_qa.MO
           + [(paper_sql, m) for m in paper_sql.METHODS]
           + [(cea, f"{v},qwen2.5-7b-base,{r}") for r in cea.ROLE_MASK for v in cea.ROLE_MASK[r]]
           + [(cea_quickstart, a) for a in ("reas", "tool", "unified", "hotpotqa,tool")]
+          + [(cea_lab, a) for a in ("reas,0", "tool,1", "unified,2")]
           + [(quickstart, None), (quickstart_sql, None)])
 
 

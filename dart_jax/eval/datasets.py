@@ -41,6 +41,7 @@ class EvalSet:
     #                                    in place of the run's retriever (a lab world's questions: its own world)
     lab_hops: tuple[int, ...] | None = None  # lab: only questions of these hops (readers.select_rows) ...
     lab_ops: tuple[str, ...] | None = None   # ... and of these operations (None: every one)
+    ids: tuple[str, ...] | None = None       # qa: only these questions, in this order (a CEA screen's selection)
 
     def corpus_path(self) -> str:
         """The absolute path of `corpus` ("" when the set is searched with the run's retriever)."""
@@ -168,11 +169,15 @@ def default_sets(task: str, db_root: str | None = None) -> list[str]:
 
 
 def resolve(names: list[str], task: str) -> list[EvalSet]:
+    """Sets by name (or EvalSet objects, passed through: a set narrowed by a study, e.g. to screened ids)."""
     out = []
     for name in names:
-        if name not in EVAL_SETS:
+        if isinstance(name, EvalSet):
+            s, name = name, name.name
+        elif name not in EVAL_SETS:
             raise ValueError(f"unknown dataset {name!r}; known: {sorted(EVAL_SETS)}")
-        s = EVAL_SETS[name]
+        else:
+            s = EVAL_SETS[name]
         if s.task != task:
             raise ValueError(f"dataset {name!r} is a {s.task} set but the task is {task!r} (--task {s.task})")
         out.append(s)
@@ -189,14 +194,33 @@ def interleave_cells(rows: list[dict]) -> list[dict]:
     return [c[i] for i in range(max(map(len, turns), default=0)) for c in turns if i < len(c)]
 
 
+def ids_digest(ids) -> str:
+    """A short digest of a selection of question ids (its count and order included)."""
+    import hashlib
+    return f"{len(ids)}:" + hashlib.sha256("\n".join(map(str, ids)).encode()).hexdigest()[:16]
+
+
+def select_ids(rows: list[dict], ids, name: str) -> list[dict]:
+    """The rows with these question ids, in the order of `ids` (each must be among `rows`)."""
+    by_id = {str(r["id"]): r for r in rows}
+    missing = [i for i in ids if str(i) not in by_id]
+    if missing:
+        raise ValueError(f"{name}: {len(missing)} selected question ids are not among its {len(rows)} questions "
+                         f"(e.g. {missing[:3]}): the selection was made on another set")
+    return [by_id[str(i)] for i in ids]
+
+
 def load_set(s: EvalSet, limit: int | None = None, db_root: str | None = None) -> tuple[list[dict], dict]:
     """-> (rows, counts). SQL rows whose database is absent are skipped and counted (never scored 0)."""
     spec = s.spec(db_root, None)
     if s.task == "qa":
         rows = load_rows(spec, base_dir=DATA)
         rows = interleave_cells(rows) if s.lab_hops is not None or s.lab_ops is not None else rows
+        rows = select_ids(rows, s.ids, s.name) if s.ids is not None else rows
         rows = rows[:limit] if limit else rows
         return rows, {"questions": len(rows), "skipped_no_db": 0}
+    if s.ids is not None:
+        raise ValueError(f"{s.name}: a selection of question ids applies to QA sets only")
     roots = [r if os.path.isabs(r) or os.path.exists(r) else os.path.join(DATA, r) for r in spec["db_root"]]
     path = spec["path"] if os.path.isabs(spec["path"]) else os.path.join(DATA, spec["path"])
     if s.db_ids is not None:  # the split's databases, then the first N of their questions

@@ -13,7 +13,7 @@ from dart_jax.adapters.method import TwoModels
 from dart_jax.data.paths import repo_path
 from dart_jax.errors import UserError
 from dart_jax.eval import paper, resume
-from dart_jax.eval.datasets import EvalSet, default_sets, resolve
+from dart_jax.eval.datasets import EvalSet, default_sets, ids_digest, resolve
 from dart_jax.eval.fixed import FixedRetrieval
 from dart_jax.eval.policy import load_eval_policy
 from dart_jax.eval.report import write_reports
@@ -140,6 +140,10 @@ def evaluate(config, out_dir: str, datasets: list[str] | None = None, options: E
              # the sets searched over their own corpus instead of the run's retriever (resume compares them
              # per set: a set's records are reused only when it was searched over the same corpus)
              **({"corpora": searched} if searched else {}),
+             # sets narrowed to chosen questions (a CEA screen): their ids' digest, so another selection is
+             # never resumed from these records
+             **({"selected": {s.name: ids_digest(s.ids) for s in sets if s.ids is not None}}
+                if any(s.ids is not None for s in sets) else {}),
              # rewards read the model's spans only (rollout.trajectory.reward_views): records scored
              # before that read observation text too, and are not reused
              "scoring": "model_spans"}

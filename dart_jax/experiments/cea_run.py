@@ -41,13 +41,14 @@ import time
 from dart_jax.analysis import cea
 from dart_jax.analysis.cea_report import interference_and_report, read_inputs, solve_and_report
 from dart_jax.experiments import gate as dgate
+from dart_jax.experiments.cea_screen import lab_cells, sample_sets, screen_stage, selection_digests
 from dart_jax.experiments.stage_log import StageLog
 from dart_jax.parallel.distributed import from_main, on_main
 
 log = logging.getLogger(__name__)
 
 TRAINED = ("reas", "tool", "unified")
-STAGES = ("train", "sample", "solve")
+STAGES = ("screen", "train", "sample", "solve")
 # variant -> (main policy: a trained variant or None for M_Base, composition: (role, trained variant) or None)
 SOURCES = {
     "base": (None, None),
@@ -72,15 +73,32 @@ def _cea(config):
     return c
 
 
-def train_dir(config, variant: str) -> str:
-    return os.path.join(_cea(config).out, "train", variant)
+def train_seeds(c) -> list:
+    """`cea.train_seeds` ("0,1,2": each trained variant once per seed, under <variant>_s<seed>) -> the seeds;
+    [None] when unset (one run of each at train.seed, under <variant>)."""
+    raw = c.get("train_seeds", "") or ""
+    seeds = [int(x) for x in (raw.split(",") if isinstance(raw, str) else raw) if str(x).strip()]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"config.cea.train_seeds = {raw!r} names a seed twice")
+    return seeds or [None]
 
 
-def variant_config(config, variant: str):
-    """The training config of one trained variant: the shared config with its role mask and directory."""
+def run_key(variant: str, seed: int | None = None) -> str:
+    return variant if seed is None else f"{variant}_s{seed}"
+
+
+def train_dir(config, variant: str, seed: int | None = None) -> str:
+    return os.path.join(_cea(config).out, "train", run_key(variant, seed))
+
+
+def variant_config(config, variant: str, seed: int | None = None):
+    """The training config of one trained variant (of one seed): the shared config with its role mask,
+    seed and directory."""
     c = copy.deepcopy(config)
     c.method.role_mask = _cea(config).role_masks[variant]
-    c.output.dir = train_dir(config, variant)
+    c.output.dir = train_dir(config, variant, seed)
+    if seed is not None:
+        c.train.seed = int(seed)
     return c
 
 
@@ -117,7 +135,16 @@ class CEAStages(StageLog):
         self.gate = dgate.check_mode(gate)
         self.c = _cea(config)
         self.out = self.c.out
+        self.seeds = train_seeds(self.c)
         os.makedirs(self.out, exist_ok=True)
+
+    def keys(self, variants=cea.VARIANTS) -> list[tuple[str, int | None]]:
+        """(variant, seed) of every sample: M_Base once, every other variant once per training seed."""
+        return [(v, None if v == "base" else s) for v in variants for s in ([None] if v == "base" else self.seeds)]
+
+    # -- screen ------------------------------------------------------------------------------------
+    def screen(self) -> dict | None:
+        return screen_stage(self)
 
     # -- train -------------------------------------------------------------------------------------
     def train(self, variants=TRAINED) -> dict:
@@ -125,8 +152,9 @@ class CEAStages(StageLog):
         if self.gate == "strict" and variants:  # M_Base's trajectories gated before any training
             self.sample(("base",))
         done = {}
-        for v in variants:
-            vc = variant_config(self.config, v)
+        for v, seed in ((v, s) for v in variants for s in self.seeds):
+            vc = variant_config(self.config, v, seed)
+            v = run_key(v, seed)
             # read once, by process 0 (a multi-process run shares config.cea.out)
             have, diffs = from_main(lambda: (trained_steps(vc.output.dir), config_mismatch(vc.output.dir, vc)))
             want = int(vc.train.steps)
@@ -148,12 +176,12 @@ class CEAStages(StageLog):
         return done
 
     # -- sample ------------------------------------------------------------------------------------
-    def sample_dir(self, variant: str) -> str:
-        return os.path.join(self.out, "sample", variant)
+    def sample_dir(self, variant: str, seed: int | None = None) -> str:
+        return os.path.join(self.out, "sample", run_key(variant, seed))
 
-    def sample_mismatch(self, variant: str) -> list[str] | None:
+    def sample_mismatch(self, variant: str, seed: int | None = None) -> list[str] | None:
         """None: not sampled; else how the saved sample differs from what this config asks (empty: reusable)."""
-        path = os.path.join(self.sample_dir(variant), "results.json")
+        path = os.path.join(self.sample_dir(variant, seed), "results.json")
         if not os.path.isfile(path):
             return None
         with open(path) as f:
@@ -164,10 +192,10 @@ class CEAStages(StageLog):
                     "limit": int(c.limit) if c.limit else None, "model": self.config.model.path,
                     "warm_start": self.config.warm_start,
                     "datasets": sorted(c.datasets), "step": want if main else None,
-                    "composition step": want if compose else None}
+                    "composition step": want if compose else None, "selected": selection_digests(self)}
         got = {**{k: setup.get(k) for k in ("n_samples", "temperature", "seed", "limit", "model", "warm_start")},
                "datasets": sorted(results["datasets"]), "step": setup.get("step"),
-               "composition step": (setup.get("composition") or {}).get("step")}
+               "composition step": (setup.get("composition") or {}).get("step"), "selected": setup.get("selected")}
         return [f"{k}: {got[k]!r} → {expected[k]!r}" for k in expected if got[k] != expected[k]]
 
     def sample(self, variants=cea.VARIANTS) -> dict:
@@ -175,20 +203,21 @@ class CEAStages(StageLog):
         from dart_jax.eval.runner import EvalOptions
         c, want = self.c, int(self.config.train.steps)
         needs = {SOURCES[v][0] for v in variants} | {SOURCES[v][1][1] for v in variants if SOURCES[v][1]}
-        missing = from_main(lambda: sorted(v for v in needs - {None}
-                                           if trained_steps(train_dir(self.config, v)) < want))
+        missing = from_main(lambda: sorted(run_key(v, s) for v in needs - {None} for s in self.seeds
+                                           if trained_steps(train_dir(self.config, v, s)) < want))
         if missing:
             raise FileNotFoundError(f"CEA sample: the trained variants {missing} have no finished checkpoint at "
                                     f"train.steps = {want} under {self.out}/train (run the train stage first)")
         options = EvalOptions(n_samples=int(c.n_samples), temperature=float(c.temperature), batch=int(c.batch),
                               seed=int(c.seed), limit=int(c.limit) if c.limit else None, progress=True)
+        sets = sample_sets(self)
         done = {}
-        for v in variants:
-            out = self.sample_dir(v)
-            diffs = from_main(self.sample_mismatch, v)
+        for v, seed in self.keys(variants):
+            out, key = self.sample_dir(v, seed), run_key(v, seed)
+            diffs = from_main(self.sample_mismatch, v, seed)
             if diffs == []:
-                log.info("CEA sample %s: done (%s)", v, out)
-                done[v] = "skipped"
+                log.info("CEA sample %s: done (%s)", key, out)
+                done[key] = "skipped"
                 if self.gate == "strict":
                     self.check_gate((v,))
                 continue
@@ -201,13 +230,15 @@ class CEAStages(StageLog):
                 log.info("CEA sample %s: resuming the interrupted sample in %s", v, out)
             main, compose = SOURCES[v]
             t0 = time.perf_counter()
-            log.info("CEA sample %s: %d samples per question at T = %g", v, options.n_samples, options.temperature)
-            results = evaluate(self.config, out, list(c.datasets), options,
-                               checkpoint=train_dir(self.config, main) if main else None, step=want if main else None,
-                               compose=(compose[0], train_dir(self.config, compose[1]), want) if compose else None)
+            log.info("CEA sample %s: %d samples per question at T = %g", key, options.n_samples, options.temperature)
+            results = evaluate(self.config, out, sets, options,
+                               checkpoint=train_dir(self.config, main, seed) if main else None,
+                               step=want if main else None,
+                               compose=(compose[0], train_dir(self.config, compose[1], seed), want)
+                               if compose else None)
             scores = {k: r.get("score") for k, r in results["datasets"].items()}
-            self._record("sample", v, time.perf_counter() - t0, scores=scores)
-            done[v] = scores
+            self._record("sample", key, time.perf_counter() - t0, scores=scores)
+            done[key] = scores
             if self.gate == "strict":
                 self.check_gate((v,))
         if self.gate == "warn":
@@ -224,8 +255,8 @@ class CEAStages(StageLog):
         return dgate.enforce(dgate.study_gate(sets), self.gate, "CEA")
 
     def _gate_sets(self, variants) -> dict:
-        return {v: dgate.eval_records(self.sample_dir(v)) for v in variants
-                if os.path.isfile(os.path.join(self.sample_dir(v), "per_question.jsonl"))}
+        return {run_key(v, s): dgate.eval_records(self.sample_dir(v, s)) for v, s in self.keys(variants)
+                if os.path.isfile(os.path.join(self.sample_dir(v, s), "per_question.jsonl"))}
 
     # -- solve -------------------------------------------------------------------------------------
     def solve(self, interference_only: bool = False) -> dict:
@@ -237,10 +268,14 @@ class CEAStages(StageLog):
     def _solve(self, interference_only: bool) -> dict:
         c = self.c
         need = cea.SINGLE if interference_only else cea.VARIANTS
-        missing = [v for v in need if not os.path.isfile(os.path.join(self.sample_dir(v), "results.json"))]
+        missing = [run_key(v, s) for v, s in self.keys(need)
+                   if not os.path.isfile(os.path.join(self.sample_dir(v, s), "results.json"))]
         if missing:
             raise FileNotFoundError(f"CEA solve: variants {missing} have not been sampled under {self.out}/sample "
                                     "(run the sample stage first)")
+        if interference_only and self.seeds != [None]:
+            raise ValueError("CEA solve: --interference-only solves a study of one training seed (cea.train_seeds "
+                             "is set: the full solve pools the seeds)")
         gate = self.check_gate(need, collective=False)
         t0 = time.perf_counter()
         if interference_only:
@@ -249,6 +284,10 @@ class CEAStages(StageLog):
                                         int(c.n_boot), int(c.boot_seed), c.title + ": β23 from the four single-model "
                                         "variants")
             self._record("solve", "b23", time.perf_counter() - t0)
+        elif self.seeds != [None]:
+            out = os.path.join(self.out, "solve")
+            s = self._solve_seeds(out)
+            self._record("solve", "all", time.perf_counter() - t0)
         else:
             out = os.path.join(self.out, "solve")
             counts = read_inputs({v: self.sample_dir(v) for v in cea.VARIANTS})
@@ -258,3 +297,40 @@ class CEAStages(StageLog):
             dgate.add_to_report(out, gate)
             s[dgate.KEY] = gate
         return s
+
+    def _solve_seeds(self, out: str) -> dict:
+        """Each seed's six variants solved alone (solve/s<seed>/, with its figures), then pooled over the
+        seeds (analysis.cea_seeds: the seeds × questions interval, decided questions, the seed noise floor,
+        the lab's cells) into solve/summary.json and solve/report.md."""
+        from dart_jax.analysis import cea_seeds
+        c = self.c
+        counts, per_seed = {}, {}
+        for seed in self.seeds:
+            counts[seed] = read_inputs({v: self.sample_dir(v, None if v == "base" else seed) for v in cea.VARIANTS})
+            s = solve_and_report(counts[seed], os.path.join(out, f"s{seed}"), c.estimator, int(c.n_boot),
+                                 int(c.boot_seed), f"{c.title} (training seed {seed})")
+            per_seed[seed] = {"kept": s["kept"], "b23": s[c.estimator]["b23"]}
+        s = cea_seeds.pooled(counts, c.estimator, int(c.n_boot), int(c.boot_seed), cells=lab_cells(c.datasets))
+        per_question = s.pop("per_question")
+        s["per_seed"] = per_seed
+        s["role_skills"] = self._role_skills()
+        with open(os.path.join(out, "per_question_seeds.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in per_question)
+        with open(os.path.join(out, "summary.json"), "w") as f:
+            json.dump(s, f, indent=2)
+        with open(os.path.join(out, "report.md"), "w") as f:
+            f.write(cea_seeds.report_markdown(s, c.title) + cea_seeds.skills_markdown(s["role_skills"])
+                    + "\nEach seed alone: " + ", ".join(f"[seed {x}](s{x}/report.md)" for x in self.seeds) + ".\n")
+        return s
+
+    def _role_skills(self) -> dict:
+        """{sample: {set: the lab's pooled role skills}} from each sample's results (lab sets only)."""
+        out = {}
+        for v, seed in self.keys():
+            with open(os.path.join(self.sample_dir(v, seed), "results.json")) as f:
+                sets = json.load(f)["datasets"]
+            lab = {d: {k.split("/", 1)[1]: x for k, x in r["lab"]["pooled"].items()} for d, r in sets.items()
+                   if r.get("lab", {}).get("pooled")}
+            if lab:
+                out[run_key(v, seed)] = lab
+        return out

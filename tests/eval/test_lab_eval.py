@@ -50,6 +50,25 @@ def test_lab_sets_load_only_their_cells_and_name_their_corpus():
     assert not EVAL_SETS["nq"].corpus
 
 
+def test_a_set_narrowed_to_chosen_ids_loads_them_in_their_order():
+    """A CEA screen's selection (EvalSet.ids): exactly those questions, in the selection's order, before
+    `limit`; an id the set lacks and a narrowed SQL set are refused; resolve passes such a set through."""
+    import dataclasses
+
+    from dart_jax.eval.datasets import ids_digest
+    rows, _ = load_set(EVAL_SETS["lab_world1"], limit=10)
+    ids = [rows[7]["id"], rows[2]["id"], rows[5]["id"]]
+    narrowed = dataclasses.replace(EVAL_SETS["lab_world1"], ids=tuple(ids))
+    assert [r["id"] for r in load_set(narrowed)[0]] == ids
+    assert [r["id"] for r in load_set(narrowed, limit=2)[0]] == ids[:2]
+    assert resolve([narrowed, "nq"], "qa") == [narrowed, EVAL_SETS["nq"]]
+    with pytest.raises(ValueError, match="1 selected question ids are not among"):
+        load_set(dataclasses.replace(narrowed, ids=(ids[0], "lab1-q999999")))
+    with pytest.raises(ValueError, match="QA sets only"):
+        load_set(dataclasses.replace(EVAL_SETS["spider_dev"], ids=("0",)))
+    assert ids_digest(ids) != ids_digest(ids[::-1]) and ids_digest(ids).startswith("3:")
+
+
 def _scripted(model_dir: str, out: str) -> str:
     """The tiny random model made a bigram machine that writes `<search> Draica Collective </search>` after
     the prompt: attention and MLP outputs zeroed (the residual stream is the current token's embedding),

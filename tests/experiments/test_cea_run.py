@@ -177,3 +177,86 @@ def test_launch_cea_refuses_unclear_requests(tmp_path):
         launch_cea.main(["--config=configs/cea_quickstart.py", f"--inputs={tmp_path}", f"--out={tmp_path}"])
     with pytest.raises(ValueError, match="at least 2 samples"):
         launch_cea.main(["--config=configs/cea_quickstart.py", "--config.cea.n_samples=1", "--stage=solve"])
+
+
+def _lab_config(model_dir, out):
+    from configs import cea_lab
+    c = cea_lab.get_config()
+    c.model.path = model_dir
+    c.warm_start = ""
+    c.train.update(steps=1, prompts_per_step=2, group_size=2, mini_batch=4, micro_batch=2)
+    c.rollout.update(max_turns=1, max_tokens_per_turn=8, max_obs_tokens=32, max_response_tokens=48)
+    c.optim.total_steps = 1
+    c.output.update(progress=False, tensorboard=False, checkpoint_every=1)
+    c.cea.update(out=str(out), train_seeds="0,1", limit=2, n_samples=2, batch=4, n_boot=100)
+    c.cea.screen.update(limit=3, n_samples=2, lo=0.0, hi=1.0)  # a random model answers nothing: keep all
+    return c
+
+
+def test_the_lab_study_screens_trains_seeds_and_pools_them(tiny_smollm_dir, tmp_path, capsys):
+    """configs/cea_lab.py's stages on a tiny model: the screen samples M_Base on lab world 1 with its own
+    seed and keeps the questions in its accuracy band; each trained variant runs once per training seed;
+    every variant but M_Base is sampled per seed on the kept questions (their digest recorded); the solve
+    stage solves each seed and pools them (seeds × questions, decided signs, seed noise, the lab's cells,
+    role skills)."""
+    from configs import cea_lab
+    from dart_jax.eval.datasets import ids_digest
+    from dart_jax.experiments import cea_screen
+    assert cea_lab.get_config("tool,2").output.dir == "runs/cea_lab/train/tool_s2"
+    out = tmp_path / "cea_lab"
+    c = _lab_config(tiny_smollm_dir, out)
+    stages = CEAStages(c)
+    with pytest.raises(FileNotFoundError, match="run the screen stage first"):
+        stages.sample(())
+    sel = stages.screen()
+    assert sel["pool"] == {"lab_world1": 3} and len(sel["selected"]["lab_world1"]) == 3
+    screen = json.load(open(out / "screen" / "results.json"))["setup"]
+    assert (screen["seed"], screen["n_samples"], screen["variant"]) == (1, 2, "base")
+    assert stages.screen() == sel  # done: not screened again
+    same_seed = _lab_config(tiny_smollm_dir, out)
+    same_seed.cea.screen.seed = same_seed.cea.seed
+    with pytest.raises(ValueError, match="give the screen its own seed"):
+        CEAStages(same_seed).screen()
+    stale = _lab_config(tiny_smollm_dir, out)
+    stale.cea.screen.hi = 0.5
+    with pytest.raises(ValueError, match="run the screen stage again"):
+        cea_screen.read_selection(CEAStages(stale))
+
+    assert stages.train() == {f"{v}_s{s}": "trained" for v in ("reas", "tool", "unified") for s in (0, 1)}
+    from dart_jax.run.run_dir import saved_config
+    for s in (0, 1):
+        saved = saved_config(str(out / "train" / f"tool_s{s}"))
+        assert saved["train"]["seed"] == s and saved["method"]["role_mask"] == "tool"
+    stages.sample()
+    keys = ["base"] + [f"{v}_s{s}" for v in cea.VARIANTS[1:] for s in (0, 1)]
+    assert sorted(p.name for p in (out / "sample").iterdir()) == sorted(keys)
+    kept = sel["selected"]["lab_world1"]
+    for key in keys:
+        setup = json.load(open(out / "sample" / key / "results.json"))["setup"]
+        assert setup["selected"] == {"lab_world1": ids_digest(kept)}
+        rows = [json.loads(line) for line in open(out / "sample" / key / "per_question_accuracy.jsonl")]
+        assert [r["id"] for r in rows] == kept[:2] and all(r["n"] == 2 for r in rows)
+    comp = json.load(open(out / "sample" / "h_tool_s1" / "results.json"))["setup"]["composition"]
+    assert comp["checkpoint"].endswith(os.path.join("train", "tool_s1"))
+    assert stages.sample_mismatch("reas", 1) == []
+
+    # counts where questions are answered (a random model answers none), then the pooled solve
+    for i, key in enumerate(keys):
+        path = out / "sample" / key / "per_question_accuracy.jsonl"
+        rows = [json.loads(line) for line in open(path)]
+        for j, r in enumerate(rows):
+            r["correct"] = float((i + j) % 3 > 0) + float(j == 0)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = stages.solve()
+    assert s["seeds"] == [0, 1] and s["estimator"] == "jeffreys" and s["kept"] == 2
+    assert set(s["per_seed"]) == {0, 1} and all((out / "solve" / f"s{x}" / "report.md").is_file() for x in (0, 1))
+    assert {c["cell"] for c in s["cells"]} <= {f"h{h}/{op}" for h in (2, 3) for op in
+                                               ("none", "bool", "compare", "count", "diff", "sum")}
+    assert sum(c["questions"] for c in s["cells"]) == 2
+    assert set(s["role_skills"]) == set(keys) and "tool_skill" in s["role_skills"]["base"]["lab_world1"]
+    report = (out / "solve" / "report.md").read_text()
+    assert "## β23 per cell" in report and "## Role skills per variant" in report and "[seed 1](s1/report.md)" in report
+    launch_cea._print(s, "jeffreys", str(out / "solve"))
+    assert "over seeds × questions" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="one training seed"):
+        stages.solve(interference_only=True)

@@ -1,0 +1,143 @@
+"""CEA's screen: choose identifiable questions before the expensive sample.
+
+With `cea.screen` = {limit, n_samples, seed, lo, hi} (n_samples > 0), the screen stage samples M_Base
+`n_samples` times (at the study's temperature, with its own seed, which must differ from `cea.seed`: the
+sample stage's draws are then not the ones the selection was made on) on the first `limit` questions of
+each set, and keeps the questions whose screen accuracy lies in [lo, hi] (file order; e.g. 1/8 ≤ acc ≤ 7/8:
+questions M_Base always or never answers are the ones whose β the clip, not the data, decides). The
+sample stage then samples every variant on the kept questions only (`cea.limit` takes the first N of
+them). screen/ holds the screen's evaluation and selected.json (the rule, the pool, the kept ids); a
+changed rule or pool screens again, and a sample made on another selection is sampled again (its
+results record the selection's digest: eval.job's setup["selected"]).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+
+log = logging.getLogger(__name__)
+
+
+def screen_config(c):
+    """`cea.screen` when it asks for a screen (n_samples > 0), else None; checked."""
+    sc = c.get("screen")
+    if not sc or int(sc.get("n_samples", 0) or 0) <= 0:
+        return None
+    if int(sc.seed) == int(c.seed):
+        raise ValueError(f"config.cea.screen.seed = {sc.seed} equals cea.seed: the screen would select questions on "
+                         "the very draws the sample stage then scores; give the screen its own seed")
+    if int(sc.n_samples) < 2 or not 0.0 <= float(sc.lo) <= float(sc.hi) <= 1.0:
+        raise ValueError(f"config.cea.screen = {dict(sc)}: needs n_samples >= 2 and 0 <= lo <= hi <= 1")
+    return sc
+
+
+def _setup(st, sc) -> dict:
+    return {"datasets": sorted(st.c.datasets), "limit": int(sc.limit) if sc.get("limit") else None,
+            "n_samples": int(sc.n_samples), "seed": int(sc.seed), "temperature": float(st.c.temperature),
+            "lo": float(sc.lo), "hi": float(sc.hi), "model": st.config.model.path, "warm_start": st.config.warm_start}
+
+
+def _path(st) -> str:
+    return os.path.join(st.out, "screen", "selected.json")
+
+
+def read_selection(st) -> dict | None:
+    """selected.json when it was made by this config's screen (None: no screen asked; FileNotFoundError /
+    ValueError: not screened yet, or screened differently)."""
+    sc = screen_config(st.c)
+    if sc is None:
+        return None
+    if not os.path.isfile(_path(st)):
+        raise FileNotFoundError(f"CEA: cea.screen is set but {_path(st)} is missing (run the screen stage first)")
+    with open(_path(st)) as f:
+        sel = json.load(f)
+    if sel["setup"] != _setup(st, sc):
+        raise ValueError(f"CEA: {_path(st)} was screened with {sel['setup']}, the config asks {_setup(st, sc)} "
+                         "(run the screen stage again)")
+    return sel
+
+
+def screen_stage(st) -> dict | None:
+    """Screen M_Base and write selected.json (skipped when it holds this config's screen)."""
+    from dart_jax.eval.job import evaluate
+    from dart_jax.eval.runner import EvalOptions
+    from dart_jax.parallel.distributed import from_main, on_main
+    sc = screen_config(st.c)
+    if sc is None:
+        log.info("CEA screen: cea.screen is not set: every question is sampled")
+        return None
+    want = _setup(st, sc)
+    have = from_main(lambda: json.load(open(_path(st))) if os.path.isfile(_path(st)) else None)
+    if have and have["setup"] == want:
+        log.info("CEA screen: done (%s keeps %s)", _path(st), {d: len(v) for d, v in have["selected"].items()})
+        return have
+    out = os.path.join(st.out, "screen")
+    t0 = time.perf_counter()
+    options = EvalOptions(n_samples=int(sc.n_samples), temperature=float(st.c.temperature), batch=int(st.c.batch),
+                          seed=int(sc.seed), limit=want["limit"], progress=True)
+    evaluate(st.config, out, list(st.c.datasets), options)
+    sel = from_main(_select, out, want)
+    on_main(_write, _path(st), sel)
+    st._record("screen", "base", time.perf_counter() - t0,
+               kept={d: len(v) for d, v in sel["selected"].items()})
+    return sel
+
+
+def _select(out: str, setup: dict) -> dict:
+    with open(os.path.join(out, "per_question_accuracy.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    selected, pool = {d: [] for d in setup["datasets"]}, {d: 0 for d in setup["datasets"]}
+    for r in rows:
+        pool[r["dataset"]] += 1
+        if setup["lo"] <= r["correct"] / r["n"] <= setup["hi"]:
+            selected[r["dataset"]].append(str(r["id"]))
+    empty = [d for d, v in selected.items() if not v]
+    if empty:
+        raise ValueError(f"CEA screen: no question of {empty} has M_Base accuracy in [{setup['lo']}, {setup['hi']}] "
+                         f"over {setup['n_samples']} samples: widen the rule or the pool (cea.screen.limit)")
+    return {"setup": setup, "pool": pool, "selected": selected}
+
+
+def _write(path: str, sel: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(sel, f, indent=1)
+    os.replace(tmp, path)
+
+
+def sample_sets(st) -> list:
+    """The sample stage's sets: the configured names, or with a screen the sets narrowed to its kept ids."""
+    from dart_jax.eval.datasets import EVAL_SETS
+    sel = read_selection(st)
+    if sel is None:
+        return list(st.c.datasets)
+    return [dataclasses.replace(EVAL_SETS[d], ids=tuple(sel["selected"][d])) for d in st.c.datasets]
+
+
+def selection_digests(st) -> dict | None:
+    """What eval.job records as setup["selected"] for the sample stage's sets (None without a screen)."""
+    from dart_jax.eval.datasets import ids_digest
+    if screen_config(st.c) is None:
+        return None
+    try:
+        sel = read_selection(st)
+    except (FileNotFoundError, ValueError):
+        return {"screen": "missing or stale"}  # never equal to a recorded selection
+    return {d: ids_digest(sel["selected"][d]) for d in st.c.datasets}
+
+
+def lab_cells(datasets) -> dict:
+    """{"<set>/<question id>": "h<hops>/<op>"} for the lab sets among `datasets` (CEA's per-cell β23)."""
+    from dart_jax.eval.datasets import EVAL_SETS, load_set
+    cells = {}
+    for d in datasets:
+        s = EVAL_SETS.get(d)
+        if s is None or s.group != "lab":
+            continue
+        rows, _ = load_set(s)
+        cells.update({f"{d}/{r['id']}": f"h{r['lab']['hops']}/{r['lab']['op']}" for r in rows})
+    return cells
