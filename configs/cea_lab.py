@@ -27,8 +27,9 @@ Stated before the run:
               posterior probability; the seed noise floor (M_Unified of two seeds, per-question logit
               difference); β23 per (hops, operation) cell; β1..β13; each variant's lab role skills
               (tool skill, chain recall, reasoning skill) and accuracy.
-  cost        not run on 2 cores: 9 training runs (~35–45 min each there) and 16 samples of 32 × 24
-              trajectories (~2 h each there) — about 35 hours; on one accelerator, a few hours.
+  cost        not run on 2 cores; estimated from the lab's measured costs (8 lab steps of DART / LoRA-16:
+              30–45 min; 512 lab trajectories: ~1.5 h) at 9 training runs and 16 samples of 32 × 24
+              trajectories — about 35 hours there; on one accelerator, a few hours.
 """
 
 from ml_collections import ConfigDict

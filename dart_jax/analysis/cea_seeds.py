@@ -4,13 +4,17 @@ with several seeds, M_Base shared; β solved per seed and question (dart_jax.ana
 - **Primary**: the seed- and question-mean of β (β23 first) under the chosen estimator, with a percentile
   interval from a two-way bootstrap over seeds × questions (each resample draws S seeds and Q questions
   with replacement, the same questions for every seed), so training variance is in the interval.
+  With a handful of seeds the bootstrap under-states the seeds' variance (a resample of 3 seeds holds
+  one seed 1 time in 9), so a t interval on the per-seed means (S − 1 degrees of freedom) stands beside it.
 - **Decided questions**: per question, P(seed-mean β23 < 0) from Jeffreys posterior draws of every
-  accuracy (each seed's own counts): a question's sign is decided at 90% when that probability is ≥ 0.9
-  or ≤ 0.1 — how many questions the data, not the clip, sign.
-- **Seed noise floor**: β's ingredients are logit differences between variants; two runs of the same
-  variant that differ only in seed (M_Unified of seeds s and t) give the same kind of difference with
-  nothing trained differently. Its per-question mean (and the β23 seed means' range) is what β23 must
-  exceed to mean anything.
+  accuracy (each seed's own counts; M_Base, one sample shared by every seed, drawn once): a question's
+  sign is decided at 90% when that probability is ≥ 0.9 or ≤ 0.1 — how many questions the data, not
+  the clip, sign.
+- **Seed noise floor (placebo)**: a contrast of β23's shape between two seeds of the same variants,
+  π_q(s, t) = (z_U,s − z_U,t) − (z_R,s − z_R,t): four sampled logits, like β23, but nothing differs
+  except the seed, so its expectation is 0 and its spread is what seed and sampling noise alone give.
+  Reported per seed pair with its interval over questions and its per-question standard deviation,
+  beside β23's per-question standard deviation and the spread of β23's seed means.
 - **Cells** (the lab's (hops, operation)): the primary statistic per cell.
 """
 
@@ -46,19 +50,34 @@ def two_way_bootstrap(x: np.ndarray, n_boot: int = 10_000, seed: int = 0, level:
     for i in range(n_boot):
         boot[i] = x[rng.integers(0, S, S)][:, rng.integers(0, Q, Q)].mean()
     lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
-    return {"mean": float(x.mean()), "ci": [float(lo), float(hi)], "share_ci_below_0": float((boot < 0).mean()),
-            "seeds": S, "questions": Q}
+    out = {"mean": float(x.mean()), "ci": [float(lo), float(hi)], "share_resamples_below_0": float((boot < 0).mean()),
+           "seeds": S, "questions": Q}
+    if S > 1:  # the seeds' means with a t interval (S − 1 degrees of freedom)
+        from scipy import stats
+        m = x.mean(1)
+        half = stats.t.ppf((1 + level) / 2, S - 1) * m.std(ddof=1) / np.sqrt(S)
+        out["seed_t_ci"] = [float(m.mean() - half), float(m.mean() + half)]
+    return out
 
 
 def decided(k: np.ndarray, n: np.ndarray, coef: str = "b23", draws: int = 4000, seed: int = 0,
-            threshold: float = 0.9) -> dict:
+            threshold: float = 0.9, chunk: int = 250) -> dict:
     """k, n f64[S, Q, 6] -> per question P(seed-mean β_coef < 0) under Jeffreys posterior draws of every
-    (seed, question, variant) accuracy; counts of questions decided negative / positive at `threshold`."""
+    (seed, question, variant) accuracy; counts of questions decided negative / positive at `threshold`.
+    A variant column that is the same sample in every seed (M_Base) is drawn once per question and shared
+    by the seeds (drawing it per seed would average its noise away)."""
     j = cea.COEFS.index(coef)
+    shared = [i for i in range(k.shape[-1]) if np.array_equal(k[:, :, i], k[:1, :, i].repeat(len(k), 0))
+              and np.array_equal(n[:, :, i], n[:1, :, i].repeat(len(n), 0))] if len(k) > 1 else []
     rng = np.random.default_rng(seed)
-    p = rng.beta(k[None] + 0.5, n[None] - k[None] + 0.5, size=(draws, *k.shape))  # [D, S, Q, 6]
-    b = cea.solve(cea.logit(np.clip(p, 1e-12, 1 - 1e-12)))[..., j].mean(1)  # [D, Q]
-    p_neg = (b < 0).mean(0)
+    below = np.zeros(k.shape[1])
+    for start in range(0, draws, chunk):
+        d = min(chunk, draws - start)
+        p = rng.beta(k[None] + 0.5, n[None] - k[None] + 0.5, size=(d, *k.shape))  # [d, S, Q, 6]
+        for i in shared:  # one draw per question, the same in every seed
+            p[:, :, :, i] = p[:, :1, :, i]
+        below += (cea.solve(cea.logit(np.clip(p, 1e-12, 1 - 1e-12)))[..., j].mean(1) < 0).sum(0)
+    p_neg = below / draws
     return {"coef": coef, "threshold": threshold, "draws": draws, "questions": int(len(p_neg)),
             "negative": int((p_neg >= threshold).sum()), "positive": int((p_neg <= 1 - threshold).sum()),
             "undecided": int(((p_neg < threshold) & (p_neg > 1 - threshold)).sum()), "p_negative": p_neg.tolist()}
@@ -86,9 +105,12 @@ def pooled(counts_by_seed: Mapping[int, cea.Counts], estimator: str = "jeffreys"
         out["coefficients"][c] = two_way_bootstrap(beta[..., j], n_boot, boot_seed)
         out["seed_means"][c] = beta[..., j].mean(1).tolist()
     out["decided"] = {kk: v for kk, v in decided(k, n, seed=boot_seed).items() if kk != "p_negative"}
-    u = cea.VARIANTS.index("unified")
-    out["seed_noise"] = [dict(a=a, b=b, **_question_boot(z[ia, :, u] - z[ib, :, u], n_boot, boot_seed))
+    u, r = cea.VARIANTS.index("unified"), cea.VARIANTS.index("reas")
+    out["seed_noise"] = [dict(a=a, b=b, **_question_boot((z[ia, :, u] - z[ib, :, u]) - (z[ia, :, r] - z[ib, :, r]),
+                                                         n_boot, boot_seed))
                          for (ia, a), (ib, b) in itertools.combinations(enumerate(seeds), 2)]
+    out["b23_spread"] = {"per_question_sd": float(beta[..., 5].mean(0).std(ddof=1)) if len(kept) > 1 else 0.0,
+                         "seed_means_sd": float(beta[..., 5].mean(1).std(ddof=1)) if len(seeds) > 1 else 0.0}
     if cells:
         labels = [cells.get(q) for q in kept]
         out["cells"] = []
@@ -104,7 +126,8 @@ def _question_boot(x: np.ndarray, n_boot: int, seed: int, level: float = 0.95) -
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(x), size=(n_boot, len(x)))
     lo, hi = np.quantile(x[idx].mean(1), [(1 - level) / 2, (1 + level) / 2])
-    return {"mean": float(x.mean()), "ci": [float(lo), float(hi)], "mean_abs": float(np.abs(x).mean())}
+    return {"mean": float(x.mean()), "ci": [float(lo), float(hi)], "mean_abs": float(np.abs(x).mean()),
+            "sd": float(x.std(ddof=1)) if len(x) > 1 else 0.0}
 
 
 def _ci(r: dict) -> str:
@@ -118,18 +141,24 @@ def report_markdown(s: dict, title: str = "CEA over seeds") -> str:
              f"dropped (no variant of any seed answered them); samples per accuracy {s['samples_per_answer']}; "
              f"estimator {s['estimator']}. Intervals: percentile bootstrap over seeds × questions.", "",
              "## β, seed- and question-mean", "",
-             markdown_table(["coefficient", "mean (95% CI)", "per-seed means"],
-                            [[c, _ci(r), ", ".join(f"{x:+.3f}" for x in s["seed_means"][c])]
+             markdown_table(["coefficient", "mean (95% CI)", "t interval on the seed means", "per-seed means"],
+                            [[c, _ci(r), "[{:+.3f}, {:+.3f}]".format(*r["seed_t_ci"]) if "seed_t_ci" in r else "—",
+                              ", ".join(f"{x:+.3f}" for x in s["seed_means"][c])]
                              for c, r in s["coefficients"].items()]), "",
+             "With few seeds the bootstrap's resamples under-state the seeds' variance; the t interval on the "
+             "seed means (S − 1 degrees of freedom) is the cautious reading of the training variance.", "",
              f"Questions whose β23 sign is decided at {d['threshold']:.0%} posterior probability (Jeffreys draws of "
              f"every accuracy, seed-mean β23): {d['negative']} negative, {d['positive']} positive, {d['undecided']} "
              f"undecided of {d['questions']}.", "",
              "## Seed noise floor", "",
-             "M_Unified of two seeds (nothing trained differently): the per-question logit difference, its mean "
-             "over questions (95% CI, questions resampled) and mean absolute value. β23 adds and subtracts four "
-             "such logits.", "",
-             markdown_table(["seeds", "mean (95% CI)", "mean |difference|"],
-                            [[f"{r['a']} − {r['b']}", _ci(r), f"{r['mean_abs']:.3f}"] for r in s["seed_noise"]])]
+             "A placebo of β23's shape between two seeds, π = (z_U,s − z_U,t) − (z_R,s − z_R,t): four sampled "
+             "logits, nothing different but the seed (expectation 0). Its mean over questions (95% CI, questions "
+             f"resampled) and per-question SD, against β23's per-question SD "
+             f"{s['b23_spread']['per_question_sd']:.3f} (seed-mean β23) and the SD of β23's seed means "
+             f"{s['b23_spread']['seed_means_sd']:.3f}.", "",
+             markdown_table(["seeds", "placebo mean (95% CI)", "per-question SD", "mean |placebo|"],
+                            [[f"{r['a']} − {r['b']}", _ci(r), f"{r['sd']:.3f}", f"{r['mean_abs']:.3f}"]
+                             for r in s["seed_noise"]])]
     if s.get("cells"):
         lines += ["", "## β23 per cell", "",
                   markdown_table(["cell", "questions", "β23 mean (95% CI)"],

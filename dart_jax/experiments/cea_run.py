@@ -222,12 +222,13 @@ class CEAStages(StageLog):
                     self.check_gate((v,))
                 continue
             if diffs and all(d.startswith("limit:") for d in diffs):  # eval.resume keeps the questions sampled
-                log.info("CEA sample %s: %s (%s): sampling the questions not sampled yet", v, out, diffs[0])
+                log.info("CEA sample %s: %s (%s): sampling the questions not sampled yet", key, out, diffs[0])
             elif diffs:
-                log.warning("CEA sample %s: %s was sampled differently (%s): sampling again", v, out, "; ".join(diffs))
+                log.warning("CEA sample %s: %s was sampled differently (%s): sampling again", key, out,
+                            "; ".join(diffs))
                 on_main(shutil.rmtree, out)
             elif os.path.isdir(out):
-                log.info("CEA sample %s: resuming the interrupted sample in %s", v, out)
+                log.info("CEA sample %s: resuming the interrupted sample in %s", key, out)
             main, compose = SOURCES[v]
             t0 = time.perf_counter()
             log.info("CEA sample %s: %d samples per question at T = %g", key, options.n_samples, options.temperature)

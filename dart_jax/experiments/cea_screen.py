@@ -1,14 +1,15 @@
 """CEA's screen: choose identifiable questions before the expensive sample.
 
 With `cea.screen` = {limit, n_samples, seed, lo, hi} (n_samples > 0), the screen stage samples M_Base
-`n_samples` times (at the study's temperature, with its own seed, which must differ from `cea.seed`: the
-sample stage's draws are then not the ones the selection was made on) on the first `limit` questions of
-each set, and keeps the questions whose screen accuracy lies in [lo, hi] (file order; e.g. 1/8 ≤ acc ≤ 7/8:
-questions M_Base always or never answers are the ones whose β the clip, not the data, decides). The
-sample stage then samples every variant on the kept questions only (`cea.limit` takes the first N of
-them). screen/ holds the screen's evaluation and selected.json (the rule, the pool, the kept ids); a
-changed rule or pool screens again, and a sample made on another selection is sampled again (its
-results record the selection's digest: eval.job's setup["selected"]).
+`n_samples` times (at the study's temperature, with its own seed, which must not be `cea.seed` plus a
+multiple of `cea.batch`: the sample stage's draws are then not the ones the selection was made on) on
+the first `limit` questions of each set, and keeps the questions whose screen accuracy lies in [lo, hi]
+(file order; e.g. 1/8 ≤ acc ≤ 7/8: questions M_Base always or never answers are the ones whose β the
+clip, not the data, decides). The sample stage then samples every variant on the kept questions only
+(`cea.limit` takes the first N of them). screen/ holds the screen's evaluation and selected.json (the
+rule, the pool, the kept ids); a changed rule, pool or rollout setting screens again, and a sample made
+on another selection (any change to the kept ids, also beyond the first `cea.limit`) is sampled again
+(its results record the selection's digest: eval.job's setup["selected"]).
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ def screen_config(c):
     sc = c.get("screen")
     if not sc or int(sc.get("n_samples", 0) or 0) <= 0:
         return None
-    if int(sc.seed) == int(c.seed):
-        raise ValueError(f"config.cea.screen.seed = {sc.seed} equals cea.seed: the screen would select questions on "
-                         "the very draws the sample stage then scores; give the screen its own seed")
+    # a batch's sampling seed is seed + (a constant per set) + the batch's first row, and batches start at
+    # multiples of cea.batch: seeds a multiple of the batch apart would share draws
+    if (int(sc.seed) - int(c.seed)) % int(c.batch) == 0:
+        raise ValueError(f"config.cea.screen.seed = {sc.seed} with cea.seed = {c.seed} and cea.batch = {c.batch}: "
+                         "the screen would select questions on the very draws the sample stage then scores; give "
+                         "the screen its own seed (not cea.seed plus a multiple of cea.batch)")
     if int(sc.n_samples) < 2 or not 0.0 <= float(sc.lo) <= float(sc.hi) <= 1.0:
         raise ValueError(f"config.cea.screen = {dict(sc)}: needs n_samples >= 2 and 0 <= lo <= hi <= 1")
     return sc
@@ -38,6 +42,7 @@ def screen_config(c):
 def _setup(st, sc) -> dict:
     return {"datasets": sorted(st.c.datasets), "limit": int(sc.limit) if sc.get("limit") else None,
             "n_samples": int(sc.n_samples), "seed": int(sc.seed), "temperature": float(st.c.temperature),
+            "batch": int(st.c.batch),
             "lo": float(sc.lo), "hi": float(sc.hi), "model": st.config.model.path, "warm_start": st.config.warm_start}
 
 
@@ -62,7 +67,9 @@ def read_selection(st) -> dict | None:
 
 
 def screen_stage(st) -> dict | None:
-    """Screen M_Base and write selected.json (skipped when it holds this config's screen)."""
+    """Screen M_Base and write selected.json. The evaluation always runs: when screen/ already holds one with
+    the same setup (every rollout, retriever and sampling setting: eval.resume's fingerprint) it reuses
+    every batch, so a changed setting is screened again and never read from the old selection."""
     from dart_jax.eval.job import evaluate
     from dart_jax.eval.runner import EvalOptions
     from dart_jax.parallel.distributed import from_main, on_main
@@ -71,19 +78,21 @@ def screen_stage(st) -> dict | None:
         log.info("CEA screen: cea.screen is not set: every question is sampled")
         return None
     want = _setup(st, sc)
-    have = from_main(lambda: json.load(open(_path(st))) if os.path.isfile(_path(st)) else None)
-    if have and have["setup"] == want:
-        log.info("CEA screen: done (%s keeps %s)", _path(st), {d: len(v) for d, v in have["selected"].items()})
-        return have
     out = os.path.join(st.out, "screen")
     t0 = time.perf_counter()
     options = EvalOptions(n_samples=int(sc.n_samples), temperature=float(st.c.temperature), batch=int(st.c.batch),
                           seed=int(sc.seed), limit=want["limit"], progress=True)
-    evaluate(st.config, out, list(st.c.datasets), options)
+    results = evaluate(st.config, out, list(st.c.datasets), options)
     sel = from_main(_select, out, want)
     on_main(_write, _path(st), sel)
-    st._record("screen", "base", time.perf_counter() - t0,
-               kept={d: len(v) for d, v in sel["selected"].items()})
+    kept = {d: len(v) for d, v in sel["selected"].items()}
+    short = {d: k for d, k in kept.items() if st.c.limit and k < int(st.c.limit)}
+    if short:
+        log.warning("CEA screen: %s kept fewer questions than cea.limit = %s: the sample stage samples those", short,
+                    st.c.limit)
+    if sum(results["setup"].get("resumed", {}).values()) < sum(sel["pool"].values()) * int(sc.n_samples):
+        st._record("screen", "base", time.perf_counter() - t0, kept=kept)
+    log.info("CEA screen: %s keeps %s of %s", _path(st), kept, sel["pool"])
     return sel
 
 
@@ -112,7 +121,8 @@ def _write(path: str, sel: dict) -> None:
 def sample_sets(st) -> list:
     """The sample stage's sets: the configured names, or with a screen the sets narrowed to its kept ids."""
     from dart_jax.eval.datasets import EVAL_SETS
-    sel = read_selection(st)
+    from dart_jax.parallel.distributed import from_main
+    sel = from_main(read_selection, st)
     if sel is None:
         return list(st.c.datasets)
     return [dataclasses.replace(EVAL_SETS[d], ids=tuple(sel["selected"][d])) for d in st.c.datasets]

@@ -33,9 +33,16 @@ def test_pooled_beta_by_hand():
     # cells: each holds one kept question; a cell's mean is its question's seed mean
     assert [(c["cell"], c["questions"]) for c in s["cells"]] == [("h2/x", 1), ("h3/y", 1)]
     assert s["cells"][1]["mean"] == pytest.approx(np.mean([want[0][1], want[1][1]]), abs=1e-12)
-    # the seed noise floor: M_Unified's logit, seed 0 minus seed 1, per kept question
+    # the seed noise floor: the placebo (z_U,0 − z_U,1) − (z_R,0 − z_R,1) per kept question
     (noise,) = s["seed_noise"]
-    assert noise["mean"] == pytest.approx(np.mean([z(1.0) - z(2.0), z(7.0) - z(6.0)]), abs=1e-12)
+    placebo = [(z(1.0) - z(2.0)) - (z(4.0) - z(5.0)), (z(7.0) - z(6.0)) - (z(5.0) - z(6.0))]
+    assert noise["mean"] == pytest.approx(np.mean(placebo), abs=1e-12)
+    assert noise["sd"] == pytest.approx(np.std(placebo, ddof=1), abs=1e-12)
+    assert s["b23_spread"]["seed_means_sd"] == pytest.approx(np.std(np.mean(want, 1), ddof=1), abs=1e-12)
+    # the seeds' t interval: mean ± t(0.975, 1) · sd / √2
+    m = np.mean(want, 1)
+    half = 12.706204736174707 * np.std(m, ddof=1) / np.sqrt(2)
+    assert s["coefficients"]["b23"]["seed_t_ci"] == pytest.approx([m.mean() - half, m.mean() + half], abs=1e-9)
     md = cea_seeds.report_markdown(s)
     assert "## Seed noise floor" in md and "| h3/y | 1 |" in md
 
@@ -65,3 +72,17 @@ def test_seeds_on_other_questions_are_refused():
         cea_seeds.pooled({0: _counts(K0), 1: _counts(K1, ids=("q0", "q1", "q9"))})
     with pytest.raises(ValueError, match="all 3 questions were dropped"):
         cea_seeds.pooled({0: _counts(np.zeros((3, 6)))})
+
+
+def test_a_base_sample_shared_by_the_seeds_is_drawn_once():
+    """M_Base's 8 answers are one sample every seed reuses: its posterior noise must not average away over
+    seeds. The trained variants are near-certain (10^5 answers each), so P(β23 < 0) is M_Base's alone and
+    three seeds give what one gives; drawn per seed, the spread would shrink by √3 and P move."""
+    N = 100_000.0
+    one = np.array([[[4, 0.55 * N, 0.5 * N, 0.52 * N, 0.5 * N, 0.5 * N]]])
+    n_one = np.array([[[8, N, N, N, N, N]]])
+    k3 = np.concatenate([one, one + [[[0, 10, 0, -10, 0, 0]]], one + [[[0, -10, 0, 10, 0, 0]]]])
+    n3 = np.repeat(n_one, 3, 0)
+    p1 = cea_seeds.decided(one, n_one, draws=20_000, seed=1)["p_negative"][0]
+    p3 = cea_seeds.decided(k3, n3, draws=20_000, seed=2)["p_negative"][0]
+    assert 0.2 < p1 < 0.8 and p3 == pytest.approx(p1, abs=0.02)

@@ -217,6 +217,9 @@ def test_the_lab_study_screens_trains_seeds_and_pools_them(tiny_smollm_dir, tmp_
     same_seed.cea.screen.seed = same_seed.cea.seed
     with pytest.raises(ValueError, match="give the screen its own seed"):
         CEAStages(same_seed).screen()
+    same_seed.cea.screen.seed = same_seed.cea.seed + same_seed.cea.batch  # the same draws, batch by batch
+    with pytest.raises(ValueError, match="not cea.seed plus a multiple of cea.batch"):
+        CEAStages(same_seed).screen()
     stale = _lab_config(tiny_smollm_dir, out)
     stale.cea.screen.hi = 0.5
     with pytest.raises(ValueError, match="run the screen stage again"):

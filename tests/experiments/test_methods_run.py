@@ -282,6 +282,9 @@ def test_seed_question_bootstrap_by_hand():
         vals.append(sum(d[s][q] for s in si for q in qi) / 6)
     assert (r["lo"], r["hi"]) == pytest.approx(tuple(np.quantile(vals, [0.025, 0.975])))
     assert r["p_le0"] == pytest.approx(np.mean(np.array(vals) <= 0))
+    # the seeds' differences (1/3, 0) with a t interval: mean ± t(0.975, 1) · sd / √2
+    half = 12.706204736174707 * np.std([1 / 3, 0], ddof=1) / np.sqrt(2)
+    assert r["per_seed"] == pytest.approx([1 / 3, 0]) and r["seed_t"] == pytest.approx([1 / 6 - half, 1 / 6 + half])
     same = seed_question_bootstrap(a, a, "w", n_boot=200)
     assert (same["diff"], same["lo"], same["hi"], same["p_le0"]) == (0.0, 0.0, 0.0, 1.0)
     ahead = seed_question_bootstrap([{q: True for q in k}] * 3, [{q: False for q in k}] * 3, "w", n_boot=200)
