@@ -44,11 +44,9 @@ def stack(counts_by_seed: Mapping[int, cea.Counts]) -> tuple[list[int], tuple[st
 def two_way_bootstrap(x: np.ndarray, n_boot: int = 10_000, seed: int = 0, level: float = 0.95) -> dict:
     """x f64[S, Q] -> {mean, ci, seeds, questions}: the mean with a percentile interval over resamples of
     S seeds and Q questions (the same questions for every seed), with replacement."""
+    from dart_jax.analysis.intervals import two_way_resamples
     S, Q = x.shape
-    rng = np.random.default_rng(seed)
-    boot = np.empty(n_boot)
-    for i in range(n_boot):
-        boot[i] = x[rng.integers(0, S, S)][:, rng.integers(0, Q, Q)].mean()
+    boot = two_way_resamples(x, n_boot, seed)
     lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
     out = {"mean": float(x.mean()), "ci": [float(lo), float(hi)], "share_resamples_below_0": float((boot < 0).mean()),
            "seeds": S, "questions": Q}

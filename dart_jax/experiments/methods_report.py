@@ -81,11 +81,9 @@ def seed_question_bootstrap(a: list[dict], b: list[dict], dataset: str, n_boot: 
     if not keys:
         raise ValueError(f"seed_question_bootstrap: no question of {dataset} answered by every run")
     d = np.array([[float(x[k]) - float(y[k]) for k in keys] for x, y in zip(a, b)])  # [S, Q]
-    rng = np.random.default_rng(seed)
+    from dart_jax.analysis.intervals import two_way_resamples
     S, Q = d.shape
-    boot = np.empty(n_boot)
-    for i in range(n_boot):
-        boot[i] = d[rng.integers(0, S, S)][:, rng.integers(0, Q, Q)].mean()
+    boot = two_way_resamples(d, n_boot, seed)
     lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
     out = {"diff": float(d.mean()), "lo": float(lo), "hi": float(hi), "p_le0": float((boot <= 0).mean()),
            "p_ge0": float((boot >= 0).mean()), "seeds": S, "questions": Q, "n_boot": n_boot,
