@@ -147,7 +147,12 @@ def test_a_request_past_its_504_or_whose_client_left_is_not_computed_further(ser
     t504 = time.monotonic()
     # the server is free at once: a small request waits behind at most the piece in progress
     code, _ = send(server.port, {"queries": [questions[0]], "topk": 1})
-    assert code == 200 and time.monotonic() - t504 < 1.5, time.monotonic() - t504
+    waited = time.monotonic() - t504
+    # a piece's time on this host now (consecutive pieces' ends): under load (CI runs two groups on
+    # two cores) a piece of 8 × 256 tokens can take ~1 s, while the 3+ pieces left would take 3+
+    ends = [ts for ts, q in searcher.calls if q[0] in big]
+    piece = max(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else 0.0
+    assert code == 200 and waited < max(1.5, 1.5 * piece + 0.3), (waited, piece)
     time.sleep(1.0)
     searched = sum(len(q) for _, q in searcher.calls if q[0] in big)
     after = sum(len(q) for ts, q in searcher.calls if q[0] in big and ts > t504 + 0.05)
