@@ -19,6 +19,12 @@ Stated before it ran (docs/results/lab.md, "DART against LoRA-16"):
               --config.methods.methods=dart,lora16,mixlora,full,2agent_lora), 3 seeds, 48 questions
               greedy: what 2 cores allow beside the other studies (a LoRA-16 run: ~35 min of training)
 
+Added 2026-12-07, stated before its runs (docs/results/lab.md, "DART against full fine-tuning"): full
+(every parameter, the paper's Search-R1 baseline, at the full-parameter rate 2e-5 and Search-R1's invalid-
+action policy, as in METHODS), seeds 0-2, the same steps and questions. The primary test above is
+unchanged; DART minus full is secondary (the same seeds x questions bootstrap; the paper: DART 40.5 vs
+Search-R1 30.3 average EM, 3B-Base), with full's role skills beside DART's.
+
     python -m launch.methods --config=configs/methods_lab_compare.py     # every missing stage, resumable
 """
 
@@ -28,7 +34,7 @@ from dart_jax.experiments.methods_run import apply_method, relocate
 OUT = "runs/methods_lab_compare"
 ARCHIVE = methods_lab_lr.ARCHIVE  # DART's runs and the warm start's evaluation are the fourth study's
 REPORT = "docs/results/data/lab/methods_compare/report"
-METHODS = "dart,lora16"
+METHODS = "dart,lora16,full"
 
 
 def get_config(arg: str | None = None):

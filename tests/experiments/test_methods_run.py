@@ -88,17 +88,17 @@ def test_the_fourth_lab_study_changes_only_the_rate():
         assert diffs == ["methods.archive", "methods.lr_scale", "methods.out", "optim.lr", "output.dir"], diffs
 
 
-def test_the_lab_method_comparison_is_the_fourth_study_with_lora16_beside_dart():
-    """DART's runs are the fourth study's (same run config, read from its archive); LoRA-16 differs from
-    them only in the method's own settings."""
+def test_the_lab_method_comparison_is_the_fourth_study_with_lora16_and_full_beside_dart():
+    """DART's runs are the fourth study's (same run config, read from its archive); LoRA-16 and full
+    differ from them only in the method's own settings."""
     from configs import methods_lab_compare, methods_lab_lr
     from dart_jax.experiments.methods_run import METHODS, MethodsStages, run_name
     from dart_jax.run.run_dir import config_differences
     from tests.test_configs import _validate
     c = methods_lab_compare.get_config()
-    assert c.methods.methods == "dart,lora16" and c.methods.archive == methods_lab_lr.ARCHIVE
+    assert c.methods.methods == "dart,lora16,full" and c.methods.archive == methods_lab_lr.ARCHIVE
     stages = MethodsStages(c)
-    assert stages.runs == [(m, s) for m in ("dart", "lora16") for s in (0, 1, 2)]
+    assert stages.runs == [(m, s) for m in ("dart", "lora16", "full") for s in (0, 1, 2)]
     for s in (0, 1, 2):
         a, b = methods_lab_lr.get_config(f"dart,{s}"), methods_lab_compare.get_config(f"dart,{s}")
         _validate(b)
@@ -111,6 +111,13 @@ def test_the_lab_method_comparison_is_the_fourth_study_with_lora16_beside_dart()
         diffs = {d.split(":")[0] for d in config_differences(config_dict(b), config_dict(lora), ignore=())}
         assert diffs <= {"method.variant", "method.rank", "method.alpha", "method.role_mask", "output.dir",
                          "output.export_adapters"}, diffs
+        full = methods_lab_compare.get_config(f"full,{s}")
+        _validate(full)
+        assert (full.method.variant, full.optim.lr, full.rollout.invalid_action) == (
+            "full", METHODS["full"]["lr"], "search_r1")
+        diffs = {d.split(":")[0] for d in config_differences(config_dict(b), config_dict(full), ignore=())}
+        assert diffs <= {"method.variant", "method.rank", "method.alpha", "method.role_mask", "output.dir",
+                         "output.export_adapters", "optim.lr", "rollout.invalid_action"}, diffs
 
 
 def test_grpo_signal_by_hand(tmp_path):
