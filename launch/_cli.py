@@ -202,6 +202,9 @@ class Command:
         args = list(sys.argv[1:] if argv is None else argv)
         self.verbose = _verbose(args)
         try:
+            if not any(a in HELP for a in args):
+                from dart_jax.run import compile_cache
+                compile_cache.enable()  # compiled programs kept across runs (dart_jax/run/compile_cache.py)
             code = main(argv)
         except SystemExit as e:
             if not isinstance(e.code, str):
