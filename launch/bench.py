@@ -17,7 +17,7 @@
     python -m launch.bench retrieval --clients=64     load on the retrieval service (or --url=another server)
     python -m launch.bench corpus --passages=1000000  passages by byte offset vs held as objects: memory per million
     python -m launch.bench serve --clients=1,8,32,64  the chat server under load vs one at a time vs fixed batches
-    python -m launch.bench rollouts --questions=16    the lab's rollouts on the continuous engine vs fixed batches
+    python -m launch.bench rollouts --questions=16    the lab's rollouts: fixed batches (whole, running rows gathered) vs the engine
     python -m launch.bench grpo_rollouts              GRPO steps' rollouts (--rollout-config's batch) on the engine vs batch
     python -m launch.bench --json=suite.json suite    an accelerator in one command: train MFU (DART, LoRA-16, full),
                                                       decode bandwidth, cuDNN vs XLA attention, resume vs re-prefill,

@@ -8,7 +8,11 @@ are its held-out check's (world 1, h = 2-3, every operation), searched over `eva
 on the same questions, in interleaved rounds (batch, continuous, batch, continuous, ...):
 
   batch       fixed batches of `slots` questions, each batch's turns in lockstep (every turn waits for
-              the batch's longest row; the next batch starts when its last row ends)
+              the batch's longest row; the next batch starts when its last row ends), every step over the
+              whole batch with a mask (`rollout.gather_rows=0`)
+  gathered    the same batches, decoding and appending only the rows still running or appending once
+              they fit a smaller bucket of rows (rollout.gather, `rollout.gather_rows=1` here: at any
+              batch size)
   continuous  one engine of `slots` rows: a finished row takes the next question at once, tool calls run
               off the decode step
 
@@ -103,14 +107,18 @@ def _net(times: dict[str, list[float]], compiles: dict[str, list[float]]) -> dic
 def bench_rollouts(config, questions: int = 16, slots: int = 8, rounds: int = 2, log=print) -> dict:
     """`config`: a run config (ml_collections) whose eval set holds ≥ `questions` questions."""
     agent, base, adapters, prompts, uids, metas = _setup(config, questions)
-    sides = {"batch": _batch, "continuous": _continuous}
+    agents = {}
+    for name, g in (("batch", 0), ("gathered", 1), ("continuous", agent.rc.gather_rows)):
+        agents[name] = copy.copy(agent)
+        agents[name].rc = dataclasses.replace(agent.rc, gather_rows=g)
+    sides = {"batch": _batch, "gathered": _batch, "continuous": _continuous}
     times: dict[str, list[float]] = {k: [] for k in sides}
     compiles: dict[str, list[float]] = {k: [] for k in sides}
     out = {}
     for r in range(rounds + 1):
         for name, fn in sides.items():
             with CompileClock() as clock:
-                wall, ids, tokens, calls = fn(agent, base, adapters, prompts, uids, metas, slots)
+                wall, ids, tokens, calls = fn(agents[name], base, adapters, prompts, uids, metas, slots)
             times[name].append(wall)
             compiles[name].append(clock.seconds)
             out[name] = {"ids": ids, "tokens": tokens, "calls": calls}
@@ -118,7 +126,9 @@ def bench_rollouts(config, questions: int = 16, slots: int = 8, rounds: int = 2,
                 f"compiled in {clock.seconds:.1f} s), {tokens} generated tokens")
     timed = {k: v[1:] for k, v in times.items()}
     speedups = [b / c for b, c in zip(timed["batch"], timed["continuous"])]
+    gathered = [b / g for b, g in zip(timed["batch"], timed["gathered"])]
     same = sum(a == b for a, b in zip(out["batch"]["ids"], out["continuous"]["ids"]))
+    same_gathered = sum(a == b for a, b in zip(out["batch"]["ids"], out["gathered"]["ids"]))
     calls = out["batch"]["calls"]
     return {
         "config": "lab" if "lab" in str(config.get("warm_start", "")) else str(config.get("warm_start", "")),
@@ -131,10 +141,12 @@ def bench_rollouts(config, questions: int = 16, slots: int = 8, rounds: int = 2,
            for k, v in timed.items()},
         "speedup": {"median": round(statistics.median(speedups), 3), "min": round(min(speedups), 3),
                     "max": round(max(speedups), 3), "per_round": [round(s, 3) for s in speedups]},
+        "gathered_speedup": {"median": round(statistics.median(gathered), 3), "min": round(min(gathered), 3),
+                             "max": round(max(gathered), 3), "per_round": [round(s, 3) for s in gathered]},
         **_net(times, compiles),
         "identical_trajectories": f"{same}/{questions}",
+        "gathered_identical_trajectories": f"{same_gathered}/{questions}",
     }
-
 
 
 def bench_grpo_rollouts(config, rounds: int = 2, log=print) -> dict:

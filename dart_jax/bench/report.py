@@ -226,14 +226,19 @@ def _engine_vs_batch(res: dict, head: str, unit: str) -> str:
     """A rollouts benchmark's lines: `head`, then each side per `unit` (round / step), the speed-up, and
     the speed-up without compile time."""
     sp, c = res["speedup"], res["tool_calls_per_trajectory"]
+    rounds = ", ".join(f"{k} {v} s" for k, v in res["compile_round_s"].items())
     lines = [f"{head}, tool calls per trajectory {c['min']}-{c['max']} (median {c['median']}); compile round: "
-             f"batch {res['compile_round_s']['batch']} s, continuous {res['compile_round_s']['continuous']} s"]
-    for side in ("batch", "continuous"):
+             f"{rounds}"]
+    for side in [k for k in ("batch", "gathered", "continuous") if k in res]:
         r = res[side]
         lines.append(f"  {side:>10}: {r['wall_s']} s per {unit}, {r['trajectories_per_s']:.3f} trajectories/s, "
                      f"{r['generated_tokens_per_s']:.0f} generated tokens/s")
     lines.append(f"  continuous / batch: {sp['median']:.2f}x (range {sp['min']:.2f}-{sp['max']:.2f} over "
                  f"{res['rounds']} interleaved {unit}s); identical trajectories {res['identical_trajectories']}")
+    if "gathered_speedup" in res:
+        g = res["gathered_speedup"]
+        lines.append(f"  gathered / batch: {g['median']:.2f}x (range {g['min']:.2f}-{g['max']:.2f}); identical "
+                     f"trajectories {res['gathered_identical_trajectories']}")
     net, cs = res["speedup_without_compiles"], res["compile_s"]
     lines.append(f"  without compile time (batch {cs['batch']} s, continuous {cs['continuous']} s per {unit}): "
                  f"{net['median']:.2f}x (range {net['min']:.2f}-{net['max']:.2f})")

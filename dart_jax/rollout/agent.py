@@ -19,17 +19,16 @@ import numpy as np
 from dart_jax.data.text import valid_text
 from dart_jax.models.generate import left_pad
 from dart_jax.roles.router import RouterSpec
+from dart_jax.rollout.gather import run_append, run_segment
 from dart_jax.rollout.placement import DECODE_LAYOUTS, RolloutMesh, decode_params, new_cache
 from dart_jax.rollout.protocol import PROMPT_TAGS, Protocol, stop_sequences
 from dart_jax.rollout.sampler import (
     STOPPED,
     SamplerSpec,
     Segment,
-    append,
     bucket,
     cache_bucket,
     cache_used,
-    decode_segment,
     ensure_capacity,
     prefill,
 )
@@ -41,7 +40,8 @@ from dart_jax.tokenization.tokenizer import encode_text
 
 INVALID_POLICIES = ("search_r1", "none")
 # rollout settings that place, split or share arrays, not what the trajectories are
-LAYOUT_ONLY = ("decode_layout", "chunk_rows", "share_prompt_prefill", "engine", "train_engine", "engine_segment")
+LAYOUT_ONLY = ("decode_layout", "chunk_rows", "share_prompt_prefill", "engine", "train_engine", "engine_segment",
+               "gather_rows")
 # how rollouts are decoded: "batch" (Agent.run: a batch's turns in lockstep, each turn waiting for its
 # longest row) or "continuous" (serve.engine: rows refilled as they finish, tool calls off the decode
 # step, finished and paused rows cost nothing; each row draws as it would in its batch)
@@ -72,6 +72,9 @@ class RolloutConfig:
     engine: str = "batch"              # ENGINES: evaluation's rollouts (launch.evaluate, the trainer's held-out checks)
     train_engine: str = "batch"        # ENGINES: GRPO's rollouts (a step's batch)
     engine_segment: int = 32           # continuous: tokens per decode segment (the refill granularity)
+    # batch: a batch of at least this many rows decodes / appends only its running rows, gathered into a
+    # bucket of 1, 2, 4, … rows, once fewer than half of them run (rollout.gather; one device); 0 = never
+    gather_rows: int = 8
 
     def __post_init__(self):
         if self.invalid_action not in INVALID_POLICIES:
@@ -88,6 +91,8 @@ class RolloutConfig:
                 raise ValueError(f"rollout.{name}={getattr(self, name)!r}; expected one of {ENGINES}")
         if self.engine_segment < 1:
             raise ValueError(f"rollout.engine_segment={self.engine_segment} must be ≥ 1")
+        if self.gather_rows < 0:
+            raise ValueError(f"rollout.gather_rows={self.gather_rows} must be ≥ 0 (0: never gather)")
         if self.chunk_rows < 0:
             raise ValueError(f"rollout.chunk_rows={self.chunk_rows} must be ≥ 0 (0: the step's share in one batch)")
         for name in ("max_turns", "max_tokens_per_turn", "max_response_tokens"):
@@ -319,16 +324,15 @@ class SinglePolicy:
 
     def segment(self, active: np.ndarray, enabled: np.ndarray, budget: np.ndarray, resp) -> Segment:
         self.state = ensure_capacity(self.state, cache_used(self.state) + self.seg_bucket, self.spec.placement)
-        self.state, seg = decode_segment(self.base, self.adapters, self.state, jnp.asarray(active),
-                                         jnp.asarray(enabled), jnp.asarray(budget), spec=self.spec,
-                                         length=self.seg_bucket)
-        return jax.device_get(seg)
+        self.state, seg = run_segment(self.base, self.adapters, self.state, active, enabled, budget, spec=self.spec,
+                                      length=self.seg_bucket, gather_rows=self.agent.rc.gather_rows)
+        return seg
 
     def observe(self, obs: np.ndarray, obs_len: np.ndarray, do: np.ndarray, resp) -> np.ndarray:
         self.state = ensure_capacity(self.state, cache_used(self.state) + obs.shape[1] + 1 + self.seg_bucket,
                                      self.spec.placement)
-        self.state, obs_routes = append(self.base, self.adapters, self.state, jnp.asarray(obs), jnp.asarray(obs_len),
-                                        jnp.asarray(do), spec=self.spec)
+        self.state, obs_routes = run_append(self.base, self.adapters, self.state, obs, obs_len, do, spec=self.spec,
+                                            gather_rows=self.agent.rc.gather_rows)
         return np.asarray(obs_routes)
 
     def final_routes(self, prompts, resp):

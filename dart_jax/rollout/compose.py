@@ -39,6 +39,7 @@ from dart_jax.adapters.method import TwoModels, two_model_route_mode
 from dart_jax.models.config import ModelConfig
 from dart_jax.roles.router import REASONING, TOOL, route_roles
 from dart_jax.rollout.agent import Agent, Decoder, SinglePolicy
+from dart_jax.rollout.gather import run_append, run_segment
 from dart_jax.rollout.placement import decode_params, new_cache
 from dart_jax.rollout.sampler import (
     LENGTH,
@@ -46,11 +47,9 @@ from dart_jax.rollout.sampler import (
     STOPPED,
     SamplerSpec,
     Segment,
-    append,
     bucket,
     cache_bucket,
     cache_used,
-    decode_segment,
     ensure_capacity,
     prefill,
 )
@@ -153,8 +152,8 @@ class TwoPolicies:
             obs[i, :len(d)], obs_len[i] = d, len(d)
         st = ensure_capacity(self.states[w], cache_used(self.states[w]) + width + 1 + self.seg_bucket,
                              self.specs[w].placement)
-        self.states[w], _ = append(self.bases[w], self.pols[w].adapters, st, jnp.asarray(obs), jnp.asarray(obs_len),
-                                   jnp.asarray(rows), spec=self.specs[w])
+        self.states[w], _ = run_append(self.bases[w], self.pols[w].adapters, st, obs, obs_len, rows, spec=self.specs[w],
+                                       gather_rows=self.agent.rc.gather_rows)
         for i, d in delta.items():
             self.consumed[w, i] += 1 + len(d)
         self.appends[w] += 1
@@ -183,10 +182,10 @@ class TwoPolicies:
                 else:
                     en[:, self.tool_stops] = True  # the closing tag always ends the tool policy's turn
                 st = ensure_capacity(self.states[w], cache_used(self.states[w]) + n, self.specs[w].placement)
-                self.states[w], seg = decode_segment(self.bases[w], self.pols[w].adapters, st, jnp.asarray(rows),
-                                                     jnp.asarray(en), jnp.asarray(np.maximum(left, 1)),
-                                                     spec=self.specs[w], length=n)
-                seg, router = jax.device_get((seg, self.states[w].router))
+                self.states[w], seg = run_segment(self.bases[w], self.pols[w].adapters, st, rows, en,
+                                                  np.maximum(left, 1), spec=self.specs[w], length=n,
+                                                  gather_rows=self.agent.rc.gather_rows)
+                router = jax.device_get(self.states[w].router)
                 for i in np.nonzero(rows)[0]:
                     k, c = int(seg.count[i]), int(out.count[i])
                     out.tokens[i, c:c + k] = seg.tokens[i, :k]

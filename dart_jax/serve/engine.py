@@ -10,7 +10,7 @@ Device side: one DecodeState of `slots` rows whose KV cache has a write index pe
 (models.cache), so each row writes where it is and a refilled row starts again at slot 0. A step
   1. appends the observations of rows whose tool call came back: encoded over just those rows, in pieces
      of 1, 2, 4, … rows with no padding row (5 rows: 4 + 1; encoding is compute-bound, so a padding
-     row costs a real one's work), each piece padded to its own width (`slots.append_rows`,
+     row costs a real one's work), each piece padded to its own width (`rollout.gather.append_rows`,
      `slots.row_pieces`, `slots.obs_width`),
   2. admits waiting requests into free rows: their prompts are prefilled alone ([U, T], no other
      row's work, in the same exact pieces) and scattered into those rows (`slots.admit_rows`); a
@@ -19,7 +19,7 @@ Device side: one DecodeState of `slots` rows whose KV cache has a write index pe
      encoded (as an observation is appended),
   3. decodes one segment of at most `segment` tokens for every running row (sampler.decode_segment
      with each row's stop history, so a turn may span segments), the running rows gathered into a
-     bucket of 1, 2, 4, … rows when they are fewer than the slots (`slots.decode_rows`),
+     bucket of 1, 2, 4, … rows when they are fewer than the slots (`rollout.gather.decode_rows`),
   4. hands each row's tokens to its request; a row whose turn ended is decided as the agent loop
      decides (rollout.agent.Agent.end_turn): answer / invalid / length end it and free the row; a
      tool call pauses it; the step's tool calls run as one batch on the tool worker, outside the
@@ -54,6 +54,7 @@ import numpy as np
 from dart_jax.models import cache as cache_lib
 from dart_jax.models.generate import left_pad
 from dart_jax.rollout.agent import Agent
+from dart_jax.rollout.gather import append_rows, decode_rows, row_bucket
 from dart_jax.rollout.placement import decode_params
 from dart_jax.rollout.sampler import (
     LENGTH,
@@ -74,13 +75,10 @@ from dart_jax.serve.prefixes import PrefixCache
 from dart_jax.serve.requests import EngineClosed, Generation, Overloaded, Request
 from dart_jax.serve.slots import (
     admit_rows,
-    append_rows,
-    decode_rows,
     obs_width,
     place_prefix,
     request_key,
     reset_rows,
-    row_bucket,
     row_pieces,
 )
 
@@ -339,8 +337,8 @@ class Engine:
     def _append(self, ready: dict[int, list[int]]) -> dict[int, list[int]]:
         """Each ready row's pending token and ids encoded -> {row: the routes of its ids}. Encoding is
         compute-bound, so no padding row is encoded: every row ready, the batch appends in place with a mask;
-        else the rows are gathered in pieces of exact row buckets (`slots.row_pieces`, `slots.append_rows`),
-        longest ids first, each piece padded to its own width (`slots.obs_width`)."""
+        else the rows are gathered in pieces of exact row buckets (`slots.row_pieces`,
+        `rollout.gather.append_rows`), longest ids first, each piece padded to its own width (`slots.obs_width`)."""
         order = sorted(ready, key=lambda i: -len(ready[i]))
         self._ensure(int(self._indices().max()) + obs_width(len(ready[order[0]])) + 1)
         done, start = [], 0
@@ -514,7 +512,7 @@ class Engine:
                                              jnp.asarray(enabled), jnp.asarray(budget), jnp.asarray(history),
                                              jnp.asarray(recorded), spec=self.spec, length=self.segment)
             at = live
-        else:  # the decoding rows gathered into a bucket of rows (slots.decode_rows); padding inactive
+        else:  # the decoding rows gathered into a bucket of rows (rollout.gather.decode_rows); padding inactive
             rows = np.full(u, b, np.int32)
             rows[:len(live)] = live
             pick = np.minimum(rows, b - 1)

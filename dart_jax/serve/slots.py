@@ -1,6 +1,7 @@
 """The engine's device side (serve.engine): jitted functions over a DecodeState of B rows whose KV cache
-has a write index per row — admitting prompts into rows, appending to or decoding some rows only, placing a shared
-prefix's state in rows, emptying rows — and the row / prefix bookkeeping they are sized by."""
+has a write index per row — admitting prompts into rows, placing a shared prefix's state in rows, emptying
+rows — and the row / prefix bookkeeping they are sized by (appending to or decoding some rows only:
+rollout.gather, shared with the batch agent loop)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,10 @@ from dart_jax.models import cache as cache_lib
 from dart_jax.models.cache import KVCache
 from dart_jax.models.transformer import hidden_states
 from dart_jax.roles.router import route_roles, state_after
+from dart_jax.rollout.gather import row_bucket
 from dart_jax.rollout.sampler import (
     DecodeState,
-    Segment,
-    append,
     bucket,
-    decode_segment,
     initial_keys,
     last_logits,
     sample_pending,
@@ -65,35 +64,6 @@ def admit_rows(base, adapters, state: DecodeState, tokens: jnp.ndarray, position
                                             top_p=set_rows(old.top_p, rows, top_p)))
 
 
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
-def append_rows(base, adapters, state: DecodeState, rows: jnp.ndarray, obs: jnp.ndarray, obs_len: jnp.ndarray, *,
-                 spec) -> tuple[DecodeState, jnp.ndarray]:
-    """sampler.append on rows `rows` (i32[U]; ≥ B: padding) only: their state gathered, each one's pending
-    token and observation (obs i32[U, W] right-padded, obs_len i32[U]) encoded as a [U, W + 1] chunk and
-    sampled from, and scattered back. A forward of U rows, not of the engine's B (rows pause for their tool
-    and come back at different times). -> (state, routes i32[U, W] of the observation positions)."""
-    b = state.pending.shape[0]
-    valid = rows < b
-    sub = jax.tree_util.tree_map(lambda a: a[jnp.minimum(rows, b - 1)], state)
-    sub, routes = append(base, adapters, sub, obs, obs_len, valid, spec=spec)
-    return jax.tree_util.tree_map(lambda a, x: a.at[rows].set(x, mode="drop"), state, sub), routes
-
-
-@functools.partial(jax.jit, static_argnames=("spec", "length"), donate_argnames=("state",))
-def decode_rows(base, adapters, state: DecodeState, rows: jnp.ndarray, active: jnp.ndarray, stop_enabled: jnp.ndarray,
-                budget: jnp.ndarray, history: jnp.ndarray, recorded: jnp.ndarray, *, spec,
-                length: int) -> tuple[DecodeState, Segment]:
-    """sampler.decode_segment on rows `rows` (i32[U]; ≥ B: padding) only, gathered and scattered back
-    as `append_rows` does: a segment costs U rows' forwards, not the engine's B, when only U rows are
-    decoding (a lone request on a server sized for a crowd). The per-row arguments are [U, ...]
-    (padding rows inactive). -> (state, the segment of the U rows)."""
-    b = state.pending.shape[0]
-    sub = jax.tree_util.tree_map(lambda a: a[jnp.minimum(rows, b - 1)], state)
-    sub, seg = decode_segment(base, adapters, sub, active & (rows < b), stop_enabled, budget, history, recorded,
-                              spec=spec, length=length)
-    return jax.tree_util.tree_map(lambda a, x: a.at[rows].set(x, mode="drop"), state, sub), seg
-
-
 @functools.partial(jax.jit, donate_argnames=("state",))
 def place_prefix(state: DecodeState, rows: jnp.ndarray, keys: jax.Array, temperature: jnp.ndarray,
                   top_p: jnp.ndarray, prefix: DecodeState) -> DecodeState:
@@ -127,11 +97,6 @@ def common_prefix(a, b) -> int:
     n = min(len(a), len(b))
     diff = np.nonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0]
     return int(diff[0]) if len(diff) else n
-
-
-def row_bucket(n: int, slots: int) -> int:
-    """Rows a batch of `n` of the engine's `slots` rows is padded to: 1, 2, 4, ... capped at `slots`."""
-    return min(1 << max(0, n - 1).bit_length(), slots)
 
 
 def row_buckets(slots: int) -> list[int]:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from dart_jax.rollout.gather import append_rows, decode_rows
 from dart_jax.rollout.sampler import append, cache_bucket, decode_segment
 from dart_jax.serve import slots
-from dart_jax.serve.slots import admit_rows, append_rows, decode_rows, place_prefix, request_key, row_buckets
+from dart_jax.serve.slots import admit_rows, place_prefix, request_key, row_buckets
 
 
 def _settings(u: int):

@@ -1,7 +1,7 @@
 """`launch.bench rollouts` and `grpo_rollouts` end to end at toy size: the lab quickstart's config with a
 tiny random Llama (SmolLM2's tokenizer) in place of the warm-started SmolLM2, the real lexical retriever
 over world 1's corpus; both sides run every round over the same questions (greedy; GRPO's at T = 1) and
-give the same trajectories.
+give the same trajectories (batch with every row, batch with the running rows gathered, the engine).
 Times are not checked."""
 
 from configs import lab_quickstart
@@ -25,11 +25,12 @@ def test_rollouts_bench_runs_both_sides(tiny_smollm_dir):
     c = _tiny(tiny_smollm_dir)
     logged = []
     res = bench_rollouts(c, questions=5, slots=2, rounds=1, log=logged.append)
-    assert len(logged) == 4  # (compile round + 1) × 2 sides
-    assert res["identical_trajectories"] == "5/5"
-    assert len(res["batch"]["wall_s"]) == len(res["continuous"]["wall_s"]) == 1
-    assert res["speedup"]["min"] > 0
-    assert "continuous / batch" in report.text("rollouts", res)
+    assert len(logged) == 6  # (compile round + 1) × 3 sides
+    assert res["identical_trajectories"] == res["gathered_identical_trajectories"] == "5/5"
+    assert len(res["batch"]["wall_s"]) == len(res["gathered"]["wall_s"]) == len(res["continuous"]["wall_s"]) == 1
+    assert res["speedup"]["min"] > 0 and res["gathered_speedup"]["min"] > 0
+    text = report.text("rollouts", res)
+    assert "continuous / batch" in text and "gathered / batch" in text
 
 
 def test_grpo_rollouts_bench_runs_the_training_stage_on_both_sides(tiny_smollm_dir):

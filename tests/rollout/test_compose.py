@@ -202,3 +202,42 @@ def test_handoff_bench_runs_both_ways(tiny_smollm_dir):
     res = bench_handoff(tiny_smollm_dir, prompt_len=16, turns=2, reason_len=4, span_len=4, obs_len=8, repeats=1)
     assert len(res["ttft_append_s"]) == len(res["ttft_reencode_s"]) == 2 * 2 + 1
     assert res["append_s"] > 0 and res["reencode_s"] > 0 and res["ratio"]["rounds"] == 1
+
+
+@pytest.mark.parametrize("two", [False, True], ids=["one_policy", "two_policies"])
+def test_gathering_the_running_rows_changes_no_trajectory(setup, monkeypatch, two):
+    """rollout.gather in the batch agent loop: once a batch's running (or appending, or writing) rows fit a
+    smaller bucket, only they are decoded / appended. The trajectories equal the whole batch's decode
+    with a mask (ids, routes, masks, finishes, turns exact; log-probs 2e-5: a batch of U rows rounds its
+    matmuls as U rows do), and the gathered paths did run."""
+    from dart_jax.rollout import gather
+    cfg, base, other, tok, prompts = setup
+    metas = [{"db_path": DB}] * len(prompts)
+    uids = list(range(len(prompts)))
+    calls = {"decode_rows": [], "append_rows": []}
+    for name in calls:
+        real = getattr(gather, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            calls[_name].append(int(np.sum(np.asarray(a[3]) < len(prompts))))  # rows run (a[3]: `rows`)
+            return _real(*a, **k)
+        monkeypatch.setattr(gather, name, spy)
+    out = {}
+    for g in (0, 2):
+        agent = make_agent(cfg, tok)
+        agent.rc = dataclasses.replace(agent.rc, gather_rows=g)
+        if two:
+            out[g] = compose_rollout(agent, Policy(cfg, base), Policy(cfg, other), prompts, uids, metas, seed=7)
+        else:
+            out[g] = agent.rollout(base, None, prompts, uids, metas, seed=7)
+        if g == 0:
+            assert calls == {"decode_rows": [], "append_rows": []}
+    whole, gathered = out[0], out[2]
+    assert calls["decode_rows"] and calls["append_rows"], calls  # rows finished or paused: gathered
+    assert max(calls["decode_rows"] + calls["append_rows"]) <= 4 < len(prompts)
+    assert whole.tool_calls().sum() >= 1, whole.turns  # a row paused for its tool and came back
+    np.testing.assert_array_equal(gathered.ids, whole.ids)
+    np.testing.assert_array_equal(gathered.loss_mask, whole.loss_mask)
+    np.testing.assert_array_equal(gathered.route_ids, whole.route_ids)
+    np.testing.assert_allclose(gathered.sampler_logprobs, whole.sampler_logprobs, atol=2e-5)
+    assert gathered.finish_reason == whole.finish_reason and gathered.turns == whole.turns

@@ -3,7 +3,8 @@ observation widths."""
 
 import pytest
 
-from dart_jax.serve.slots import obs_width, obs_widths, row_bucket, row_buckets, row_pieces
+from dart_jax.rollout.gather import row_bucket
+from dart_jax.serve.slots import obs_width, obs_widths, row_buckets, row_pieces
 
 
 @pytest.mark.parametrize("n,slots,want", [(1, 32, [1]), (5, 32, [4, 1]), (17, 32, [16, 1]),
