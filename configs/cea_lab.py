@@ -34,7 +34,7 @@ Stated before the run:
 
 from ml_collections import ConfigDict
 
-from configs import methods_lab_lr
+from configs import methods_lab_compare, methods_lab_lr
 from configs.cea import ROLE_MASK, role_masks
 
 OUT = "runs/cea_lab"
@@ -62,8 +62,11 @@ def get_config(arg: str | None = None):
     # H_Tool / H_Reas decode two models batch-synchronously (the continuous engine serves one model); all six
     # variants sample, and train, with the same engine so that their draws share (seed, row, position) keys
     c.rollout.engine = "batch"
+    # M_Unified's training is the method comparison's full fine-tuning (configs/methods_lab_compare.py: the same
+    # run configuration, checked when adopted): its finished runs are linked, not trained again
+    adopt = {"unified": methods_lab_compare.OUT + "/train/full_s{seed}"}
     c.cea = ConfigDict(dict(out=OUT, roles="paper", role_masks=role_masks("paper"), datasets=["lab_world1"],
-                            train_seeds=SEEDS, limit=32, n_samples=24, temperature=1.0, batch=32, seed=0,
+                            adopt=adopt, train_seeds=SEEDS, limit=32, n_samples=24, temperature=1.0, batch=32, seed=0,
                             screen=dict(limit=96, n_samples=8, seed=1, lo=1 / 8, hi=7 / 8),
                             n_boot=10_000, boot_seed=0, estimator="jeffreys",
                             title="CEA in the lab (SmolLM2-135M + lab warm start, world 1 held out)"))

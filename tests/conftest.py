@@ -26,6 +26,7 @@ _CACHE = os.environ.get("DART_JAX_TEST_XLA_CACHE") or tempfile.mkdtemp(prefix="d
 if "DART_JAX_TEST_XLA_CACHE" not in os.environ:
     atexit.register(shutil.rmtree, _CACHE, True)
 jax.config.update("jax_compilation_cache_dir", _CACHE)
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE  # the commands tests start keep it too (run/compile_cache.py)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 

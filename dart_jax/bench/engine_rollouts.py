@@ -5,7 +5,7 @@ after one to `max_turns` tool calls and pause for the tool at different times.
 The policy and rollout settings are a config's (default configs/lab_quickstart.py: SmolLM2-135M with the
 lab warm start merged and a fresh routed DART pair, six tool calls, the lexical retriever); the questions
 are its held-out check's (world 1, h = 2-3, every operation), searched over `eval.corpus`, greedy. Sides,
-on the same questions, in interleaved rounds (batch, continuous, batch, continuous, ...):
+on the same questions, in interleaved rounds (batch, gathered, continuous, batch, ...):
 
   batch       fixed batches of `slots` questions, each batch's turns in lockstep (every turn waits for
               the batch's longest row; the next batch starts when its last row ends), every step over the

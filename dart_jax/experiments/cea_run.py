@@ -111,18 +111,28 @@ def trained_steps(run: str) -> int:
     return max(done) if done else 0
 
 
-def _without_cea(d: dict) -> dict:
-    return {k: v for k, v in d.items() if k != "cea"}
+def _trainer_view(d: dict) -> dict:
+    """A config's sections the trainer reads: a study's own section (`cea`, `methods`, …) dropped."""
+    from dart_jax.run.spec import SECTIONS, TOP_LEVEL
+    return {k: v for k, v in d.items() if k in SECTIONS or k == "sft" or k in TOP_LEVEL}
 
 
 def config_mismatch(run: str, vc) -> list[str]:
     """How the configuration that wrote `run` differs from `vc` (besides what a resume may change and
-    the `cea` section): the three variants must differ only in their role masks."""
+    the studies' own sections): the three variants must differ only in their role masks."""
     from dart_jax.run.run_dir import RESUMABLE, config_dict, config_differences, saved_config
     saved = saved_config(run)
     if saved is None:
         return []
-    return config_differences(_without_cea(saved), _without_cea(config_dict(vc)), ignore=RESUMABLE)
+    return config_differences(_trainer_view(saved), _trainer_view(config_dict(vc)), ignore=RESUMABLE)
+
+
+def adopted_dir(c, variant: str, seed: int | None) -> str | None:
+    """`cea.adopt[variant]` (a run directory, "{seed}" filled in) or None: a variant's training done by
+    another study under the same run configuration (the lab's M_Unified is the method comparison's full
+    fine-tuning: configs/cea_lab.py). Where that directory does not exist the variant is trained here."""
+    template = (c.get("adopt") or {}).get(variant)
+    return template.format(seed=seed) if template else None
 
 
 class CEAStages(StageLog):
@@ -154,7 +164,13 @@ class CEAStages(StageLog):
         done = {}
         for v, seed in ((v, s) for v in variants for s in self.seeds):
             vc = variant_config(self.config, v, seed)
+            source = adopted_dir(self.c, v, seed)
             v = run_key(v, seed)
+            if source and not os.path.lexists(vc.output.dir):
+                if os.path.isdir(source):
+                    done[v] = from_main(lambda: self._adopt(v, source, vc))
+                    continue
+                log.info("CEA train %s: cea.adopt names %s, which does not exist: trained here", v, source)
             # read once, by process 0 (a multi-process run shares config.cea.out)
             have, diffs = from_main(lambda: (trained_steps(vc.output.dir), config_mismatch(vc.output.dir, vc)))
             want = int(vc.train.steps)
@@ -174,6 +190,24 @@ class CEAStages(StageLog):
             self._record("train", v, time.perf_counter() - t0, steps=want, resumed_from=have)
             done[v] = "trained"
         return done
+
+    def _adopt(self, key: str, source: str, vc) -> str:
+        """Link `source`, a finished run of the same configuration, as variant `key`'s training (one that is
+        not finished, or of another configuration, is refused: it would be trained twice, or differently)."""
+        have, want = trained_steps(source), int(vc.train.steps)
+        diffs = config_mismatch(source, vc) if have else []
+        if have < want:
+            raise ValueError(f"CEA train {key}: cea.adopt names {source}, which holds step {have} of {want}: "
+                             "finish that run first (its study's command resumes it), or drop it from cea.adopt")
+        if diffs:
+            raise ValueError(f"CEA train {key}: cea.adopt names {source}, written by another configuration ("
+                             + "; ".join(diffs) + "): drop it from cea.adopt to train this variant here")
+        parent = os.path.dirname(os.path.abspath(vc.output.dir))
+        os.makedirs(parent, exist_ok=True)
+        os.symlink(os.path.relpath(os.path.abspath(source), parent), vc.output.dir)  # relative: the tree may move
+        log.info("CEA train %s: adopted %s (the same run configuration, step %d)", key, source, have)
+        self._record("train", key, 0.0, steps=want, resumed_from=have, adopted=os.path.abspath(source))
+        return "adopted"
 
     # -- sample ------------------------------------------------------------------------------------
     def sample_dir(self, variant: str, seed: int | None = None) -> str:

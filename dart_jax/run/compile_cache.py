@@ -14,17 +14,21 @@ so JAX's in-memory cache misses where the persistent cache (keyed by the program
                jax_compilation_cache_max_size); programs that compile in under a second are not stored
                (JAX's default jax_persistent_cache_min_compile_time_secs)
 
-Tests keep their own cache (tests/conftest.py); this is set by launch's Command.run only.
+Set by launch's Command.run only; the test suite names its own cache in JAX_COMPILATION_CACHE_DIR
+(tests/conftest.py), which every command it starts then keeps.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import platform
+import sys
 
 from dart_jax.errors import UserError
 
+log = logging.getLogger(__name__)
 OFF = ("off", "0", "false", "no", "none")
 
 
@@ -59,17 +63,31 @@ def cache_dir(environ=None) -> str | None:
 
 
 def enable(environ=None) -> str | None:
-    """Turn the cache on for this process (before its first compile); -> the folder, or None if left off."""
+    """Turn the cache on for this process and the processes it starts (before its first compile); -> the
+    folder, or None if left off. Set through the environment JAX reads when it is imported, so a command
+    that sets XLA_FLAGS before importing jax (launch.sweep's forced host devices) still can; where jax is
+    already imported, through its config, unless that already names a cache (a test session's). A folder
+    that cannot be made leaves the cache off with a warning: it saves time, nothing depends on it."""
     env = os.environ if environ is None else environ
     path = cache_dir(env)
     if path is None:
         return None
     try:
-        gib = float(env.get("DART_JAX_XLA_CACHE_GIB", "4"))
+        size = int(float(env.get("DART_JAX_XLA_CACHE_GIB", "4")) * 2 ** 30)
     except ValueError:
         raise UserError(f"DART_JAX_XLA_CACHE_GIB={env['DART_JAX_XLA_CACHE_GIB']!r}: expected a number of GiB") from None
-    os.makedirs(path, exist_ok=True)
-    import jax
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_compilation_cache_max_size", int(gib * 2 ** 30))
+    jax = sys.modules.get("jax")
+    if jax is not None and jax.config.jax_compilation_cache_dir:
+        return None
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        log.warning("compiled programs are not kept across runs: cannot make %s (%s); DART_JAX_XLA_CACHE=DIR "
+                    "names another folder", path, e)
+        return None
+    env["JAX_COMPILATION_CACHE_DIR"] = path
+    env["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(size)
+    if jax is not None:
+        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_compilation_cache_max_size", size)
     return path

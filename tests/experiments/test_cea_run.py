@@ -189,6 +189,7 @@ def _lab_config(model_dir, out):
     c.optim.total_steps = 1
     c.output.update(progress=False, tensorboard=False, checkpoint_every=1)
     c.cea.update(out=str(out), train_seeds="0,1", limit=2, n_samples=2, batch=4, n_boot=100)
+    c.cea.adopt = {}  # every variant trained here (the study's M_Unified adopts the method comparison's runs)
     c.cea.screen.update(limit=3, n_samples=2, lo=0.0, hi=1.0)  # a random model answers nothing: keep all
     return c
 
@@ -263,3 +264,50 @@ def test_the_lab_study_screens_trains_seeds_and_pools_them(tiny_smollm_dir, tmp_
     assert "over seeds × questions" in capsys.readouterr().out
     with pytest.raises(ValueError, match="one training seed"):
         stages.solve(interference_only=True)
+
+
+def test_a_variant_trained_by_another_study_is_adopted_after_its_configuration_is_checked(tiny_smollm_dir, tmp_path):
+    """cea.adopt: a finished run of another study with the same run configuration (its own study section
+    aside) is linked as the variant's training, not trained again; an unfinished one, or one of another
+    configuration, is refused naming why. The lab's M_Unified is the method comparison's full run."""
+    from ml_collections import ConfigDict
+
+    from configs import cea_lab, methods_lab_compare
+    from dart_jax.experiments.cea_run import _trainer_view, config_mismatch, variant_config
+    from dart_jax.rl.trainer import Trainer
+    from dart_jax.run.run_dir import RESUMABLE, config_dict, config_differences
+    for s in (0, 1, 2):  # the committed study's claim: nothing the trainer reads differs
+        full, unified = methods_lab_compare.get_config(f"full,{s}"), cea_lab.get_config(f"unified,{s}")
+        assert cea_lab.get_config().cea.adopt.unified.format(seed=s) == full.output.dir
+        assert config_differences(_trainer_view(config_dict(full)), _trainer_view(config_dict(unified)),
+                                  ignore=RESUMABLE) == []
+
+    c = _config(tiny_smollm_dir, tmp_path / "cea")
+    other = variant_config(c, "unified")
+    other.output.dir = str(tmp_path / "methods" / "train" / "full_s0")
+    other.methods = ConfigDict({"methods": "full", "out": str(tmp_path / "methods")})  # another study's section
+    del other["cea"]
+    c.cea.adopt = {"unified": other.output.dir}
+    stages = CEAStages(c)
+    os.makedirs(other.output.dir)  # begun, not finished: not trained twice
+    with pytest.raises(ValueError, match="holds step 0 of 1: finish that run first"):
+        stages.train(("unified",))
+    Trainer(other).run(overwrite=True)
+    assert config_mismatch(other.output.dir, variant_config(c, "unified")) == []
+    assert stages.train(("unified",)) == {"unified": "adopted"}
+    link = tmp_path / "cea" / "train" / "unified"
+    assert link.is_symlink() and os.readlink(link) == os.path.join("..", "..", "methods", "train", "full_s0")
+    assert stages.times()["train"]["unified"]["adopted"] == other.output.dir
+    assert stages.train(("unified",)) == {"unified": "skipped"}  # linked: done
+    # another configuration is refused, naming the field
+    link.unlink()
+    c2 = _config(tiny_smollm_dir, tmp_path / "cea")
+    c2.optim.lr = 5e-4
+    c2.cea.adopt = {"unified": other.output.dir}
+    with pytest.raises(ValueError, match="written by another configuration.*optim.lr"):
+        CEAStages(c2).train(("unified",))
+    # a source that does not exist: the variant is trained here
+    c3 = _config(tiny_smollm_dir, tmp_path / "cea3")
+    c3.cea.adopt = {"unified": str(tmp_path / "nowhere")}
+    assert CEAStages(c3).train(("unified",)) == {"unified": "trained"}
+    assert not (tmp_path / "cea3" / "train" / "unified").is_symlink()

@@ -28,17 +28,33 @@ def test_where_the_cache_goes_and_when_it_is_off(tmp_path):
     assert compile_cache.cache_dir({"JAX_COMPILATION_CACHE_DIR": "/j", "DART_JAX_XLA_CACHE": "/x"}) is None
     with pytest.raises(UserError, match="DART_JAX_XLA_CACHE_GIB='lots'"):
         compile_cache.enable({"DART_JAX_XLA_CACHE": str(tmp_path), "DART_JAX_XLA_CACHE_GIB": "lots"})
+    # jax imported with a cache named (this test session's): left as it is
+    import jax
+    env = {"DART_JAX_XLA_CACHE": str(tmp_path / "x")}
+    assert jax.config.jax_compilation_cache_dir and compile_cache.enable(env) is None
+    assert "JAX_COMPILATION_CACHE_DIR" not in env and not (tmp_path / "x").exists()
+    # a folder that cannot be made: off, with a warning, and the command goes on
+    (tmp_path / "file").write_text("")
+    jax_dir = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        assert compile_cache.enable({"DART_JAX_XLA_CACHE": str(tmp_path / "file" / "sub")}) is None
+        assert jax.config.jax_compilation_cache_dir is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", jax_dir)
 
 
 COMMAND = textwrap.dedent("""
-    import sys, time
-    import jax, jax.numpy as jnp
+    import sys
     from launch._cli import Command
 
-    CLI = Command("launch.cache_probe", "A command that compiles one program.")
+    CLI = Command("launch.cache_probe", "A command that compiles one program (jax imported in main, as\
+    launch.sweep does after setting XLA_FLAGS: the cache reaches it through the environment).")
 
     def main(argv=None):
         CLI.parse(argv)
+        assert "jax" not in sys.modules
+        import jax, jax.numpy as jnp
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # the probe's program is tiny
         events = []
         jax.monitoring.register_event_duration_secs_listener(lambda e, d, **_: events.append(e))

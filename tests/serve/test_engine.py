@@ -53,7 +53,7 @@ def test_continuous_batching_equals_each_request_alone(serve_setup):
     assert engine.stats["admits"] >= 2 and engine.stats["appends"] >= 1, engine.stats
     # prompts and observations are encoded in exact pieces (three prompts on five slots: 2 + 1), no padding row
     assert engine.stats["prefill_rows"] == engine.stats["admitted"] == 6, engine.stats
-    # some segments decoded fewer rows than the slots, gathered (slots.decode_rows): the first three
+    # some segments decoded fewer rows than the slots, gathered (rollout.gather.decode_rows): the first three
     # requests (a padded bucket of four), and the last ones as the others finish
     assert engine.stats["segment_rows"] < 5 * engine.stats["segments"], engine.stats
     assert sum(r["tool_calls"] for r in results) >= 3, [r["turns"] for r in results]
