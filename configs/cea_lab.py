@@ -29,7 +29,10 @@ Stated before the run:
               (tool skill, chain recall, reasoning skill) and accuracy.
   cost        not run on 2 cores; estimated from the lab's measured costs (8 lab steps of DART / LoRA-16:
               30–45 min; 512 lab trajectories: ~1.5 h) at 9 training runs and 16 samples of 32 × 24
-              trajectories — about 35 hours there; on one accelerator, a few hours.
+              trajectories — about 35 hours there; on one accelerator, a few hours. Since written: M_Unified's
+              three trainings are the method comparison's full runs (the same run configuration; `cea.adopt`
+              links them once finished, after checking it), and the batch loop gathers its running rows
+              (1.26x on the lab's rollouts): about 6 of the 9 trainings and 3/4 of the sampling remain.
 """
 
 from ml_collections import ConfigDict
