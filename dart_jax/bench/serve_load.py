@@ -41,6 +41,7 @@ from dart_jax.checkpoints.registry import load_model, load_tagged_model
 from dart_jax.data.corpus import read_jsonl
 from dart_jax.data.paths import DATA, repo_path
 from dart_jax.rollout.agent import Agent, RolloutConfig, tool_for
+from dart_jax.rollout.gather import MAPS_PER_LAYER
 from dart_jax.rollout.protocol import QA
 from dart_jax.rollout.sampler import bucket, cache_bucket
 from dart_jax.rollout.sampling import SamplingConfig
@@ -48,7 +49,6 @@ from dart_jax.rollout.tasks import qa_task
 from dart_jax.run.demo import default_warm_start
 from dart_jax.run.policy import merge_warm_start
 from dart_jax.serve.engine import Engine, Request
-from dart_jax.serve.rollouts import MAPS_PER_LAYER
 from dart_jax.serve.server import ChatServer
 from dart_jax.tools.retrieval import RetrievalTool, Retriever, ensure_index
 

@@ -74,7 +74,7 @@ class RolloutConfig:
     engine_segment: int = 32           # continuous: tokens per decode segment (the refill granularity)
     # batch: a batch of at least this many rows decodes / appends only its running rows, gathered into a
     # bucket of 1, 2, 4, … rows, whenever that bucket is smaller than the batch (rollout.gather; one
-    # device); 0 = never
+    # device; on XLA:CPU where vm.max_map_count holds the extra programs); 0 = never
     gather_rows: int = 8
 
     def __post_init__(self):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,8 @@ import numpy as np
 
 from dart_jax.rollout.placement import RolloutMesh
 from dart_jax.rollout.sampler import RUNNING, DecodeState, Segment, append, decode_segment
+
+log = logging.getLogger(__name__)
 
 
 def row_bucket(n: int, slots: int) -> int:
@@ -63,17 +66,55 @@ def decode_rows(base, adapters, state: DecodeState, rows: jnp.ndarray, active: j
     return _put(state, rows, sub), seg
 
 
-def gather_plan(mask: np.ndarray, gather_rows: int, placement: RolloutMesh | None) -> np.ndarray | None:
+# memory maps a compiled program adds to the process on XLA:CPU, per model layer (jax 0.10.2: 1,373-1,378 for
+# an append of SmolLM2-135M's 30 layers); the LLVM JIT fails ("Cannot allocate memory") past vm.max_map_count
+MAPS_PER_LAYER = 47
+# gathering compiles a decode and an append per row bucket beside the batch's own programs: it is used where
+# the memory-map limit holds at least this many programs of the model (Linux's default 65,530 holds ~46 of
+# SmolLM2-135M's, which a run's batch and update programs need for themselves)
+GATHER_PROGRAMS = 200
+_FITS: dict[tuple[int, str], bool] = {}
+
+
+def map_count_holds(layers: int, path: str = "/proc/sys/vm/max_map_count") -> tuple[int, int] | None:
+    """On XLA:CPU: (vm.max_map_count, how many compiled programs of a `layers`-layer model it holds);
+    None on another backend or where the limit is unreadable."""
+    if jax.default_backend() != "cpu":
+        return None
+    try:
+        with open(path) as f:
+            limit = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return limit, limit // (MAPS_PER_LAYER * max(layers, 1))
+
+
+def gather_fits(layers: int, path: str = "/proc/sys/vm/max_map_count") -> bool:
+    """Whether this process may compile the gathered programs of a `layers`-layer model: False, warned
+    once, where XLA:CPU's memory-map limit holds fewer than GATHER_PROGRAMS of them."""
+    key = (layers, path)
+    if key not in _FITS:
+        got = map_count_holds(layers, path)
+        _FITS[key] = got is None or got[1] >= GATHER_PROGRAMS
+        if not _FITS[key]:
+            log.warning("rollout.gather_rows: on XLA:CPU vm.max_map_count = %d holds ~%d compiled programs of this "
+                        "%d-layer model, too few for the gathered decode and append programs beside the run's own: "
+                        "batches decode every row with a mask (the same trajectories, slower). To gather: sudo "
+                        "sysctl -w vm.max_map_count=1048576", got[0], got[1], layers)
+    return _FITS[key]
+
+
+def gather_plan(mask: np.ndarray, gather_rows: int, placement: RolloutMesh | None, layers: int) -> np.ndarray | None:
     """The rows i32[U] (padded with B) to run for the rows of `mask` (bool[B]) gathered, or None for the
     whole batch with a mask: when the batch has fewer than `gather_rows` rows (0: never gather), when
-    the rows' bucket is the whole batch, when no row is set, or on a mesh of several devices (a bucket
-    of U rows need not divide over its batch axis)."""
+    the rows' bucket is the whole batch, when no row is set, on a mesh of several devices (a bucket
+    of U rows need not divide over its batch axis), or where the memory-map limit is low (`gather_fits`)."""
     b = len(mask)
     if not gather_rows or b < gather_rows or (placement is not None and placement.mesh.size > 1):
         return None
     live = np.nonzero(mask)[0]
     u = row_bucket(len(live), b)
-    if not len(live) or u >= b:
+    if not len(live) or u >= b or not gather_fits(layers):
         return None
     rows = np.full(u, b, np.int32)
     rows[:len(live)] = live
@@ -98,7 +139,7 @@ def run_segment(base, adapters, state: DecodeState, active: np.ndarray, enabled:
                 spec, length: int, gather_rows: int) -> tuple[DecodeState, Segment]:
     """decode_segment of the `active` rows of a batch, gathered when `gather_plan` says so -> (state, the
     whole batch's segment on the host)."""
-    rows = gather_plan(active, gather_rows, spec.placement)
+    rows = gather_plan(active, gather_rows, spec.placement, spec.model.num_layers)
     if rows is None:
         state, seg = decode_segment(base, adapters, state, jnp.asarray(active), jnp.asarray(enabled),
                                     jnp.asarray(budget), spec=spec, length=length)
@@ -115,7 +156,7 @@ def run_append(base, adapters, state: DecodeState, obs: np.ndarray, obs_len: np.
                spec, gather_rows: int) -> tuple[DecodeState, jnp.ndarray | np.ndarray]:
     """sampler.append for the rows of `do`, gathered when `gather_plan` says so -> (state, routes [B, W] of
     the observation positions, −1 in rows not appended)."""
-    rows = gather_plan(do, gather_rows, spec.placement)
+    rows = gather_plan(do, gather_rows, spec.placement, spec.model.num_layers)
     if rows is None:
         return append(base, adapters, state, jnp.asarray(obs), jnp.asarray(obs_len), jnp.asarray(do), spec=spec)
     b = len(do)

@@ -26,6 +26,7 @@ import numpy as np
 from dart_jax.adapters.method import TwoModels
 from dart_jax.roles.router import route_roles
 from dart_jax.rollout.agent import Agent
+from dart_jax.rollout.gather import map_count_holds
 from dart_jax.rollout.sampler import bucket, cache_bucket
 from dart_jax.rollout.trajectory import TrajectoryBatch, assemble, concat_batches
 from dart_jax.serve.engine import Engine
@@ -51,26 +52,10 @@ def check_engine(agent: Agent, composition=None, processes: int = 1, base=None,
     if why:
         raise ValueError(f"{setting}=continuous: " + "; ".join(why) + f". Use {setting}=batch")
 
-# memory maps a compiled engine program adds to the process on XLA:CPU, per model layer (jax 0.10.2: 1,373-1,378
-# for an append of SmolLM2-135M's 30 layers); the LLVM JIT fails ("Cannot allocate memory") past vm.max_map_count
-MAPS_PER_LAYER = 47
 # programs an engine compiles over a run: row buckets × (prompt widths, observation widths, decode), and the
 # batch loop's and the update's beside it (a lab GRPO run on 16 rows: ~160)
 MIN_PROGRAMS = 200
 _WARNED: set[str] = set()
-
-
-def map_count_holds(layers: int, path: str = "/proc/sys/vm/max_map_count") -> tuple[int, int] | None:
-    """On XLA:CPU: (vm.max_map_count, how many compiled programs of a `layers`-layer model it holds);
-    None on another backend or where the limit is unreadable."""
-    if jax.default_backend() != "cpu":
-        return None
-    try:
-        with open(path) as f:
-            limit = int(f.read())
-    except (OSError, ValueError):
-        return None
-    return limit, limit // (MAPS_PER_LAYER * max(layers, 1))
 
 
 def engine_fits(layers: int, setting: str, path: str = "/proc/sys/vm/max_map_count") -> bool:

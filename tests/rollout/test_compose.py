@@ -241,3 +241,22 @@ def test_gathering_the_running_rows_changes_no_trajectory(setup, monkeypatch, tw
     np.testing.assert_array_equal(gathered.route_ids, whole.route_ids)
     np.testing.assert_allclose(gathered.sampler_logprobs, whole.sampler_logprobs, atol=2e-5)
     assert gathered.finish_reason == whole.finish_reason and gathered.turns == whole.turns
+
+
+def test_gathering_stays_off_where_the_memory_map_limit_is_low(tmp_path, caplog):
+    """Gathering compiles more programs; XLA:CPU fails past vm.max_map_count, so a limit that holds few of
+    the model's programs (Linux's default for SmolLM2's 30 layers: ~46) leaves batches whole, warned once."""
+    from dart_jax.rollout import gather
+    low, high = tmp_path / "low", tmp_path / "high"
+    low.write_text("65530\n")
+    high.write_text("1048576\n")
+    assert gather.map_count_holds(30, str(low)) == (65530, 46)
+    with caplog.at_level("WARNING", logger="dart_jax.rollout.gather"):
+        assert not gather.gather_fits(30, str(low)) and not gather.gather_fits(30, str(low))
+        assert gather.gather_fits(30, str(high))
+    assert caplog.text.count("vm.max_map_count = 65530") == 1
+    mask = np.array([True, False, False, False, False, False, False, False])
+    rows = gather.gather_plan(mask, 8, None, 2)  # this host's limit holds a 2-layer model's programs
+    assert rows is not None and rows.tolist() == [0]
+    assert gather.gather_plan(mask, 0, None, 2) is None and gather.gather_plan(mask, 9, None, 2) is None
+    assert gather.gather_plan(np.ones(8, bool), 8, None, 2) is None  # the whole batch runs
