@@ -212,6 +212,8 @@ def test_gathering_the_running_rows_changes_no_trajectory(setup, monkeypatch, tw
     matmuls as U rows do), and the gathered paths did run."""
     from dart_jax.rollout import gather
     cfg, base, other, tok, prompts = setup
+    if not gather.gather_fits(cfg.num_layers):
+        pytest.skip("vm.max_map_count holds too few of this model's programs to gather (gather_fits)")
     metas = [{"db_path": DB}] * len(prompts)
     uids = list(range(len(prompts)))
     calls = {"decode_rows": [], "append_rows": []}
