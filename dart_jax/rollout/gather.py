@@ -90,17 +90,18 @@ def map_count_holds(layers: int, path: str = "/proc/sys/vm/max_map_count") -> tu
 
 
 def gather_fits(layers: int, path: str = "/proc/sys/vm/max_map_count") -> bool:
-    """Whether this process may compile the gathered programs of a `layers`-layer model: False, warned
-    once, where XLA:CPU's memory-map limit holds fewer than GATHER_PROGRAMS of them."""
+    """Whether this process may compile the gathered programs of a `layers`-layer model: False, said once
+    (at INFO: the default asked for it, the user did not), where XLA:CPU's memory-map limit holds fewer than
+    GATHER_PROGRAMS of them."""
     key = (layers, path)
     if key not in _FITS:
         got = map_count_holds(layers, path)
         _FITS[key] = got is None or got[1] >= GATHER_PROGRAMS
         if not _FITS[key]:
-            log.warning("rollout.gather_rows: on XLA:CPU vm.max_map_count = %d holds ~%d compiled programs of this "
-                        "%d-layer model, too few for the gathered decode and append programs beside the run's own: "
-                        "batches decode every row with a mask (the same trajectories, slower). To gather: sudo "
-                        "sysctl -w vm.max_map_count=1048576", got[0], got[1], layers)
+            log.info("rollout.gather_rows: on XLA:CPU vm.max_map_count = %d holds ~%d compiled programs of this "
+                     "%d-layer model, too few for the gathered decode and append programs beside the run's own: "
+                     "batches decode every row with a mask (the same trajectories, slower). To gather: sudo "
+                     "sysctl -w vm.max_map_count=1048576", got[0], got[1], layers)
     return _FITS[key]
 
 
