@@ -292,8 +292,9 @@ class Agent:
             return
         # the append (and the cache slots it takes) is sized to this batch's longest observation,
         # bucketed, not to the cap: short SQL results and passages leave the cache, and every
-        # later decode step's attention over it, that much smaller
-        width = min(bucket(rc.max_obs_tokens), bucket(max(len(x) for x in fits.values())))
+        # later decode step's attention over it, that much smaller. A bucket past the cap is the cap
+        # (to a multiple of 16): capped 192-token passages append 192 columns, not 256
+        width = min(-(-rc.max_obs_tokens // 16) * 16, bucket(max(len(x) for x in fits.values())))
         obs = np.zeros((b, width), np.int32)
         obs_len = np.zeros(b, np.int32)
         do = np.zeros(b, bool)

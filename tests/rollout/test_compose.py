@@ -262,3 +262,29 @@ def test_gathering_stays_off_where_the_memory_map_limit_is_low(tmp_path, caplog)
     assert rows is not None and rows.tolist() == [0]
     assert gather.gather_plan(mask, 0, None, 2) is None and gather.gather_plan(mask, 9, None, 2) is None
     assert gather.gather_plan(np.ones(8, bool), 8, None, 2) is None  # the whole batch runs
+
+
+def test_an_observation_at_its_cap_appends_the_cap_not_the_bucket_above(setup, monkeypatch):
+    """A batch's observations are appended at the bucket of the longest, but never wider than the cap (to a
+    multiple of 16): capped 40-token observations take 48 columns, not 64. The trajectory is what a full
+    forward over it gives (log-probs 1e-4) and the cache holds each position once."""
+    from dart_jax.rollout.agent import SinglePolicy
+    cfg, base, _, tok, prompts = setup
+    rc = RolloutConfig(max_turns=2, max_tokens_per_turn=40, max_response_tokens=240, max_obs_tokens=40,
+                       invalid_action="none")
+    long_body = " ".join(["passage"] * 200)  # far past the cap: every observation is cut to 40 tokens
+    agent = Agent(cfg, tok, FREQUENT, lambda queries, metas: [long_body] * len(queries),
+                  SamplingConfig(temperature=1.0), rc)
+    widths = []
+    real = SinglePolicy.observe
+
+    def spy(self, obs, obs_len, do, resp):
+        widths.append((obs.shape[1], int(obs_len.max())))
+        return real(self, obs, obs_len, do, resp)
+    monkeypatch.setattr(SinglePolicy, "observe", spy)
+    tb = agent.rollout(base, None, prompts, list(range(len(prompts))), [{}] * len(prompts), seed=5)
+    assert tb.tool_calls().sum() >= 1, tb.turns
+    assert widths and all(w == 48 and n == 40 for w, n in widths), widths
+    for b in range(tb.batch_size):
+        gen, lp = teacher_forced(cfg, base, tb, b)
+        np.testing.assert_allclose(tb.sampler_logprobs[b, gen], lp, atol=1e-4)
