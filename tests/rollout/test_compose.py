@@ -266,9 +266,10 @@ def test_gathering_stays_off_where_the_memory_map_limit_is_low(tmp_path, caplog)
 
 def test_an_observation_at_its_cap_appends_the_cap_not_the_bucket_above(setup, monkeypatch):
     """A batch's observations are appended at the bucket of the longest, but never wider than the cap (to a
-    multiple of 16): capped 40-token observations take 48 columns, not 64. The trajectory is what a full
-    forward over it gives (log-probs 1e-4) and the cache holds each position once."""
+    multiple of 16): capped 40-token observations take 48 columns (and 49 cache slots), not 64. The
+    trajectory is what a full forward over it gives (log-probs 1e-4)."""
     from dart_jax.rollout.agent import SinglePolicy
+    from dart_jax.rollout.sampler import cache_used
     cfg, base, _, tok, prompts = setup
     rc = RolloutConfig(max_turns=2, max_tokens_per_turn=40, max_response_tokens=240, max_obs_tokens=40,
                        invalid_action="none")
@@ -279,12 +280,15 @@ def test_an_observation_at_its_cap_appends_the_cap_not_the_bucket_above(setup, m
     real = SinglePolicy.observe
 
     def spy(self, obs, obs_len, do, resp):
-        widths.append((obs.shape[1], int(obs_len.max())))
-        return real(self, obs, obs_len, do, resp)
+        before = cache_used(self.state)
+        out = real(self, obs, obs_len, do, resp)
+        # (columns, longest observation, cache slots the append took: the pending token + the columns)
+        widths.append((obs.shape[1], int(obs_len.max()), cache_used(self.state) - before))
+        return out
     monkeypatch.setattr(SinglePolicy, "observe", spy)
     tb = agent.rollout(base, None, prompts, list(range(len(prompts))), [{}] * len(prompts), seed=5)
     assert tb.tool_calls().sum() >= 1, tb.turns
-    assert widths and all(w == 48 and n == 40 for w, n in widths), widths
+    assert widths and all(w == 48 and n == 40 and used == 49 for w, n, used in widths), widths
     for b in range(tb.batch_size):
         gen, lp = teacher_forced(cfg, base, tb, b)
         np.testing.assert_allclose(tb.sampler_logprobs[b, gen], lp, atol=1e-4)
