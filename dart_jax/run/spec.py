@@ -415,7 +415,8 @@ def check_grpo(spec: RunSpec, nproc: int) -> None:
         raise UserError("train.share_prefix runs a group's prompt once for all its rows: not with "
                         f"method.variant={method.variant!r} (MixLoRA's load balance and the 2-Agent "
                         "composition count every row's tokens) nor with method.dropout > 0 (one dropout "
-                        f"mask for the shared prompt), got dropout={method.dropout}")
+                        f"mask for the shared prompt), got dropout={method.dropout}: set "
+                        "--config.train.share_prefix=False")
     if plan.share_prefix and (tc.micro_batch > tc.group_size or tc.group_size % tc.micro_batch):
         raise UserError(f"train.share_prefix shares a prompt within a micro-batch: train.micro_batch "
                         f"({tc.micro_batch}) must divide train.group_size ({tc.group_size}), so that each "
