@@ -32,7 +32,7 @@ from dart_jax.rollout.sampler import (
     ensure_capacity,
     prefill,
 )
-from dart_jax.rollout.sampling import SamplingConfig
+from dart_jax.rollout.sampling import RowSampling, SamplingConfig
 from dart_jax.rollout.trajectory import TrajectoryBatch, assemble, reward_views
 from dart_jax.rollout.turn import SegmentEnd, TurnDecision, decide_turn, observation_fits
 from dart_jax.tokenization.sentinels import sentinel_ids
@@ -134,8 +134,17 @@ class Agent:
         self.open_id, self.close_id = ids[protocol.tool_open], ids[protocol.tool_close]
         stops, self.stop_groups = stop_sequences(tokenizer, protocol, cfg.eos_token_ids)
         router = RouterSpec((self.open_id,), (self.close_id,), router_convention)
-        self.spec = SamplerSpec(cfg, router, sampling, stops, rollout.route_mode, RolloutMesh.of(mesh))
+        # temperature and top-p travel as data in the decode state (`row_sampling`), not in the compiled
+        # programs: a greedy held-out check and a sampled training rollout of the same batch size run the
+        # same programs (top-k, a shape, stays static). A row draws what `sample` with its settings gives
+        self.sampling = sampling
+        self.spec = SamplerSpec(cfg, router, SamplingConfig(top_k=sampling.top_k), stops, rollout.route_mode,
+                                RolloutMesh.of(mesh))
         self.obs_close_ids = tokenizer.encode(protocol.obs_close, add_special_tokens=False)
+
+    def row_sampling(self, b: int) -> RowSampling:
+        """The agent's temperature and top-p for each of b rows (what `prefill` puts in the decode state)."""
+        return RowSampling.of(np.full(b, self.sampling.temperature), np.full(b, self.sampling.top_p))
 
     # -- host helpers -------------------------------------------------------------------------
     def _query(self, seg_ids: list[int]) -> str | None:
@@ -321,7 +330,7 @@ class SinglePolicy:
         cache = new_cache(self.spec.model, tokens.shape[0], cache_bucket(self.t_prompt + self.seg_bucket),
                           self.spec.placement)
         self.state, prompt_routes = prefill(self.base, adapters, tokens, positions, cache, jax.random.PRNGKey(seed),
-                                            rows, row_offset, spec=self.spec)
+                                            rows, row_offset, spec=self.spec, sampling=agent.row_sampling(len(prompts)))
         self.prompt_routes = np.asarray(prompt_routes)
 
     def segment(self, active: np.ndarray, enabled: np.ndarray, budget: np.ndarray, resp) -> Segment:

@@ -126,7 +126,7 @@ class TwoPolicies:
                               spec.placement)
             # every prompt's last token stays pending: a policy's first draw comes from its first sync
             st, _ = prefill(base, pol.adapters, tokens, positions, cache, key, rows, row_offset, spec=spec,
-                            hold_last=True)
+                            hold_last=True, sampling=agent.row_sampling(b))
             self.states.append(st)
         # have[w][i]: response tokens policy w holds for row i, its pending token included (its cache
         # holds everything before that token); a sync appends the rest and draws w's next token

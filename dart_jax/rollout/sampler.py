@@ -148,7 +148,7 @@ def sample_pending(state_router, logits, keys, pos, spec: SamplerSpec, rows: Row
 
 def prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache,
             rng: jax.Array, rows: jnp.ndarray | None = None, row_offset=0, *, spec: SamplerSpec,
-            hold_last: bool = False) -> tuple[DecodeState, jnp.ndarray]:
+            hold_last: bool = False, sampling: RowSampling | None = None) -> tuple[DecodeState, jnp.ndarray]:
     """See `_prefill`. The fresh cache is donated when it becomes the state's cache (no `rows`); with
     `rows` the state's cache is a new, larger array, so nothing is donated. A prompt that leaves no
     position of the model's context (max_position_embeddings) for a response is refused (ValueError)
@@ -159,15 +159,15 @@ def prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache: 
             raise ValueError(f"a prompt of {longest} tokens leaves no room for a response in the model's context of "
                              f"{context} positions")
     if rows is None:
-        return _prefill_in_place(base, adapters, tokens, positions, cache, rng, None, row_offset, spec=spec,
-                                 hold_last=hold_last)
-    return _prefill_broadcast(base, adapters, tokens, positions, cache, rng, rows, row_offset, spec=spec,
+        return _prefill_in_place(base, adapters, tokens, positions, cache, rng, None, row_offset, sampling,
+                                 spec=spec, hold_last=hold_last)
+    return _prefill_broadcast(base, adapters, tokens, positions, cache, rng, rows, row_offset, sampling, spec=spec,
                               hold_last=hold_last)
 
 
 def _prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache,
-             rng: jax.Array, rows: jnp.ndarray | None = None, row_offset=0, *, spec: SamplerSpec,
-             hold_last: bool = False) -> tuple[DecodeState, jnp.ndarray]:
+             rng: jax.Array, rows: jnp.ndarray | None = None, row_offset=0, sampling: RowSampling | None = None, *,
+             spec: SamplerSpec, hold_last: bool = False) -> tuple[DecodeState, jnp.ndarray]:
     """tokens, positions: i32[U, T] left-padded prompts (−1 positions on padding); `cache` must be
     fresh (index 0): its contents are not attended. `rows` (i32[B], optional): row b of the batch
     continues prompt rows[b], so a GRPO group's G samples share one prefill of their prompt and the
@@ -175,6 +175,8 @@ def _prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache:
     `hold_last`: encode all but each prompt's last token and leave that token pending (nothing is
     sampled): the state of a policy that has not written yet and resumes with `append` from
     whatever the trajectory holds when it first gets control (rollout.compose).
+    `sampling` (per row of the B): each row's temperature / top-p as data (the state carries it to every
+    later draw), so one compiled program serves greedy and sampled rollouts alike; None: spec.sampling.
     -> (state with the first response token pending, prompt routes i32[B, T])."""
     place = spec.placement
     cache = constrain(cache, place)
@@ -198,12 +200,12 @@ def _prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache:
         return constrain(DecodeState(cache=cache, pending=tokens[:, -1],
                                      pending_lp=jnp.zeros(tokens.shape[:1], jnp.float32),
                                      pending_route=spec.routes(role), router=router, next_pos=positions[:, -1],
-                                     keys=keys), place), routes
+                                     keys=keys, sampling=sampling), place), routes
     router0 = state_after(jnp.where(valid, tokens, -1), spec.router)
     next_pos = jnp.max(positions, axis=1) + 1
-    tok, lp, route, router = sample_pending(router0, logits, keys, next_pos, spec)
+    tok, lp, route, router = sample_pending(router0, logits, keys, next_pos, spec, sampling)
     return constrain(DecodeState(cache=cache, pending=tok, pending_lp=lp, pending_route=route, router=router,
-                                 next_pos=next_pos, keys=keys), place), routes
+                                 next_pos=next_pos, keys=keys, sampling=sampling), place), routes
 
 
 _prefill_in_place = jax.jit(_prefill, static_argnames=("spec", "hold_last"), donate_argnames=("cache",))

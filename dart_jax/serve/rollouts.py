@@ -101,7 +101,7 @@ def continuous_rollouts(agent: Agent, base, adapters, prompts: list[list[int]], 
     slots per row allocated up front (Engine; 0: grown on demand); `log_level`: of the closing summary line."""
     engine = Engine(agent, base, adapters, slots=slots, segment=agent.rc.engine_segment, tool=tool,
                     max_waiting=len(prompts) + 1, share_identical=agent.rc.share_prompt_prefill, capacity=capacity)
-    sampling = agent.spec.sampling
+    sampling = agent.sampling
     try:
         gens = [engine.submit(Request(tuple(p), temperature=float(sampling.temperature), top_p=float(sampling.top_p),
                                       seed=int(seed), row=int(row), meta=dict(meta)))

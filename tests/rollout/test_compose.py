@@ -292,3 +292,41 @@ def test_an_observation_at_its_cap_appends_the_cap_not_the_bucket_above(setup, m
     for b in range(tb.batch_size):
         gen, lp = teacher_forced(cfg, base, tb, b)
         np.testing.assert_allclose(tb.sampler_logprobs[b, gen], lp, atol=1e-4)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_sampling_as_data_draws_what_a_compiled_setting_draws(setup, temperature):
+    """The agent carries temperature and top-p in the decode state (Agent.row_sampling), not in the
+    compiled programs: its trajectories equal those of a sampler spec holding the setting (the form
+    before; ids, masks, routes, finishes exact, log-probs 1e-6)."""
+    cfg, base, _, tok, prompts = setup
+    metas = [{"db_path": DB}] * len(prompts)
+    uids = list(range(len(prompts)))
+    agent = make_agent(cfg, tok, temperature)
+    as_data = agent.rollout(base, None, prompts, uids, metas, seed=11)
+    compiled = make_agent(cfg, tok, temperature)
+    compiled.spec = dataclasses.replace(compiled.spec, sampling=SamplingConfig(temperature=temperature))
+    compiled.row_sampling = lambda b: None  # the state carries no settings: spec.sampling draws
+    before = compiled.rollout(base, None, prompts, uids, metas, seed=11)
+    if temperature:  # greedy, the tiny model writes the closing tag first (an invalid action)
+        assert as_data.tool_calls().sum() >= 1, as_data.turns
+    np.testing.assert_array_equal(as_data.ids, before.ids)
+    np.testing.assert_array_equal(as_data.loss_mask, before.loss_mask)
+    np.testing.assert_array_equal(as_data.route_ids, before.route_ids)
+    np.testing.assert_allclose(as_data.sampler_logprobs, before.sampler_logprobs, rtol=0, atol=1e-6)
+    assert as_data.finish_reason == before.finish_reason and as_data.turns == before.turns
+
+
+def test_a_greedy_batch_runs_the_sampled_batchs_programs(setup):
+    """A held-out check (greedy) after a training rollout (T = 1) of as many rows compiles no decode or
+    append program of its own (here greedy ends at its first token: its shapes are the sampled batch's)."""
+    from dart_jax.rollout import gather, sampler
+    cfg, base, _, tok, prompts = setup
+    metas = [{"db_path": DB}] * len(prompts)
+    uids = list(range(len(prompts)))
+    make_agent(cfg, tok, 1.0).rollout(base, None, prompts, uids, metas, seed=13)
+    fns = (sampler.decode_segment, sampler.append, gather.decode_rows, gather.append_rows)
+    sizes = [f._cache_size() for f in fns]
+    greedy = make_agent(cfg, tok, 0.0).rollout(base, None, prompts, uids, metas, seed=13)
+    assert len(greedy.ids) == len(prompts)
+    assert [f._cache_size() for f in fns] == sizes
