@@ -42,8 +42,10 @@ parses the sections back into them:
                     set (SkyRL's frozenset comparison of result rows) | spider (Spider EX's: multisets,
                     columns permutable, row order counts when the gold query has ORDER BY)
     data            train: the training datasets (configs add them)
-    train           TrainSettings: the GRPO batch (256 prompts × 16 samples, mini-batches of 1,024)
-    eval            held-out rollouts during training
+    train           TrainSettings: the GRPO batch (256 prompts × 16 samples, mini-batches of 1,024);
+                    micro_batch_padding "mini_batch" (one program scans a mini-batch's micro-batches,
+                    all padded to its longest row) | "own" (each padded to its own, one call each)
+    eval            held-out rollouts during training (batch: rows together; 0 = max(train.micro_batch, 8))
     mesh            shape () = every device on the data axis
     output          the run directory and what it writes
 """

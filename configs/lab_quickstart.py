@@ -41,6 +41,8 @@ def get_config():
     # each row runs its own prompt in the update, as the lab's studies were run (the comparison includes MixLoRA
     # and 2-Agent, which cannot share one; run.spec): the embedded default's shared prompt is not inherited
     c.train.share_prefix = False
+    c.train.micro_batch_padding = "mini_batch"  # as the lab's studies were run: not the embedded default's "own"
+    c.eval.batch = 0  # held-out batches of max(train.micro_batch, 8) rows, as the lab's studies were run
     # evaluations (launch.evaluate, the methods study's) on the serving engine: a finished row refilled at once,
     # same draws as the batch loop; 1.26x its speed on 16 held-out questions. GRPO's rollouts stay batch
     # (rollout.train_engine): 1.2-1.4x on the engine, but its compiled programs' memory beside training's is

@@ -55,6 +55,8 @@ def get_config(arg: str | None = None):
     # every method's rows run their own prompt in the update, as the archived runs did (MixLoRA and 2-Agent
     # cannot share one: run.spec)
     c.train.share_prefix = False
+    c.train.micro_batch_padding = "mini_batch"  # as the archived runs did (not the embedded default's "own")
+    c.eval.batch = 0
     method = parts[0] if parts else "dart"
     seed = int(parts[1]) if len(parts) > 1 else 0
     return apply_method(c, method, seed)

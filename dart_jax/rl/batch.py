@@ -137,6 +137,28 @@ def minibatches(batch: dict[str, np.ndarray], order: np.ndarray, mini_batch: int
         yield {k: batch[k][rows].reshape((m, micro_batch) + batch[k].shape[1:]) for k in keys}
 
 
+def micro_batches_apart(mb: dict[str, np.ndarray], pad_multiple: int, share_prefix: bool
+                        ) -> list[dict[str, np.ndarray]]:
+    """A micro-batched mini-batch {key: [M, b, T] or [M, b]} -> M single micro-batches {key: [1, b, ...]},
+    each cut to its own rows' extent (right padding past its longest row dropped, the width rounded up
+    to `pad_multiple`) or, with `share_prefix`, split around its own common prefix
+    (`split_shared_prefix`): padded to its own longest row, not the mini-batch's. Padding carries
+    no loss, so the micro-batch's loss and gradient are the same up to rounding."""
+    out = []
+    for i in range(mb["tokens"].shape[0]):
+        one = {k: v[i:i + 1] for k, v in mb.items()}
+        if share_prefix:
+            split = split_shared_prefix(one, pad_multiple)
+            if split is not one:
+                out.append(split)
+                continue
+        t = one["tokens"].shape[2]
+        valid = np.any(one["positions"][0] >= 0, axis=0)
+        width = min(t, round_up(int(np.nonzero(valid)[0].max()) + 1 if valid.any() else 1, pad_multiple))
+        out.append({k: (v[:, :, :width] if v.ndim == 3 and v.shape[2] == t else v) for k, v in one.items()})
+    return out
+
+
 # -- shared prefixes ----------------------------------------------------------------------------------
 PREFIX_KEYS = ("prefix_tokens", "prefix_positions", "prefix_route_ids")
 _PAD = {"tokens": 0, "positions": -1, "route_ids": -1, "loss_roles": -1}

@@ -31,6 +31,7 @@ from dart_jax.rl.placement import jit_step, microbatch_sharding
 from dart_jax.rl.step import (
     TrainState,
     batch_keys,
+    make_micro_step,
     make_scorer,
     make_train_step,
 )
@@ -164,6 +165,8 @@ class Updater:
         self.keys = batch_keys(lc)
         self._step = make_train_step(cfg, method, lc, oc, row_ids)
         self._jits: dict = {}
+        self._micro = make_micro_step(cfg, method, lc, oc, row_ids) if plan.micro_batch_padding == "own" else None
+        self._micro_jits: tuple | None = None
         scorer = make_scorer(cfg, lc.temperature, lc.logprob_chunk)
 
         def old_logp(params, base, tokens, positions, routes):
@@ -219,6 +222,10 @@ class Updater:
             else:
                 order = np.arange(n) if rng is None else rng.permutation(n)
             for k, mb in enumerate(batch_lib.minibatches(batch, order, p.mini_batch, p.micro_batch, self.keys)):
+                if self._micro is not None:
+                    state, m = self._update_apart(state, base, mb, jax.random.fold_in(key, epoch * 1000 + k), rl_step)
+                    upd.append(m)
+                    continue
                 row_tokens = int(np.sum(mb["positions"] >= 0))
                 if p.share_prefix:
                     mb = batch_lib.split_shared_prefix(mb, p.pad_multiple)
@@ -230,6 +237,49 @@ class Updater:
                 # (fewer: shared prefixes)
                 upd.append(dict(jax.device_get(m), row_tokens=row_tokens, forward_tokens=forward_tokens))
         return state, upd
+
+
+    def _jits_apart(self, state: TrainState, base):
+        """The jitted calls of `train.micro_batch_padding = "own"`: (start, add, finish), the gradient
+        carry sharded like the masters, donated to each add; the state donated to finish."""
+        if self._micro_jits is None:
+            _, start, add, finish = self._micro
+            rep = NamedSharding(self.mesh, P())
+            state_sh = jax.tree.map(lambda x: x.sharding, state)
+            base_sh = jax.tree.map(lambda x: x.sharding, base)
+            carry_sh = (jax.tree.map(lambda x: x.sharding, state.params),
+                        jax.tree.map(lambda _: rep, jax.eval_shape(start, state)[1]))
+            self._micro_jits = (
+                jax.jit(start, out_shardings=carry_sh),
+                jax.jit(add, in_shardings=(carry_sh, state_sh, base_sh, None, rep, rep, rep), out_shardings=carry_sh,
+                        donate_argnums=(0,)),
+                jax.jit(finish, in_shardings=(state_sh, carry_sh, rep, rep), out_shardings=(state_sh, rep),
+                        donate_argnums=(0,)))
+        return self._micro_jits
+
+    def _update_apart(self, state: TrainState, base, mb: dict, key: jax.Array, rl_step: int
+                      ) -> tuple[TrainState, dict]:
+        """One mini-batch update with each micro-batch padded to its own longest row and run as its own
+        call (`train.micro_batch_padding = "own"`): the scan of `make_train_step` unrolled on the host,
+        the same gradient sums in the same order."""
+        p = self.plan
+        scales_fn = self._micro[0]
+        start, add, finish = self._jits_apart(state, base)
+        scales = np.asarray(scales_fn(jnp.asarray(mb["loss_mask"])))
+        carry = start(state)
+        row_tokens = int(np.sum(mb["positions"] >= 0))
+        forward_tokens = 0
+        for i, one in enumerate(batch_lib.micro_batches_apart(mb, p.pad_multiple, p.share_prefix)):
+            forward_tokens += int(sum(np.sum(one[k] >= 0) for k in ("positions", "prefix_positions") if k in one))
+            shapes = tuple((k, v.shape) for k, v in one.items())
+            if shapes not in self._jits:
+                self._jits[shapes] = True
+                log.info("compiling the update for a micro-batch of %s (rows × tokens; once per padded shape)",
+                         "×".join(map(str, one["tokens"].shape[1:])))
+            one = {name: jax.device_put(v, microbatch_sharding(v.shape, self.mesh)) for name, v in one.items()}
+            carry = add(carry, state, base, one, np.float32(scales[i]), key, np.int32(i))
+        state, m = finish(state, carry, np.float32(np.sum(mb["loss_mask"])), np.int32(rl_step))
+        return state, dict(jax.device_get(m), row_tokens=row_tokens, forward_tokens=forward_tokens)
 
 
 # -- the step's metrics -------------------------------------------------------------------------------

@@ -207,29 +207,41 @@ def make_accumulate(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, row_id
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
+    def add_micro(carry, params, base, mb, scale, key, i):
+        """carry (grads fp32, metric sums) + micro-batch i's gradient and metrics (key folded with i)."""
+        grads, sums = carry
+        (_, metrics), g = grad_fn(params, base, mb, scale, jax.random.fold_in(key, i))
+        return (jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g), jax.tree.map(jnp.add, sums, metrics))
+
     def accumulate(params, base, batch: dict, key: jax.Array):
-        denominators = jax.vmap(lambda m: losses.aggregation_weights(m, lc.agg_mode, lc.norm_length)[1])(
-            batch["loss_mask"])
-        scales = losses.micro_scales(denominators, lc.micro_mode)
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        scales = micro_scales(lc, batch["loss_mask"])
         n_micro = batch["tokens"].shape[0]
 
         def body(carry, xs):
-            grads, sums = carry
             mb, scale, i = xs
-            (_, metrics), g = grad_fn(params, base, mb, scale, jax.random.fold_in(key, i))
-            grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
-            sums = jax.tree.map(jnp.add, sums, metrics)
-            return (grads, sums), None
+            return add_micro(carry, params, base, mb, scale, key, i), None
 
-        metric0 = {k: jnp.zeros((), jnp.float32) for k in metric_keys(lc, method.gate_aux)}
+        carry0 = zero_carry(lc, method, params)
         if n_micro == 1:  # no loop: lets XLA schedule the single micro-batch freely
-            (grads, sums), _ = body((zeros, metric0), (jax.tree.map(lambda v: v[0], batch), scales[0], 0))
+            (grads, sums), _ = body(carry0, (jax.tree.map(lambda v: v[0], batch), scales[0], 0))
         else:
-            (grads, sums), _ = jax.lax.scan(body, (zeros, metric0), (batch, scales, jnp.arange(n_micro)))
+            (grads, sums), _ = jax.lax.scan(body, carry0, (batch, scales, jnp.arange(n_micro)))
         return grads, sums
 
+    accumulate.add_micro = add_micro  # one micro-batch at a time (make_micro_step)
     return accumulate
+
+
+def micro_scales(lc: LossConfig, loss_mask) -> jnp.ndarray:
+    """f32[M]: each micro-batch's c_m (losses.micro_scales) from the mini-batch's loss mask [M, b, T]."""
+    denominators = jax.vmap(lambda m: losses.aggregation_weights(m, lc.agg_mode, lc.norm_length)[1])(loss_mask)
+    return losses.micro_scales(denominators, lc.micro_mode)
+
+
+def zero_carry(lc: LossConfig, method: MethodSpec, params) -> tuple[Any, dict]:
+    """(zero fp32 gradients like params, zero metric sums): where accumulation starts."""
+    return (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params),
+            {k: jnp.zeros((), jnp.float32) for k in metric_keys(lc, method.gate_aux)})
 
 
 def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, oc: OptimConfig,
@@ -240,10 +252,46 @@ def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, oc: Op
     optim.py); `row_ids`: see `policy_trees`. The state comes from `init_state(params,
     make_optimizer(oc))`."""
     accumulate = make_accumulate(cfg, method, lc, row_ids)
-    optimizer, schedule = make_optimizer(oc), learning_rate(oc)
+    apply = make_apply(oc)
 
     def step(state: TrainState, base, batch: dict, key: jax.Array, rl_step) -> tuple[TrainState, dict]:
         grads, sums = accumulate(state.compute_params(), base, batch, key)  # fp32, like the masters
+        return apply(state, grads, sums, jnp.sum(batch["loss_mask"]), rl_step)
+
+    return step
+
+
+def make_micro_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, oc: OptimConfig,
+                    row_ids: tuple[int, ...] = ()):
+    """`make_train_step` cut into calls, for micro-batches of their own shapes (`train.micro_batch_padding
+    = "own"`: each padded to its own longest row, not the mini-batch's): -> (scales, add, apply) with
+    scales(loss_mask [M, b, T]) -> f32[M] (from the whole mini-batch, before any trimming);
+    add(carry, state, base, mb, scale, key, i) -> carry, micro-batch i ({key: [1, b, ...]}) added to the
+    carry (start: `start(state)`); apply(state, carry, loss_tokens, rl_step) -> (state, metrics). The
+    same sums in the same order as the scan of `make_train_step`; only the padding differs, so the
+    result equals it to rounding (reductions over another width)."""
+    accumulate = make_accumulate(cfg, method, lc, row_ids)
+    apply = make_apply(oc)
+
+    def start(state: TrainState):
+        return zero_carry(lc, method, state.params)
+
+    def add(carry, state: TrainState, base, mb: dict, scale, key: jax.Array, i):
+        return accumulate.add_micro(carry, state.compute_params(), base, jax.tree.map(lambda v: v[0], mb), scale,
+                                    key, i)
+
+    def finish(state: TrainState, carry, loss_tokens, rl_step):
+        return apply(state, *carry, loss_tokens, rl_step)
+
+    return (lambda loss_mask: micro_scales(lc, loss_mask)), start, add, finish
+
+
+def make_apply(oc: OptimConfig):
+    """-> apply(state, grads, sums, loss_tokens, rl_step) -> (state, metrics): AdamW on the accumulated
+    fp32 gradients, or nothing (the step counted in `skipped`) when their global norm is not finite."""
+    optimizer, schedule = make_optimizer(oc), learning_rate(oc)
+
+    def apply(state: TrainState, grads, sums: dict, loss_tokens, rl_step) -> tuple[TrainState, dict]:
         gnorm = optax.global_norm(grads)
         finite = jnp.isfinite(gnorm)
         direction, new_opt = optimizer.update(grads, state.opt_state, state.params)
@@ -254,10 +302,10 @@ def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, oc: Op
                                state.step + finite.astype(jnp.int32), state.skipped + (~finite).astype(jnp.int32),
                                state.compute_dtypes)
         metrics = dict(sums, grad_norm=gnorm, skipped=(~finite).astype(jnp.float32),
-                       loss_tokens=jnp.sum(batch["loss_mask"]), lr=jnp.asarray(lr, jnp.float32))
+                       loss_tokens=jnp.asarray(loss_tokens, jnp.float32), lr=jnp.asarray(lr, jnp.float32))
         return new_state, metrics
 
-    return step
+    return apply
 
 
 def make_scorer(cfg: ModelConfig, temperature: float, chunk: int):

@@ -195,14 +195,17 @@ class Trainer:
 
     def evaluate(self) -> dict:
         """Greedy (eval.temperature) rollouts of the held-out questions with the current policy."""
+        t = time.perf_counter()
         base, ads = self.rollout_trees()
         res = rollout_eval(self.cfg, self.tok, self.protocol, self.eval_tool, self.rollout_cfg,
                            self.spec.router_convention, base, ads, self.eval_rows,
-                           float(self.spec.eval.temperature), max(self.spec.train.micro_batch, 8),
+                           float(self.spec.eval.temperature),
+                           self.spec.eval.batch or max(self.spec.train.micro_batch, 8),
                            reward=self.reward, mesh=self.local_mesh)
         out = {f"eval/{k}": v for k, v in res.items() if k != "example"}
         out["eval/temperature"] = float(self.spec.eval.temperature)
         out["eval/skipped_overlong"] = float(self.eval_overlong)
+        out["time/eval_s"] = time.perf_counter() - t
         return out
 
     # -- the loop: files, checkpoints, hooks -----------------------------------------------------------

@@ -48,6 +48,7 @@ UNCHANGING = {  # how far the run goes, where it lives, what it writes and print
     "output.export_adapters": "what is written after the last step",
     "output.save_rollouts": "whether trajectories are recorded (no update reads them)",
     "eval.every": "how often the held-out set is rolled out (no update reads it, it draws from its own seed)",
+    "eval.batch": "how many held-out questions roll out together (no update reads it)",
     "sft.eval_every": "how often the validation NLL is computed (no update reads it)",
     "train.release_host_memory": "host pages handed back between stages",
 }
@@ -62,6 +63,7 @@ LAYOUT = {
     "model.cache_block": "the KV-cache blocks attention reads (unwritten slots are masked either way)",
     "loss.logprob_chunk": "the chunks the log-probs are computed in",
     "loss.logprob_residual": "what the log-probs' backward starts from (the same gradient to rounding)",
+    "train.micro_batch_padding": "how wide each micro-batch is padded (padding carries no loss)",
 }
 RESUMABLE = tuple(UNCHANGING) + tuple(LAYOUT)  # not reported as differences (also by the studies' checks)
 RUN_DIR = "<output.dir>"  # how a path inside the run directory is compared

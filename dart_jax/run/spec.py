@@ -39,6 +39,7 @@ OBJECTIVES = ("grpo", "sft")
 SCHEDULES = ("constant", "cosine")
 CLOCKS = ("rl_step", "update")
 OLD_LOGP = ("recompute", "sampler")
+MICRO_BATCH_PADDING = ("mini_batch", "own")  # train.micro_batch_padding
 SFT_VARIANTS = ("lora", "dart", "full")
 TASKS = ("qa", "sql")
 RETRIEVER_KINDS = ("dense", "lexical")  # tools/retrieval.py (faiss) | tools/lexical.py (SQLite FTS5 BM25)
@@ -121,10 +122,14 @@ class UpdatePlan:
     # group_size the micro-batches are whole GRPO groups (group_order) and the prefix their prompt
     share_prefix: bool = False
     pad_multiple: int = 128  # = TrainSettings.pad_multiple
+    micro_batch_padding: str = "mini_batch"  # = TrainSettings.micro_batch_padding
 
     def __post_init__(self):
         if self.old_logp not in OLD_LOGP:
             raise ValueError(f"train.old_logp={self.old_logp!r}; expected one of {OLD_LOGP}")
+        if self.micro_batch_padding not in MICRO_BATCH_PADDING:
+            raise ValueError(f"train.micro_batch_padding={self.micro_batch_padding!r}; expected one of "
+                             f"{MICRO_BATCH_PADDING}")
 
 
 # -- the run's other sections ---------------------------------------------------------------------------
@@ -159,6 +164,10 @@ class TrainSettings:
     old_logp: str = "recompute"
     release_host_memory: bool = True   # hand free pages back between stages (run.host_memory)
     share_prefix: bool = False
+    # "mini_batch": one program scans a mini-batch's micro-batches, all padded to its longest row;
+    # "own": each micro-batch padded to its own longest row (with share_prefix: its group's) and run
+    # as its own call, gradients summed in the same order (the same update to rounding)
+    micro_batch_padding: str = "mini_batch"
 
     def __post_init__(self):
         at_least("train", self, 1, "steps", "prompts_per_step", "group_size", "mini_batch", "micro_batch",
@@ -173,9 +182,10 @@ class EvalSettings:
     every: int = 0                  # plus the first (step 0) and the last step
     temperature: float = 0.0
     corpus: str = ""                # the held-out questions' corpus (a held-out lab world); "" = the run's tool's
+    batch: int = 0                  # rows rolled out together; 0 = max(train.micro_batch, 8)
 
     def __post_init__(self):
-        at_least("eval", self, 0, "n", "every", "temperature")
+        at_least("eval", self, 0, "n", "every", "temperature", "batch")
 
 
 @dataclass(frozen=True)
@@ -387,7 +397,8 @@ def run_spec(config, nproc: int = 1) -> RunSpec:
         sampling=parse(SamplingConfig, "sampling", get["sampling"]), rollout=rollout,
         reward=parse(RewardConfig, "reward", get["reward"]),
         plan=UpdatePlan(train.mini_batch, train.micro_batch, train.ppo_epochs, train.shuffle_minibatches,
-                        train.seed, train.old_logp, train.share_prefix, train.pad_multiple),
+                        train.seed, train.old_logp, train.share_prefix, train.pad_multiple,
+                        train.micro_batch_padding),
         train=train, eval=parse(EvalSettings, "eval", get["eval"]),
         output=parse(OutputSettings, "output", get["output"]),
         retriever=parse(RetrieverSettings, "retriever", get["retriever"]),

@@ -1,0 +1,133 @@
+"""`train.micro_batch_padding = "own"`: each micro-batch padded to its own longest row and run as its own
+call, against the default scan over micro-batches all padded to the mini-batch's longest — through the
+update stage (rl/stages.Updater) on a tiny random model, fp32, with and without shared prompts, two
+PPO epochs of two mini-batches (so the second update starts from the first's AdamW state).
+
+Tolerances: the same sums in the same order, only reductions over the padded width may round
+differently: the accumulated gradient within 2e-5 of its largest entry, each update's loss, gradient
+norm and metrics to 1e-5 relative; the parameters after four AdamW updates within 1e-3 of the largest
+change (AdamW divides each gradient entry by its own running scale, so a tiny entry's rounding
+difference reaches its parameter at the scale of the learning rate: one entry of 384 moved 2.7e-4 of
+the largest change here)."""
+
+import jax
+import numpy as np
+import pytest
+
+from dart_jax.adapters.method import MethodSpec, init_adapters
+from dart_jax.models.transformer import init_params
+from dart_jax.rl import stages
+from dart_jax.rl.batch import micro_batches_apart, minibatches, split_shared_prefix
+from dart_jax.rl.optim import make_optimizer
+from dart_jax.rl.placement import place_state
+from dart_jax.rl.step import BATCH_KEYS, make_accumulate, make_micro_step
+from dart_jax.run.spec import LossConfig, OptimConfig, UpdatePlan
+from rl.test_masters import CFG32
+from rl.test_shared_prefix import GROUP, _groups
+
+
+def _batch():
+    b = _groups(prompt_lens=(5, 9, 5, 12), t=64, seed=4)
+    # the first two groups' rows end early: their micro-batches need far fewer columns than the last
+    for r in range(2 * GROUP):
+        end = int((b["positions"][r] >= 0).sum())
+        cut = min(end, 16)
+        b["positions"][r, cut:] = -1
+        b["tokens"][r, cut:] = 0
+        b["route_ids"][r, cut:] = -1
+        b["loss_roles"][r, cut:] = -1
+        b["loss_mask"][r, cut:] = 0.0
+    return b
+
+
+def test_micro_batches_apart_are_cut_to_their_own_rows():
+    b = _batch()
+    mb = next(minibatches(b, np.arange(4 * GROUP), 4 * GROUP, GROUP, tuple(b)))
+    parts = micro_batches_apart(mb, pad_multiple=8, share_prefix=False)
+    assert [p["tokens"].shape for p in parts] == [(1, GROUP, 16), (1, GROUP, 16), (1, GROUP, 24), (1, GROUP, 32)]
+    for i, p in enumerate(parts):
+        w = p["tokens"].shape[2]
+        assert not np.any(mb["positions"][i, :, w:] >= 0)  # nothing real was cut
+        for k in ("tokens", "positions", "loss_mask"):
+            np.testing.assert_array_equal(p[k][0], mb[k][i, :, :w])
+        np.testing.assert_array_equal(p["advantages"][0], mb["advantages"][i])
+    shared = micro_batches_apart(mb, pad_multiple=8, share_prefix=True)
+    whole = split_shared_prefix(mb, pad_multiple=8)
+    assert [p["prefix_tokens"].shape[2] for p in shared] == [8, 8, 8, 16]  # each group's own prompt width
+    assert all(p["tokens"].shape[2] < whole["tokens"].shape[2] for p in shared[:2])
+    for i, p in enumerate(shared):
+        n = p["tokens"].shape[2]
+        np.testing.assert_array_equal(p["tokens"][0], whole["tokens"][i, :, :n])
+        assert not np.any(whole["positions"][i, :, n:] >= 0)
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_own_padding_updates_as_the_scan_does(share):
+    base0 = init_params(CFG32, jax.random.PRNGKey(0))
+    method = MethodSpec("dart", rank=4, alpha=8.0)
+    ads = jax.tree.map(lambda x: x + 0.05, init_adapters(method, CFG32, jax.random.PRNGKey(1)))
+    oc = OptimConfig(lr=1e-2, warmup_steps=0)
+    lc = LossConfig(kl_coef=0.01, entropy_coef=0.01)
+    mesh = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"), devices=jax.devices()[:1],
+                         axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    b = _batch()
+    rng = np.random.default_rng(0)
+    b["old_logp"] = rng.normal(-2.0, 0.3, b["tokens"].shape).astype(np.float32)
+    b["ref_logp"] = rng.normal(-2.0, 0.3, b["tokens"].shape).astype(np.float32)
+    out = {}
+    for padding in ("mini_batch", "own"):
+        plan = UpdatePlan(mini_batch=2 * GROUP, micro_batch=GROUP, ppo_epochs=2, seed=3, share_prefix=share,
+                          pad_multiple=8, micro_batch_padding=padding)
+        state, base = place_state(method, CFG32, base0, ads, make_optimizer(oc), mesh)
+        up = stages.Updater(CFG32, method, lc, oc, plan, mesh)
+        start = jax.device_get(state.params)
+        state, upd = up(state, base, {k: v.copy() for k, v in b.items()}, 0, jax.random.PRNGKey(5))
+        assert len(upd) == 4 and int(state.step) == 4
+        out[padding] = (start, jax.device_get(state.params), upd)
+    start, p0, u0 = out["mini_batch"]
+    _, p1, u1 = out["own"]
+    moved = max(float(np.abs(np.asarray(a) - np.asarray(s)).max())
+                for a, s in zip(jax.tree.leaves(p0), jax.tree.leaves(start)))
+    assert moved > 1e-3
+    for x, y in zip(jax.tree.leaves(p0), jax.tree.leaves(p1)):
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=0, atol=1e-3 * moved)
+    for a, c in zip(u0, u1):
+        for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "loss_tokens", "lr", "row_tokens"):
+            np.testing.assert_allclose(float(c[k]), float(a[k]), rtol=1e-5, atol=1e-7, err_msg=k)
+        assert c["forward_tokens"] == a["forward_tokens"]  # the same real tokens (fewer padded ones)
+    assert set(BATCH_KEYS) <= set(b)
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_own_padding_accumulates_the_scans_gradient(share):
+    base = init_params(CFG32, jax.random.PRNGKey(0))
+    method = MethodSpec("dart", rank=4, alpha=8.0)
+    ads = jax.tree.map(lambda x: x + 0.05, init_adapters(method, CFG32, jax.random.PRNGKey(1)))
+    lc = LossConfig(kl_coef=0.01, entropy_coef=0.01)
+    b = _batch()
+    rng = np.random.default_rng(0)
+    b["old_logp"] = rng.normal(-2.0, 0.3, b["tokens"].shape).astype(np.float32)
+    b["ref_logp"] = rng.normal(-2.0, 0.3, b["tokens"].shape).astype(np.float32)
+    mb = next(minibatches(b, np.arange(4 * GROUP), 4 * GROUP, GROUP, BATCH_KEYS))
+    key = jax.random.PRNGKey(7)
+    g0, m0 = jax.jit(make_accumulate(CFG32, method, lc))(ads, base, split_shared_prefix(mb, 8) if share else mb, key)
+    scales, _, add, _ = make_micro_step(CFG32, method, lc, OptimConfig())
+
+    class State:  # what `add` reads of a train state
+        def compute_params(self):
+            return ads
+
+    carry = (jax.tree.map(lambda x: np.zeros(x.shape, np.float32), ads), {k: np.float32(0) for k in m0})
+    add = jax.jit(add, static_argnums=(1,))
+    sc = np.asarray(scales(mb["loss_mask"]))
+    parts = micro_batches_apart(mb, 8, share)
+    assert len({p["tokens"].shape for p in parts}) > 1  # micro-batches of different widths
+    for i, one in enumerate(parts):
+        carry = add(carry, State(), base, one, sc[i], key, i)
+    g1, m1 = carry
+    scale = max(float(np.abs(np.asarray(x)).max()) for x in jax.tree.leaves(g0))
+    assert scale > 1e-4
+    for x, y in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=0, atol=2e-5 * scale)
+    for k in m0:
+        np.testing.assert_allclose(float(m1[k]), float(m0[k]), rtol=1e-5, atol=1e-7, err_msg=k)
