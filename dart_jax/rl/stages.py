@@ -274,7 +274,8 @@ class Updater:
             shapes = tuple((k, v.shape) for k, v in one.items())
             if shapes not in self._jits:
                 self._jits[shapes] = True
-                log.info("compiling the update for a micro-batch of %s (rows × tokens; once per padded shape)",
+                log.info("compiling the update for a micro-batch of %s%s (rows × tokens; once per padded shape)",
+                         f"a {one['prefix_tokens'].shape[2]}-token prompt + " if "prefix_tokens" in one else "",
                          "×".join(map(str, one["tokens"].shape[1:])))
             one = {name: jax.device_put(v, microbatch_sharding(v.shape, self.mesh)) for name, v in one.items()}
             carry = add(carry, state, base, one, np.float32(scales[i]), key, np.int32(i))

@@ -264,10 +264,11 @@ def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, oc: Op
 def make_micro_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, oc: OptimConfig,
                     row_ids: tuple[int, ...] = ()):
     """`make_train_step` cut into calls, for micro-batches of their own shapes (`train.micro_batch_padding
-    = "own"`: each padded to its own longest row, not the mini-batch's): -> (scales, add, apply) with
-    scales(loss_mask [M, b, T]) -> f32[M] (from the whole mini-batch, before any trimming);
-    add(carry, state, base, mb, scale, key, i) -> carry, micro-batch i ({key: [1, b, ...]}) added to the
-    carry (start: `start(state)`); apply(state, carry, loss_tokens, rl_step) -> (state, metrics). The
+    = "own"`: each padded to its own longest row, not the mini-batch's): -> (scales, start, add, finish)
+    with scales(loss_mask [M, b, T]) -> f32[M] (from the whole mini-batch, before any cut);
+    start(state) -> the zero carry (fp32 gradients, metric sums); add(carry, state, base, mb, scale,
+    key, i) -> the carry with micro-batch i ({key: [1, b, ...]}) added; finish(state, carry,
+    loss_tokens, rl_step) -> (state, metrics), AdamW or the non-finite skip. The
     same sums in the same order as the scan of `make_train_step`; only the padding differs, so the
     result equals it to rounding (reductions over another width)."""
     accumulate = make_accumulate(cfg, method, lc, row_ids)

@@ -427,7 +427,13 @@ def check_grpo(spec: RunSpec, nproc: int) -> None:
                         f"method.variant={method.variant!r} (MixLoRA's load balance and the 2-Agent "
                         "composition count every row's tokens) nor with method.dropout > 0 (one dropout "
                         f"mask for the shared prompt), got dropout={method.dropout}: set "
-                        "--config.train.share_prefix=False")
+                        "--config.train.share_prefix=False" + (
+                            " --config.train.micro_batch_padding=mini_batch"
+                            if method.dropout > 0 and plan.micro_batch_padding == "own" else ""))
+    if plan.micro_batch_padding == "own" and method.dropout > 0:
+        raise UserError(f"train.micro_batch_padding='own' cuts each micro-batch to its own width, and LoRA "
+                        f"dropout draws its mask by the array's shape (method.dropout={method.dropout}): the "
+                        "masks, so the update, would change: set --config.train.micro_batch_padding=mini_batch")
     if plan.share_prefix and (tc.micro_batch > tc.group_size or tc.group_size % tc.micro_batch):
         raise UserError(f"train.share_prefix shares a prompt within a micro-batch: train.micro_batch "
                         f"({tc.micro_batch}) must divide train.group_size ({tc.group_size}), so that each "

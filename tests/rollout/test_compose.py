@@ -60,11 +60,11 @@ def setup(request):
     return cfg, base, other, tok, prompts
 
 
-def make_agent(cfg, tok, temperature=1.0):
+def make_agent(cfg, tok, temperature=1.0, **sampling):
     rc = RolloutConfig(max_turns=2, max_tokens_per_turn=40, max_response_tokens=240, max_obs_tokens=48,
                        invalid_action="none")
-    return Agent(cfg, tok, FREQUENT, tool_for(SQL, SQLiteTool(timeout_s=5.0)), SamplingConfig(temperature=temperature),
-                 rc)
+    return Agent(cfg, tok, FREQUENT, tool_for(SQL, SQLiteTool(timeout_s=5.0)),
+                 SamplingConfig(temperature=temperature, **sampling), rc)
 
 
 def teacher_forced(cfg, base, tb, b):
@@ -294,21 +294,33 @@ def test_an_observation_at_its_cap_appends_the_cap_not_the_bucket_above(setup, m
         np.testing.assert_allclose(tb.sampler_logprobs[b, gen], lp, atol=1e-4)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
-def test_sampling_as_data_draws_what_a_compiled_setting_draws(setup, temperature):
+SETTINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=1.0),
+            "filtered": dict(temperature=0.7, top_p=0.9, top_k=20)}
+
+
+@pytest.mark.parametrize("setting,two", [("greedy", False), ("filtered", False), ("sampled", True)],
+                         ids=["greedy", "filtered", "sampled_two_policies"])
+def test_sampling_as_data_draws_what_a_compiled_setting_draws(setup, setting, two):
     """The agent carries temperature and top-p in the decode state (Agent.row_sampling), not in the
     compiled programs: its trajectories equal those of a sampler spec holding the setting (the form
-    before; ids, masks, routes, finishes exact, log-probs 1e-6)."""
-    cfg, base, _, tok, prompts = setup
+    before; ids, masks, routes, finishes exact, log-probs 1e-6): greedy and at T = 0.7 with top-p 0.9
+    and top-k 20 for one policy, at T = 1 for the two-model composition (the quickstart's T = 1 one-policy
+    rollouts: its 384 trajectories, docs/results/quickstart.md)."""
+    cfg, base, other, tok, prompts = setup
     metas = [{"db_path": DB}] * len(prompts)
     uids = list(range(len(prompts)))
-    agent = make_agent(cfg, tok, temperature)
-    as_data = agent.rollout(base, None, prompts, uids, metas, seed=11)
-    compiled = make_agent(cfg, tok, temperature)
-    compiled.spec = dataclasses.replace(compiled.spec, sampling=SamplingConfig(temperature=temperature))
-    compiled.row_sampling = lambda b: None  # the state carries no settings: spec.sampling draws
-    before = compiled.rollout(base, None, prompts, uids, metas, seed=11)
-    if temperature:  # greedy, the tiny model writes the closing tag first (an invalid action)
+    out = []
+    for compiled in (False, True):
+        agent = make_agent(cfg, tok, **SETTINGS[setting])
+        if compiled:  # the state carries no settings: spec.sampling draws
+            agent.spec = dataclasses.replace(agent.spec, sampling=SamplingConfig(**SETTINGS[setting]))
+            agent.row_sampling = lambda b: None
+        if two:
+            out.append(compose_rollout(agent, Policy(cfg, base), Policy(cfg, other), prompts, uids, metas, seed=11))
+        else:
+            out.append(agent.rollout(base, None, prompts, uids, metas, seed=11))
+    as_data, before = out
+    if setting != "greedy":  # greedy, the tiny model writes the closing tag first (an invalid action)
         assert as_data.tool_calls().sum() >= 1, as_data.turns
     np.testing.assert_array_equal(as_data.ids, before.ids)
     np.testing.assert_array_equal(as_data.loss_mask, before.loss_mask)
@@ -318,15 +330,20 @@ def test_sampling_as_data_draws_what_a_compiled_setting_draws(setup, temperature
 
 
 def test_a_greedy_batch_runs_the_sampled_batchs_programs(setup):
-    """A held-out check (greedy) after a training rollout (T = 1) of as many rows compiles no decode or
-    append program of its own (here greedy ends at its first token: its shapes are the sampled batch's)."""
+    """A held-out check (greedy) and a training rollout (T = 1) build one sampler spec, so every sampler
+    program (prefill, decode, append, gathered rows) keys on the shapes alone; here the greedy batch
+    after the sampled one of as many rows compiles no decode program of its own (greedy ends at its
+    first token, so appends are not reached; a prompt batch of distinct prompts prefills in place where
+    a GRPO group's is broadcast, another program)."""
     from dart_jax.rollout import gather, sampler
     cfg, base, _, tok, prompts = setup
     metas = [{"db_path": DB}] * len(prompts)
     uids = list(range(len(prompts)))
-    make_agent(cfg, tok, 1.0).rollout(base, None, prompts, uids, metas, seed=13)
-    fns = (sampler.decode_segment, sampler.append, gather.decode_rows, gather.append_rows)
+    sampled, greedy = make_agent(cfg, tok, 1.0), make_agent(cfg, tok, 0.0)
+    assert sampled.spec == greedy.spec and hash(sampled.spec) == hash(greedy.spec)
+    sampled.rollout(base, None, prompts, uids, metas, seed=13)
+    fns = (sampler.decode_segment, gather.decode_rows)
     sizes = [f._cache_size() for f in fns]
-    greedy = make_agent(cfg, tok, 0.0).rollout(base, None, prompts, uids, metas, seed=13)
-    assert len(greedy.ids) == len(prompts)
+    out = greedy.rollout(base, None, prompts, uids, metas, seed=13)
+    assert len(out.ids) == len(prompts)
     assert [f._cache_size() for f in fns] == sizes
