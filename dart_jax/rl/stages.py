@@ -167,6 +167,7 @@ class Updater:
         self._jits: dict = {}
         self._micro = make_micro_step(cfg, method, lc, oc, row_ids) if plan.micro_batch_padding == "own" else None
         self._micro_jits: tuple | None = None
+        self._micro_shapes: set = set()  # the micro-batch shapes logged (each compiles its own add)
         scorer = make_scorer(cfg, lc.temperature, lc.logprob_chunk)
 
         def old_logp(params, base, tokens, positions, routes):
@@ -238,21 +239,22 @@ class Updater:
                 upd.append(dict(jax.device_get(m), row_tokens=row_tokens, forward_tokens=forward_tokens))
         return state, upd
 
-
     def _jits_apart(self, state: TrainState, base):
-        """The jitted calls of `train.micro_batch_padding = "own"`: (start, add, finish), the gradient
-        carry sharded like the masters, donated to each add; the state donated to finish."""
+        """The jitted calls of `train.micro_batch_padding = "own"` (`make_micro_step`): (start, add,
+        finish), the gradient carry sharded like the masters and donated to each add, the state to
+        finish."""
         if self._micro_jits is None:
-            _, start, add, finish = self._micro
+            start, add, finish = self._micro
             rep = NamedSharding(self.mesh, P())
             state_sh = jax.tree.map(lambda x: x.sharding, state)
             base_sh = jax.tree.map(lambda x: x.sharding, base)
-            carry_sh = (jax.tree.map(lambda x: x.sharding, state.params),
-                        jax.tree.map(lambda _: rep, jax.eval_shape(start, state)[1]))
+            params_sh = jax.tree.map(lambda x: x.sharding, state.params)
+            sums = jax.eval_shape(start, state, jax.ShapeDtypeStruct((1, 1, 1), jnp.float32))[1][1]
+            carry_sh = (params_sh, jax.tree.map(lambda _: rep, sums))
             self._micro_jits = (
-                jax.jit(start, out_shardings=carry_sh),
-                jax.jit(add, in_shardings=(carry_sh, state_sh, base_sh, None, rep, rep, rep), out_shardings=carry_sh,
-                        donate_argnums=(0,)),
+                jax.jit(start, in_shardings=(state_sh, rep), out_shardings=(rep, carry_sh)),
+                jax.jit(add, in_shardings=(carry_sh, params_sh, base_sh, None, rep, rep, rep),
+                        out_shardings=carry_sh, donate_argnums=(0,)),
                 jax.jit(finish, in_shardings=(state_sh, carry_sh, rep, rep), out_shardings=(state_sh, rep),
                         donate_argnums=(0,)))
         return self._micro_jits
@@ -263,22 +265,23 @@ class Updater:
         call (`train.micro_batch_padding = "own"`): the scan of `make_train_step` unrolled on the host,
         the same gradient sums in the same order."""
         p = self.plan
-        scales_fn = self._micro[0]
         start, add, finish = self._jits_apart(state, base)
-        scales = np.asarray(scales_fn(jnp.asarray(mb["loss_mask"])))
-        carry = start(state)
+        scales, carry = start(state, mb["loss_mask"])
+        scales = np.asarray(scales)
+        params = state.compute_params()  # the masters themselves where no dtype differs (no copy)
         row_tokens = int(np.sum(mb["positions"] >= 0))
         forward_tokens = 0
         for i, one in enumerate(batch_lib.micro_batches_apart(mb, p.pad_multiple, p.share_prefix)):
             forward_tokens += int(sum(np.sum(one[k] >= 0) for k in ("positions", "prefix_positions") if k in one))
             shapes = tuple((k, v.shape) for k, v in one.items())
-            if shapes not in self._jits:
-                self._jits[shapes] = True
+            if shapes not in self._micro_shapes:
+                self._micro_shapes.add(shapes)
                 log.info("compiling the update for a micro-batch of %s%s (rows × tokens; once per padded shape)",
                          f"a {one['prefix_tokens'].shape[2]}-token prompt + " if "prefix_tokens" in one else "",
                          "×".join(map(str, one["tokens"].shape[1:])))
             one = {name: jax.device_put(v, microbatch_sharding(v.shape, self.mesh)) for name, v in one.items()}
-            carry = add(carry, state, base, one, np.float32(scales[i]), key, np.int32(i))
+            carry = add(carry, params, base, one, np.float32(scales[i]), key, np.int32(i))
+        del params  # a cast copy (bf16 full fine-tuning: the whole model) freed before the optimiser's update
         state, m = finish(state, carry, np.float32(np.sum(mb["loss_mask"])), np.int32(rl_step))
         return state, dict(jax.device_get(m), row_tokens=row_tokens, forward_tokens=forward_tokens)
 

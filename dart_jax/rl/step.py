@@ -264,27 +264,27 @@ def make_train_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, oc: Op
 def make_micro_step(cfg: ModelConfig, method: MethodSpec, lc: LossConfig, oc: OptimConfig,
                     row_ids: tuple[int, ...] = ()):
     """`make_train_step` cut into calls, for micro-batches of their own shapes (`train.micro_batch_padding
-    = "own"`: each padded to its own longest row, not the mini-batch's): -> (scales, start, add, finish)
-    with scales(loss_mask [M, b, T]) -> f32[M] (from the whole mini-batch, before any cut);
-    start(state) -> the zero carry (fp32 gradients, metric sums); add(carry, state, base, mb, scale,
-    key, i) -> the carry with micro-batch i ({key: [1, b, ...]}) added; finish(state, carry,
-    loss_tokens, rl_step) -> (state, metrics), AdamW or the non-finite skip. The
-    same sums in the same order as the scan of `make_train_step`; only the padding differs, so the
-    result equals it to rounding (reductions over another width)."""
+    = "own"`: each padded to its own longest row, not the mini-batch's): -> (start, add, finish) with
+    start(state, loss_mask [M, b, T]) -> (each micro-batch's scale c_m f32[M] from the whole mini-batch's
+    mask before any cut, the zero carry: fp32 gradients and metric sums); add(carry, params, base, mb,
+    scale, key, i) -> the carry with micro-batch i ({key: [1, b, ...]}) added, `params` the state's
+    `compute_params()` (cast once for the mini-batch, not once per micro-batch); finish(state, carry,
+    loss_tokens, rl_step) -> (state, metrics), AdamW or the non-finite skip. The same sums in the same
+    order as the scan of `make_train_step`; only the padding differs, so the result equals it to
+    rounding (reductions over another width)."""
     accumulate = make_accumulate(cfg, method, lc, row_ids)
     apply = make_apply(oc)
 
-    def start(state: TrainState):
-        return zero_carry(lc, method, state.params)
+    def start(state: TrainState, loss_mask):
+        return micro_scales(lc, loss_mask), zero_carry(lc, method, state.params)
 
-    def add(carry, state: TrainState, base, mb: dict, scale, key: jax.Array, i):
-        return accumulate.add_micro(carry, state.compute_params(), base, jax.tree.map(lambda v: v[0], mb), scale,
-                                    key, i)
+    def add(carry, params, base, mb: dict, scale, key: jax.Array, i):
+        return accumulate.add_micro(carry, params, base, jax.tree.map(lambda v: v[0], mb), scale, key, i)
 
     def finish(state: TrainState, carry, loss_tokens, rl_step):
         return apply(state, *carry, loss_tokens, rl_step)
 
-    return (lambda loss_mask: micro_scales(lc, loss_mask)), start, add, finish
+    return start, add, finish
 
 
 def make_apply(oc: OptimConfig):

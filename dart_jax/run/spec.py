@@ -422,18 +422,18 @@ def check_grpo(spec: RunSpec, nproc: int) -> None:
                         "from the model that wrote it, the model in control after the token before (the "
                         f"composition's rule); the {spec.router_convention!r} convention's roles are shifted "
                         "by one token and would train the first token of each tool span through the other model")
-    if plan.share_prefix and (method.variant in ("mixlora", "2agent") or method.dropout > 0):
+    if plan.share_prefix and method.variant in ("mixlora", "2agent"):
         raise UserError("train.share_prefix runs a group's prompt once for all its rows: not with "
                         f"method.variant={method.variant!r} (MixLoRA's load balance and the 2-Agent "
-                        "composition count every row's tokens) nor with method.dropout > 0 (one dropout "
-                        f"mask for the shared prompt), got dropout={method.dropout}: set "
-                        "--config.train.share_prefix=False" + (
-                            " --config.train.micro_batch_padding=mini_batch"
-                            if method.dropout > 0 and plan.micro_batch_padding == "own" else ""))
-    if plan.micro_batch_padding == "own" and method.dropout > 0:
-        raise UserError(f"train.micro_batch_padding='own' cuts each micro-batch to its own width, and LoRA "
-                        f"dropout draws its mask by the array's shape (method.dropout={method.dropout}): the "
-                        "masks, so the update, would change: set --config.train.micro_batch_padding=mini_batch")
+                        "composition count every row's tokens): set --config.train.share_prefix=False")
+    # LoRA dropout draws its mask by the array's shape: one mask for a shared prompt, another for a narrower
+    # micro-batch, so either would change the update
+    fixes = ["--config.train.share_prefix=False"] * plan.share_prefix + \
+        ["--config.train.micro_batch_padding=mini_batch"] * (plan.micro_batch_padding == "own")
+    if method.dropout > 0 and fixes:
+        raise UserError(f"method.dropout={method.dropout} draws its masks by the shape of what runs, which "
+                        "train.share_prefix (a group's prompt run once) and train.micro_batch_padding='own' "
+                        f"(each micro-batch cut to its own width) change: set {' '.join(fixes)}")
     if plan.share_prefix and (tc.micro_batch > tc.group_size or tc.group_size % tc.micro_batch):
         raise UserError(f"train.share_prefix shares a prompt within a micro-batch: train.micro_batch "
                         f"({tc.micro_batch}) must divide train.group_size ({tc.group_size}), so that each "

@@ -20,7 +20,7 @@ from dart_jax.rl import stages
 from dart_jax.rl.batch import micro_batches_apart, minibatches, split_shared_prefix
 from dart_jax.rl.optim import make_optimizer
 from dart_jax.rl.placement import place_state
-from dart_jax.rl.step import BATCH_KEYS, make_accumulate, make_micro_step
+from dart_jax.rl.step import BATCH_KEYS, init_state, make_accumulate, make_micro_step
 from dart_jax.run.spec import LossConfig, OptimConfig, UpdatePlan
 from rl.test_masters import CFG32
 from rl.test_shared_prefix import GROUP, _groups
@@ -137,7 +137,7 @@ def test_lora_dropout_is_refused():
     c = quickstart.get_config()
     c.train.share_prefix = False
     c.method.dropout = 0.1
-    with pytest.raises(ValueError, match="micro_batch_padding"):
+    with pytest.raises(ValueError, match=r"set --config\.train\.micro_batch_padding=mini_batch$"):
         Trainer(c)
 
 
@@ -151,21 +151,17 @@ def test_own_padding_accumulates_the_scans_gradient(share, micro_mode):
     mb = next(minibatches(b, np.arange(4 * GROUP), 4 * GROUP, GROUP, BATCH_KEYS))
     key = jax.random.PRNGKey(7)
     g0, m0 = jax.jit(make_accumulate(CFG32, method, lc))(ads, base, split_shared_prefix(mb, 8) if share else mb, key)
-    scales, _, add, _ = make_micro_step(CFG32, method, lc, OptimConfig())
-
-    class State:  # what `add` reads of a train state
-        def compute_params(self):
-            return ads
-
-    carry = (jax.tree.map(lambda x: np.zeros(x.shape, np.float32), ads), {k: np.float32(0) for k in m0})
-    add = jax.jit(add, static_argnums=(1,))
-    sc = np.asarray(scales(mb["loss_mask"]))
+    start, add, _ = make_micro_step(CFG32, method, lc, OptimConfig())
+    state = init_state(ads, make_optimizer(OptimConfig()))
+    sc, carry = jax.jit(start)(state, mb["loss_mask"])
+    sc = np.asarray(sc)
+    add = jax.jit(add)
     if micro_mode != "global":  # each micro-batch its own scale: an index mix-up would show
         assert len(set(sc.tolist())) > 1
     parts = micro_batches_apart(mb, 8, share)
     assert len({p["tokens"].shape for p in parts}) > 1  # micro-batches of different widths
     for i, one in enumerate(parts):
-        carry = add(carry, State(), base, one, sc[i], key, i)
+        carry = add(carry, state.compute_params(), base, one, sc[i], key, i)
     g1, m1 = carry
     scale = max(float(np.abs(np.asarray(x)).max()) for x in jax.tree.leaves(g0))
     assert scale > 1e-4
