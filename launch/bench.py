@@ -2,6 +2,7 @@
 
     python -m launch.bench train                      one GRPO update of DART vs the same update in PyTorch
     python -m launch.bench profile                    that update's time per op class: XLA:CPU's HLO vs torch's aten ops
+    python -m launch.bench profile_decode             the sampler's decode (batch 32) per op class, vs transformers generate
     python -m launch.bench options --options=default,ynn_eltwise,dpa   that update under XLA options / settings,
                                                       one process each, interleaved (bench/xla_options.py)
     python -m launch.bench forward --dtype=bfloat16   forward tokens/s vs transformers
@@ -47,7 +48,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 BENCHES = ("forward", "adapters", "sampler", "resume", "cache_blocks", "train", "prefill", "group_update", "handoff",
            "retrieval", "methods", "suite", "corpus", "serve", "rollouts", "grpo_rollouts", "profile", "options",
-           "matmul")
+           "matmul", "profile_decode")
 DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(batch=4, length=256, repeats=5),
             "sampler": dict(repeats=5), "resume": dict(batch=8, repeats=4),
             "cache_blocks": dict(batch=32, length=768, repeats=4), "train": dict(batch=4, length=512,
@@ -57,7 +58,7 @@ DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(ba
             "methods": dict(batch=4, length=256, repeats=3), "suite": dict(repeats=None), "corpus": dict(repeats=1),
             "serve": dict(repeats=1), "rollouts": dict(batch=8, repeats=2), "grpo_rollouts": dict(repeats=3),
             "profile": dict(batch=4, length=512, repeats=2), "options": dict(batch=4, length=512, repeats=3),
-            "matmul": dict(repeats=5)}
+            "matmul": dict(repeats=5), "profile_decode": dict(batch=32, repeats=1, prompt_len=32)}
 CLI = Command("launch.bench", __doc__)
 F = CLI.flags
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
@@ -165,6 +166,10 @@ def run(args) -> dict:
     if which == "profile":
         from dart_jax.bench.profile import bench_profile
         return bench_profile(args.model, args.batch, args.length, args.repeats, args.remat, not args.no_torch)
+    if which == "profile_decode":
+        from dart_jax.bench.profile import bench_profile_decode
+        return bench_profile_decode(args.model, args.batch, args.new_tokens, args.prompt_len, args.repeats,
+                                    args.dtype, not args.no_torch)
     if which == "options":
         from dart_jax.bench.xla_options import bench_options, check_options
         chosen = tuple(o.strip() for o in (XLA_OPTIONS.value or "default,ynn_eltwise,dpa").split(",") if o.strip())

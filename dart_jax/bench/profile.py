@@ -1,6 +1,8 @@
 """Where one GRPO update's time goes: XLA:CPU's executed HLO against PyTorch's aten ops, same shapes.
 
     python -m launch.bench profile            the update of `launch.bench train` (DART 2×r8, SmolLM2 4×512 fp32)
+    python -m launch.bench profile_decode     the greedy decode of `launch.bench sampler` (32 rows, prefill
+                                              included) against transformers' `generate` (bench_profile_decode)
 
 dart_jax side: the jitted update (bench/train.py's) runs `runs` times under `jax.profiler.trace`; XLA:CPU
 records one event per executed HLO instruction (thunk), which is joined to the compiled module's text
@@ -198,12 +200,15 @@ def dot_mkn(ins: Instr, scope: dict[str, Instr]) -> tuple[int, int, int, int]:
     return b, free_l, k, n
 
 
-def classify_matmul(b: int, m: int, k: int, n: int, vocab: int, batched: bool, source: str | None = None) -> str:
+def classify_matmul(b: int, m: int, k: int, n: int, vocab: int, batched: bool, source: str | None = None,
+                    rank_rows: bool = True) -> str:
+    """`rank_rows`: a dot with M ≤ LORA_MAX_RANK is a LoRA factor's (A's gradient as (ghᵀ x)ᵀ has M = the
+    rank); off for decoding, where M is the batch's rows."""
     if vocab in (m, k, n):
         return "matmul: head"
     if batched or source == "attention":
         return "attention"
-    if source == "LoRA routing / scale" or min(k, n) <= LORA_MAX_RANK or min(m, k) <= LORA_MAX_RANK:
+    if source == "LoRA routing / scale" or min(k, n) <= LORA_MAX_RANK or rank_rows and min(m, k) <= LORA_MAX_RANK:
         return "matmul: LoRA"
     return "matmul: projections"
 
@@ -222,7 +227,8 @@ def _walk(ins: Instr, comps: dict[str, list[Instr]], seen=None):
 
 
 def classify_instr(ins: Instr, instrs: dict[str, Instr], comps: dict[str, list[Instr]], vocab: int,
-                   stacks: dict[int, list[tuple[str, str]]] | None = None) -> tuple[str, float, tuple | None]:
+                   stacks: dict[int, list[tuple[str, str]]] | None = None,
+                   rank_rows: bool = True) -> tuple[str, float, tuple | None]:
     """(class, matmul FLOPs, (b, M, K, N) of its largest dot or None) of one executed instruction. A
     fusion with several dots is booked whole (time and FLOPs) to its largest dot's class."""
     stacks = stacks or {}
@@ -239,7 +245,7 @@ def classify_instr(ins: Instr, instrs: dict[str, Instr], comps: dict[str, list[I
             if best is None or f > 2.0 * math.prod(best):
                 best = (b, m, k, n)
                 cls = classify_matmul(b, m, k, n, vocab, "lhs_batch_dims" in d.attrs,
-                                      source_class(d, stacks) or source_class(ins, stacks))
+                                      source_class(d, stacks) or source_class(ins, stacks), rank_rows)
         return cls, flops, best
     compute = [i for i, _ in body if i.opcode not in ("parameter", "constant", "get-tuple-element", "tuple")]
     if compute and {i.opcode for i in compute} <= _COPY_OPS:
@@ -262,12 +268,15 @@ def _events(trace_dir: str) -> list[dict]:
     return d["traceEvents"] if isinstance(d, dict) else d
 
 
-def profile_xla(fn, hlo_text: str, runs: int, vocab: int) -> dict:
-    """Run `fn()` (one update, blocking) `runs` times under the profiler; per-class ms per run."""
+def profile_xla(fn, hlo_text: str | list[str], runs: int, vocab: int, rank_rows: bool = True) -> dict:
+    """Run `fn()` (blocking) `runs` times under the profiler; per-class ms per run. `hlo_text`: the
+    compiled module of what `fn` runs, or a list of them (e.g. a prefill and a decode), each event
+    joined to its own module's instructions by name."""
     import jax
-    instrs, comps, stacks = _parse(hlo_text)
-    module = re.match(r"HloModule\s+([\w.\-]+)", hlo_text.strip())
-    module = module.group(1) if module else None
+    modules = {}
+    for text in [hlo_text] if isinstance(hlo_text, str) else hlo_text:
+        name = re.match(r"HloModule\s+([\w.\-]+)", text.strip())
+        modules[name.group(1) if name else None] = _parse(text)
     with tempfile.TemporaryDirectory(prefix="dart_jax_profile_") as d:
         with jax.profiler.trace(d, create_perfetto_trace=True):
             t = time.perf_counter()
@@ -278,6 +287,7 @@ def profile_xla(fn, hlo_text: str, runs: int, vocab: int) -> dict:
     per = collections.defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "remat_ms": 0.0, "count": 0})
     shapes = collections.defaultdict(lambda: {"ms": 0.0, "flops": 0.0, "count": 0, "class": ""})
     unknown = 0.0
+    elsewhere = collections.Counter()  # ms per run of the events of modules not given (by module name)
     cache = {}
     by_op = collections.Counter()
     for e in events:
@@ -285,25 +295,33 @@ def profile_xla(fn, hlo_text: str, runs: int, vocab: int) -> dict:
         op = args.get("hlo_op")
         if e.get("ph") != "X" or not op or e.get("name", "").startswith("end: "):
             continue
-        ins = instrs.get(op) if module is None or args.get("hlo_module") in (None, module) else None
+        module = args.get("hlo_module")
+        if module not in modules:  # an event without its module's name: the one module profiled, if one
+            module = next(iter(modules)) if len(modules) == 1 and (module is None or None in modules) else module
+        instrs, comps, stacks = modules.get(module, ({}, {}, {}))
+        ins = instrs.get(op)
         if ins is None:
             unknown += e.get("dur", 0.0) / 1e3
+            elsewhere[str(module)] += e.get("dur", 0.0) / 1e3 / runs
             continue
         if ins.opcode in _CONTAINERS:
             continue
-        if op not in cache:
-            cache[op] = classify_instr(ins, instrs, comps, vocab, stacks)
+        key = (module, op)
+        if key not in cache:
+            cache[key] = classify_instr(ins, instrs, comps, vocab, stacks, rank_rows)
         ms = e.get("dur", 0.0) / 1e3
-        _add(per, shapes, *cache[op], ms)
+        _add(per, shapes, *cache[key], ms)
         if "rematted_computation" in ins.op_name:
-            per[cache[op][0]]["remat_ms"] += ms
-        if cache[op][2] is None:  # not a matmul: kept per instruction, for the busiest-ops table
-            by_op[op] += ms
-    top = [{"op": op, "class": cache[op][0], "ms": ms / runs, "shape": instrs[op].shape.split("{")[0],
-            "source": _where(instrs[op], instrs, comps, stacks)}
-           for op, ms in by_op.most_common(TOP_OPS)]
-    return _summarise(per, shapes, runs, extra={"unmatched_ms": unknown / runs, "top_other_ops": top,
-                                                 "profiled_wall_s": profiled})
+            per[cache[key][0]]["remat_ms"] += ms
+        if cache[key][2] is None:  # not a matmul: kept per instruction, for the busiest-ops table
+            by_op[key] += ms
+    top = []
+    for (module, op), ms in by_op.most_common(TOP_OPS):
+        instrs, comps, stacks = modules[module]
+        top.append({"op": op, "class": cache[module, op][0], "ms": ms / runs,
+                    "shape": instrs[op].shape.split("{")[0], "source": _where(instrs[op], instrs, comps, stacks)})
+    return _summarise(per, shapes, runs, extra={"unmatched_ms": unknown / runs, "unmatched_modules": dict(elsewhere),
+                                                 "top_other_ops": top, "profiled_wall_s": profiled})
 
 
 def _where(ins: Instr, instrs, comps, stacks) -> str:
@@ -375,15 +393,17 @@ def torch_context(ev) -> str | None:
     return None
 
 
-def classify_torch(name: str, shapes: list, vocab: int, context: str | None = None) -> tuple[str, float, tuple | None]:
+def classify_torch(name: str, shapes: list, vocab: int, context: str | None = None,
+                   rank_rows: bool = True) -> tuple[str, float, tuple | None]:
     if name in _TORCH_MM and shapes:
         arrs = [s for s in shapes if s]
         a, b = (arrs[-2], arrs[-1]) if len(arrs) >= 2 else (arrs[0], arrs[0])
         if name in ("aten::bmm", "aten::baddbmm"):
             bt, m, k, n = a[0], a[1], a[2], b[-1]
-            return classify_matmul(bt, m, k, n, vocab, bt > 1, context), 2.0 * bt * m * k * n, (bt, m, k, n)
+            return (classify_matmul(bt, m, k, n, vocab, bt > 1, context, rank_rows), 2.0 * bt * m * k * n,
+                    (bt, m, k, n))
         m, k, n = a[0], a[-1], b[-1]
-        return classify_matmul(1, m, k, n, vocab, False, context), 2.0 * m * k * n, (1, m, k, n)
+        return classify_matmul(1, m, k, n, vocab, False, context, rank_rows), 2.0 * m * k * n, (1, m, k, n)
     if any(t in name for t in _TORCH_ATTN):
         return "attention", 0.0, None
     if "log_softmax" in name or name in ("aten::gather", "aten::scatter", "aten::scatter_add_"):
@@ -395,7 +415,7 @@ def classify_torch(name: str, shapes: list, vocab: int, context: str | None = No
     return "elementwise / other", 0.0, None
 
 
-def profile_torch(step, runs: int, vocab: int) -> dict:
+def profile_torch(step, runs: int, vocab: int, rank_rows: bool = True) -> dict:
     """Run the PyTorch update `step()` `runs` times under torch.profiler; per-class ms per run (self
     time of each aten op: a parent's children are not counted twice)."""
     import torch
@@ -413,7 +433,8 @@ def profile_torch(step, runs: int, vocab: int) -> dict:
         ms = ev.self_cpu_time_total / 1e3
         if ms <= 0:
             continue
-        _add(per, shapes, *classify_torch(ev.name, list(ev.input_shapes or []), vocab, torch_context(ev)), ms)
+        _add(per, shapes, *classify_torch(ev.name, list(ev.input_shapes or []), vocab, torch_context(ev), rank_rows),
+             ms)
     return _summarise(per, shapes, runs, extra={"profiled_wall_s": profiled})
 
 
@@ -440,4 +461,63 @@ def bench_profile(model: str = "smollm2-135m-instruct", batch: int = 4, length: 
         t = time.perf_counter()
         step()
         out["torch_concat_2r"] = {"wall_s": time.perf_counter() - t, **profile_torch(step, runs, vocab)}
+    return out
+
+
+def bench_profile_decode(model: str = "smollm2-135m-instruct", batch: int = 32, new_tokens: int = 128,
+                         prompt_len: int = 32, runs: int = 1, dtype: str = "float32", with_torch: bool = True) -> dict:
+    """The greedy decode of `launch.bench sampler` (`batch` random prompts of `prompt_len` tokens, each
+    decoding exactly `new_tokens`), profiled on both sides: our prefill + decode segment (two compiled
+    modules), transformers' `generate` (its prefill and decode steps). Matmuls with M ≤ 64 are not
+    taken for LoRA factors here (`rank_rows` off: M is the batch's rows, and no adapter is loaded)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from dart_jax.bench.sampler import _ours_generate, _spec
+    from dart_jax.checkpoints.registry import load_model
+    from dart_jax.models.cache import init_cache
+    from dart_jax.models.names import resolve
+    from dart_jax.models.transformer import per_layer_params
+    from dart_jax.rollout.sampler import _prefill_in_place, decode_segment, prefill
+
+    path = resolve(model)
+    cfg, base = load_model(path, param_dtype=dtype, compute_dtype=dtype)
+    base = per_layer_params(base)
+    prompt = np.random.default_rng(0).integers(100, cfg.vocab_size, (batch, prompt_len)).astype(np.int32)
+    run = _ours_generate(base, cfg, prompt, new_tokens)
+    run()  # compiled, and each program's arguments known: lower the same calls for their modules' text
+    spec, b, t = _spec(cfg), batch, prompt_len
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    cache = init_cache(cfg, b, t + new_tokens + 1)
+    hlo_prefill = _prefill_in_place.lower(base, None, jnp.asarray(prompt), pos, cache, jax.random.PRNGKey(0),
+                                          None, 0, None, spec=spec, hold_last=False).compile().as_text()
+    state, _ = prefill(base, None, jnp.asarray(prompt), pos, cache, jax.random.PRNGKey(0), spec=spec)
+    hlo_decode = decode_segment.lower(base, None, state, jnp.ones((b,), bool), jnp.ones((b, 1), bool),
+                                      jnp.full((b,), new_tokens, jnp.int32), spec=spec,
+                                      length=new_tokens).compile().as_text()
+    run()
+    t0 = time.perf_counter()
+    tokens = run()
+    wall = time.perf_counter() - t0
+    vocab = cfg.vocab_size
+    out = {"bench": "profile_decode", "model": model, "batch": batch, "new_tokens": new_tokens,
+           "prompt_len": prompt_len, "dtype": dtype, "runs": runs, "tokens_decoded": int(np.asarray(tokens).size),
+           "dart_jax": {"wall_s": wall, **profile_xla(run, [hlo_prefill, hlo_decode], runs, vocab, rank_rows=False)}}
+    if with_torch:
+        import torch
+
+        from dart_jax.parity.model_check import load_torch_model
+        ref = load_torch_model(path).to(getattr(torch, dtype))
+        tt = torch.tensor(prompt, dtype=torch.long)
+
+        def generate():
+            with torch.no_grad():
+                ref.generate(tt, attention_mask=torch.ones_like(tt), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, pad_token_id=0, do_sample=False)
+        generate()
+        t0 = time.perf_counter()
+        generate()
+        out["transformers"] = {"wall_s": time.perf_counter() - t0,
+                               **profile_torch(generate, runs, vocab, rank_rows=False)}
     return out

@@ -257,9 +257,9 @@ def grpo_rollouts(res: dict) -> str:
 
 
 def profile(res: dict) -> str:
-    """bench.profile: per op class, ms per update and share on each side; the busiest matmul shapes."""
+    """bench.profile / profile_decode: per op class, ms per run and share on each side; the busiest matmul shapes."""
     from dart_jax.bench.profile import CLASSES
-    sides = [k for k in ("dart_jax", "torch_concat_2r") if k in res]
+    sides = [k for k in ("dart_jax", "torch_concat_2r", "transformers") if k in res]
     head = (["op class"] + [f"{s} ms (share)" for s in sides] + ["dart_jax remat ms"]
             + [f"{s} GFLOP/s" for s in sides])
     rows = []
@@ -274,9 +274,15 @@ def profile(res: dict) -> str:
     rows.append(["ops summed / profiled wall / wall"]
                 + [f"{res[s]['op_ms_per_update']:.0f} / {1e3 * res[s].get('profiled_wall_s', float('nan')):.0f} / "
                    f"{1e3 * res[s]['wall_s']:.0f}" for s in sides] + [""] * (len(sides) + 1))
-    out = [f"profile of one GRPO update, {res['model']} {res['batch']}x{res['length']} fp32, remat "
-           f"{res['remat_policy']}, log-prob chunk {res['logprob_chunk']}, {res['runs']} profiled runs a side "
-           "(ms per update; wall: one unprofiled update)", markdown_table(head, rows)]
+    if res["bench"] == "profile_decode":
+        title = (f"profile of a greedy decode, {res['model']} {res['dtype']}, {res['batch']} rows × "
+                 f"{res['prompt_len']}-token prompts, {res['new_tokens']} new tokens each, prefill included, "
+                 f"{res['runs']} profiled runs a side (ms per run; wall: one unprofiled run)")
+    else:
+        title = (f"profile of one GRPO update, {res['model']} {res['batch']}x{res['length']} fp32, remat "
+                 f"{res['remat_policy']}, log-prob chunk {res['logprob_chunk']}, {res['runs']} profiled runs a side "
+                 "(ms per update; wall: one unprofiled update)")
+    out = [title, markdown_table(head, rows)]
     if res["dart_jax"].get("top_other_ops"):
         out.append("dart_jax: busiest other instructions")
         out.append(markdown_table(["instruction", "class", "ms", "shape", "source"],
@@ -308,7 +314,7 @@ TEXT = {"forward": forward, "adapters": adapters, "sampler": sampler, "resume": 
         "train": train, "prefill": prefill, "group_update": group_update, "handoff": handoff, "retrieval": retrieval,
         "methods": methods, "suite": suite, "corpus": corpus, "serve": serve, "rollouts": rollouts,
         "grpo_rollouts": grpo_rollouts, "profile": profile,
-        "options": options, "matmul": matmul}
+        "options": options, "matmul": matmul, "profile_decode": profile}
 
 
 def text(which: str, res: dict) -> str:

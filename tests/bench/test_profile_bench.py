@@ -161,3 +161,38 @@ def test_options_bench_interleaves_worker_processes_and_shows_the_numerics(tmp_p
     assert o["ynn_eltwise"]["loss_rel_diff"] <= 1e-5 and o["ynn_eltwise"]["grad_norm_rel_diff"] <= 1e-5
     assert o["bf16"]["grad_norm_rel_diff"] > 1e-4
     assert "| ynn_eltwise |" in text("options", res)
+
+
+def test_decode_profile_counts_the_models_matmul_work_on_both_sides(tmp_path):
+    """launch.bench profile_decode on a tiny model: B prompts of T tokens each decode `new` tokens, greedy.
+    Both sides forward the B·T prompt tokens once and then B tokens a step for new − 1 steps (the first
+    new token comes from the prefill's last position), and apply the head to one position a row each
+    time: projections 2·P·B·(T + new − 1), head 2·D·V·B·new FLOPs, counted from the executed
+    instructions' shapes (ours: the prefill's and the decode loop's modules; torch: aten ops). With
+    M = B = 2 rows every projection stays a projection (not a LoRA factor: no adapter is loaded)."""
+    pytest.importorskip("torch")
+    import tiny_models
+    from dart_jax.bench.profile import bench_profile_decode
+    from dart_jax.bench.report import text
+
+    D, F, V, L, N, K, H = 256, 512, 1000, 2, 4, 2, 64
+    tiny_models.build("llama", str(tmp_path), vocab_size=V, hidden_size=D, intermediate_size=F,
+                      num_attention_heads=N, num_key_value_heads=K, max_position_embeddings=256, num_hidden_layers=L,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    B, T, new = 2, 16, 8
+    res = bench_profile_decode(str(tmp_path), batch=B, new_tokens=new, prompt_len=T, runs=1)
+    proj = L * (D * (N + 2 * K) * H + N * H * D + 3 * D * F)
+    gflop = lambda side, cls: side["classes"][cls]["gflop"] * 1e9  # noqa: E731
+    for side in (res["dart_jax"], res["transformers"]):
+        assert gflop(side, "matmul: projections") == pytest.approx(2 * proj * B * (T + new - 1), rel=1e-9)
+        assert gflop(side, "matmul: head") == pytest.approx(2 * D * V * B * new, rel=1e-9)
+        assert "matmul: LoRA" not in side["classes"] and "attention" in side["classes"]
+        assert math.isclose(sum(c["share"] for c in side["classes"].values()), 1.0, rel_tol=1e-9)
+        assert side["wall_s"] > 0 and side["profiled_wall_s"] > 0
+    # every instruction of the two profiled modules was found; what is left are the eager helpers run() calls
+    # (jnp.ones, a PRNG key, the prompt-length check), named by module
+    left = res["dart_jax"]["unmatched_modules"]
+    assert not any("prefill" in m or "decode" in m for m in left), left
+    assert sum(left.values()) == pytest.approx(res["dart_jax"]["unmatched_ms"])
+    assert res["tokens_decoded"] == B * new
+    assert text("profile_decode", res).startswith("profile of a greedy decode")
