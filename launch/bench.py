@@ -62,24 +62,25 @@ DEFAULTS = {"forward": dict(batch=8, length=512, repeats=5), "adapters": dict(ba
 CLI = Command("launch.bench", __doc__)
 F = CLI.flags
 MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "model name or path", flag_values=F)
-BATCH = flags.DEFINE_integer("batch", None, "rows (forward 8, adapters 4, resume 8, train 4; rollouts: the "
-                             "batch and the engine's rows, 8)", flag_values=F)
+BATCH = flags.DEFINE_integer("batch", None, "rows (forward 8, adapters 4, resume 8, train 4, profile_decode 32; "
+                             "rollouts: the batch and the engine's rows, 8)", flag_values=F)
 LENGTH = flags.DEFINE_integer("length", None, "tokens per row (forward 512, adapters 256, train 512; "
                               "cache_blocks: slots written, 768)", flag_values=F)
 REPEATS = flags.DEFINE_integer("repeats", None, "interleaved rounds (5; resume 4; options 3; profile: profiled "
-                               "runs a side, 2)", flag_values=F)
-DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "forward / sampler: weights and compute "
-                          "on both sides", flag_values=F)
-NO_TORCH = flags.DEFINE_bool("no-torch", False, "adapters / sampler / train / profile: our side only", flag_values=F)
+                               "runs a side, 2; profile_decode: 1)", flag_values=F)
+DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "forward / sampler / profile_decode: "
+                          "weights and compute on both sides", flag_values=F)
+NO_TORCH = flags.DEFINE_bool("no-torch", False, "adapters / sampler / train / profile / "
+                               "profile_decode: our side only", flag_values=F)
 BATCHES = flags.DEFINE_string("batches", "1,8,32", "sampler: batch sizes", flag_values=F)
-NEW_TOKENS = flags.DEFINE_integer("new-tokens", 128, "sampler: tokens decoded per row", flag_values=F)
+NEW_TOKENS = flags.DEFINE_integer("new-tokens", 128, "sampler / profile_decode: tokens decoded per row", flag_values=F)
 TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "sampler: 0 = greedy; > 0 samples (both sides, no top-k / "
                                  "top-p)", flag_values=F)
 TURNS = flags.DEFINE_integer("turns", 4, "resume / handoff: tool calls", flag_values=F)
 OBS_LEN = flags.DEFINE_integer("obs-len", 400, "resume / handoff: observation tokens per call (3 passages ≈ 400)",
                                flag_values=F)
-PROMPT_LEN = flags.DEFINE_integer("prompt-len", None, "resume / handoff: prompt tokens (256); group_update: the "
-                                  "group's common prompt (704, an SQL schema prompt)", flag_values=F)
+PROMPT_LEN = flags.DEFINE_integer("prompt-len", None, "resume / handoff: prompt tokens (256; profile_decode 32); "
+                                  "group_update: the group's common prompt (704, an SQL schema prompt)", flag_values=F)
 REMAT = flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch", "save_qkv_proj"],
                           "train: remat policy", flag_values=F)
 CAPACITY = flags.DEFINE_integer("capacity", None, "cache_blocks: cache slots (default 2 × --length, the slots "

@@ -276,7 +276,10 @@ def profile_xla(fn, hlo_text: str | list[str], runs: int, vocab: int, rank_rows:
     modules = {}
     for text in [hlo_text] if isinstance(hlo_text, str) else hlo_text:
         name = re.match(r"HloModule\s+([\w.\-]+)", text.strip())
-        modules[name.group(1) if name else None] = _parse(text)
+        name = name.group(1) if name else None
+        if name in modules:
+            raise ValueError(f"profile_xla: two compiled modules named {name!r}: events could not tell them apart")
+        modules[name] = _parse(text)
     with tempfile.TemporaryDirectory(prefix="dart_jax_profile_") as d:
         with jax.profiler.trace(d, create_perfetto_trace=True):
             t = time.perf_counter()
@@ -479,7 +482,7 @@ def bench_profile_decode(model: str = "smollm2-135m-instruct", batch: int = 32, 
     from dart_jax.models.cache import init_cache
     from dart_jax.models.names import resolve
     from dart_jax.models.transformer import per_layer_params
-    from dart_jax.rollout.sampler import _prefill_in_place, decode_segment, prefill
+    from dart_jax.rollout.sampler import decode_segment, lower_prefill, prefill
 
     path = resolve(model)
     cfg, base = load_model(path, param_dtype=dtype, compute_dtype=dtype)
@@ -490,8 +493,8 @@ def bench_profile_decode(model: str = "smollm2-135m-instruct", batch: int = 32, 
     spec, b, t = _spec(cfg), batch, prompt_len
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     cache = init_cache(cfg, b, t + new_tokens + 1)
-    hlo_prefill = _prefill_in_place.lower(base, None, jnp.asarray(prompt), pos, cache, jax.random.PRNGKey(0),
-                                          None, 0, None, spec=spec, hold_last=False).compile().as_text()
+    hlo_prefill = lower_prefill(base, None, jnp.asarray(prompt), pos, cache, jax.random.PRNGKey(0),
+                                spec=spec).compile().as_text()
     state, _ = prefill(base, None, jnp.asarray(prompt), pos, cache, jax.random.PRNGKey(0), spec=spec)
     hlo_decode = decode_segment.lower(base, None, state, jnp.ones((b,), bool), jnp.ones((b, 1), bool),
                                       jnp.full((b,), new_tokens, jnp.int32), spec=spec,

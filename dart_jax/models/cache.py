@@ -90,7 +90,8 @@ def _bits(dtype) -> jnp.dtype | None:
     and a buffer update with the keys' RoPE fused into it was widened with them — the whole layer buffer
     converted to fp32 and back on every write (SmolLM2's bf16 decode at batch 32: ~19% of its op time,
     `python -m launch.bench profile_decode --dtype=bfloat16`). Through an integer view (bitcasts) nothing
-    in the keys' update is arithmetic: XLA copies the buffer instead of converting it twice. Measured on
+    in the keys' update is arithmetic: XLA copies the buffer (not in place) instead of converting it
+    twice. Measured on
     that decode (interleaved, 5 rounds, the same tokens): keys through the view 1.27× (1.09–1.30) the
     plain write at 161 slots, 1.15× (1.00–1.22) at 256 (the blocked reads); keys and values through it
     1.12× / 1.01×, so the values keep the plain update. The same bits either way."""

@@ -212,6 +212,14 @@ _prefill_in_place = jax.jit(_prefill, static_argnames=("spec", "hold_last"), don
 _prefill_broadcast = jax.jit(_prefill, static_argnames=("spec", "hold_last"))
 
 
+def lower_prefill(base, adapters, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache, rng: jax.Array, *,
+                  spec: SamplerSpec, hold_last: bool = False):
+    """The program `prefill` runs for these arguments (no `rows`), lowered: its compiled text is what a
+    profile joins the executed instructions to (bench.profile)."""
+    return _prefill_in_place.lower(base, adapters, tokens, positions, cache, rng, None, 0, None, spec=spec,
+                                   hold_last=hold_last)
+
+
 def _stop_hit(hist: jnp.ndarray, stops, enabled: jnp.ndarray) -> jnp.ndarray:
     """hist: i32[B, K] last K tokens (newest last) -> i32[B] index of the first matching enabled
     stop sequence, −1 if none."""
