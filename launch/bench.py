@@ -168,7 +168,7 @@ def run(args) -> dict:
         from dart_jax.bench.profile import bench_profile
         return bench_profile(args.model, args.batch, args.length, args.repeats, args.remat, not args.no_torch)
     if which == "profile_decode":
-        from dart_jax.bench.profile import bench_profile_decode
+        from dart_jax.bench.profile_decode import bench_profile_decode
         return bench_profile_decode(args.model, args.batch, args.new_tokens, args.prompt_len, args.repeats,
                                     args.dtype, not args.no_torch)
     if which == "options":

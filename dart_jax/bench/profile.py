@@ -1,8 +1,8 @@
 """Where one GRPO update's time goes: XLA:CPU's executed HLO against PyTorch's aten ops, same shapes.
 
     python -m launch.bench profile            the update of `launch.bench train` (DART 2×r8, SmolLM2 4×512 fp32)
-    python -m launch.bench profile_decode     the greedy decode of `launch.bench sampler` (32 rows, prefill
-                                              included) against transformers' `generate` (bench_profile_decode)
+    python -m launch.bench profile_decode     the greedy decode of `launch.bench sampler`, the same way
+                                              (bench/profile_decode.py)
 
 dart_jax side: the jitted update (bench/train.py's) runs `runs` times under `jax.profiler.trace`; XLA:CPU
 records one event per executed HLO instruction (thunk), which is joined to the compiled module's text
@@ -466,61 +466,3 @@ def bench_profile(model: str = "smollm2-135m-instruct", batch: int = 4, length: 
         out["torch_concat_2r"] = {"wall_s": time.perf_counter() - t, **profile_torch(step, runs, vocab)}
     return out
 
-
-def bench_profile_decode(model: str = "smollm2-135m-instruct", batch: int = 32, new_tokens: int = 128,
-                         prompt_len: int = 32, runs: int = 1, dtype: str = "float32", with_torch: bool = True) -> dict:
-    """The greedy decode of `launch.bench sampler` (`batch` random prompts of `prompt_len` tokens, each
-    decoding exactly `new_tokens`), profiled on both sides: our prefill + decode segment (two compiled
-    modules), transformers' `generate` (its prefill and decode steps). Matmuls with M ≤ 64 are not
-    taken for LoRA factors here (`rank_rows` off: M is the batch's rows, and no adapter is loaded)."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from dart_jax.bench.sampler import _ours_generate, _spec
-    from dart_jax.checkpoints.registry import load_model
-    from dart_jax.models.cache import init_cache
-    from dart_jax.models.names import resolve
-    from dart_jax.models.transformer import per_layer_params
-    from dart_jax.rollout.sampler import decode_segment, lower_prefill, prefill
-
-    path = resolve(model)
-    cfg, base = load_model(path, param_dtype=dtype, compute_dtype=dtype)
-    base = per_layer_params(base)
-    prompt = np.random.default_rng(0).integers(100, cfg.vocab_size, (batch, prompt_len)).astype(np.int32)
-    run = _ours_generate(base, cfg, prompt, new_tokens)
-    run()  # compiled, and each program's arguments known: lower the same calls for their modules' text
-    spec, b, t = _spec(cfg), batch, prompt_len
-    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    cache = init_cache(cfg, b, t + new_tokens + 1)
-    hlo_prefill = lower_prefill(base, None, jnp.asarray(prompt), pos, cache, jax.random.PRNGKey(0),
-                                spec=spec).compile().as_text()
-    state, _ = prefill(base, None, jnp.asarray(prompt), pos, cache, jax.random.PRNGKey(0), spec=spec)
-    hlo_decode = decode_segment.lower(base, None, state, jnp.ones((b,), bool), jnp.ones((b, 1), bool),
-                                      jnp.full((b,), new_tokens, jnp.int32), spec=spec,
-                                      length=new_tokens).compile().as_text()
-    run()
-    t0 = time.perf_counter()
-    tokens = run()
-    wall = time.perf_counter() - t0
-    vocab = cfg.vocab_size
-    out = {"bench": "profile_decode", "model": model, "batch": batch, "new_tokens": new_tokens,
-           "prompt_len": prompt_len, "dtype": dtype, "runs": runs, "tokens_decoded": int(np.asarray(tokens).size),
-           "dart_jax": {"wall_s": wall, **profile_xla(run, [hlo_prefill, hlo_decode], runs, vocab, rank_rows=False)}}
-    if with_torch:
-        import torch
-
-        from dart_jax.parity.model_check import load_torch_model
-        ref = load_torch_model(path).to(getattr(torch, dtype))
-        tt = torch.tensor(prompt, dtype=torch.long)
-
-        def generate():
-            with torch.no_grad():
-                ref.generate(tt, attention_mask=torch.ones_like(tt), max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, pad_token_id=0, do_sample=False)
-        generate()
-        t0 = time.perf_counter()
-        generate()
-        out["transformers"] = {"wall_s": time.perf_counter() - t0,
-                               **profile_torch(generate, runs, vocab, rank_rows=False)}
-    return out

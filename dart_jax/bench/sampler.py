@@ -24,6 +24,7 @@ from dart_jax.rollout.sampler import (
     cache_used,
     decode_segment,
     ensure_capacity,
+    lower_prefill,
     prefill,
 )
 from dart_jax.rollout.sampling import SamplingConfig
@@ -44,17 +45,41 @@ def decode_flops_per_token(cfg, context: int) -> float:
 
 
 def _ours_generate(base, cfg, prompt: np.ndarray, new: int, temperature: float = 0.0):
+    """run() -> tokens: prefill `prompt` and decode exactly `new` tokens a row. run.compiled_texts() -> the
+    compiled text of the prefill's and the decode's programs for the same arguments (bench.profile_decode)."""
     spec = _spec(cfg, temperature)
     b, t = prompt.shape
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    args = lambda: (jnp.ones((b,), bool), jnp.ones((b, 1), bool), jnp.full((b,), new, jnp.int32))  # noqa: E731
 
     def run():
         cache = init_cache(cfg, b, t + new + 1)
         state, _ = prefill(base, None, jnp.asarray(prompt), pos, cache, jax.random.PRNGKey(0), spec=spec)
-        state, seg = decode_segment(base, None, state, jnp.ones((b,), bool), jnp.ones((b, 1), bool),
-                                    jnp.full((b,), new, jnp.int32), spec=spec, length=new)
+        state, seg = decode_segment(base, None, state, *args(), spec=spec, length=new)
         return jax.block_until_ready(seg.tokens)
+
+    def compiled_texts() -> list[str]:
+        cache = init_cache(cfg, b, t + new + 1)
+        pre = lower_prefill(base, None, jnp.asarray(prompt), pos, cache, jax.random.PRNGKey(0), spec=spec)
+        state, _ = prefill(base, None, jnp.asarray(prompt), pos, cache, jax.random.PRNGKey(0), spec=spec)
+        dec = decode_segment.lower(base, None, state, *args(), spec=spec, length=new)
+        return [pre.compile().as_text(), dec.compile().as_text()]
+    run.compiled_texts = compiled_texts
     return run
+
+
+def torch_generate(ref, prompt: np.ndarray, new: int, temperature: float = 0.0):
+    """generate() with transformers: the same prompts, exactly `new` tokens a row, greedy or plain sampling."""
+    import torch
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else \
+        dict(do_sample=False)
+    tt = torch.tensor(prompt, dtype=torch.long)
+
+    def generate():
+        with torch.no_grad():
+            ref.generate(tt, attention_mask=torch.ones_like(tt), max_new_tokens=new, min_new_tokens=new,
+                         pad_token_id=0, **sampling)
+    return generate
 
 
 def bench_sampler(model: str = "smollm2-135m-instruct", batches=(1, 8, 32), new_tokens: int = 128,
@@ -74,20 +99,12 @@ def bench_sampler(model: str = "smollm2-135m-instruct", batches=(1, 8, 32), new_
 
         from dart_jax.parity.model_check import load_torch_model
         ref = load_torch_model(path).to(getattr(torch, dtype))
-        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else \
-            dict(do_sample=False)
     peaks = []
     for b in batches:
         prompt = rng.integers(100, cfg.vocab_size, (b, prompt_len)).astype(np.int32)
         sides = {"dart_jax": _ours_generate(base, cfg, prompt, new_tokens, temperature), "matmul": mm}
         if ref is not None:
-            tt = torch.tensor(prompt, dtype=torch.long)
-
-            def hf(tt=tt):
-                with torch.no_grad():
-                    ref.generate(tt, attention_mask=torch.ones_like(tt), max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens, pad_token_id=0, **sampling)
-            sides["transformers"] = hf
+            sides["transformers"] = torch_generate(ref, prompt, new_tokens, temperature)
         res = interleaved(sides, repeats=repeats)
         peak = peak_per_round(res, mm_flops)
         peaks += peak

@@ -172,7 +172,7 @@ def test_decode_profile_counts_the_models_matmul_work_on_both_sides(tmp_path):
     M = B = 2 rows every projection stays a projection (not a LoRA factor: no adapter is loaded)."""
     pytest.importorskip("torch")
     import tiny_models
-    from dart_jax.bench.profile import bench_profile_decode
+    from dart_jax.bench.profile_decode import bench_profile_decode
     from dart_jax.bench.report import text
 
     D, F, V, L, N, K, H = 256, 512, 1000, 2, 4, 2, 64
