@@ -25,6 +25,15 @@ action policy, as in METHODS), seeds 0-2, the same steps and questions. The prim
 unchanged; DART minus full is secondary (the same seeds x questions bootstrap; the paper: DART 40.5 vs
 Search-R1 30.3 average EM, 3B-Base), with full's role skills beside DART's.
 
+Added 2026-12-07 18:20, stated before their runs (docs/results/lab.md, "DART against MixLoRA and
+2-Agent-LoRA"): mixlora (rank-8 attention LoRAs + 2 rank-8 FFN experts, top-2, load balancing 0.001) and
+2agent_lora (two rank-8 LoRAs over the frozen base, one per role, each trained only on its role's
+tokens), both at 2e-4, seeds 0-2, the same steps and questions. The primary test is unchanged; DART
+minus MixLoRA and DART minus 2-Agent-LoRA are secondary (the same seeds x questions bootstrap; the
+paper: MixLoRA 32.5 average EM on 3B-Base's QA table, 2-Agent 40.6 in the ablation), with their role
+skills and McNemar against the warm start. 2-Agent with two full models is left out: two full-parameter
+runs' state (13 P) and ~2x full's steps, which took 4-17 min each here.
+
     python -m launch.methods --config=configs/methods_lab_compare.py     # every missing stage, resumable
 """
 
@@ -34,7 +43,7 @@ from dart_jax.experiments.methods_run import apply_method, relocate
 OUT = "runs/methods_lab_compare"
 ARCHIVE = methods_lab_lr.ARCHIVE  # DART's runs and the warm start's evaluation are the fourth study's
 REPORT = "docs/results/data/lab/methods_compare/report"
-METHODS = "dart,lora16,full"
+METHODS = "dart,lora16,full,mixlora,2agent_lora"
 
 
 def get_config(arg: str | None = None):
