@@ -98,16 +98,19 @@ class Job:
         sys.stdout.flush()
         self.log.close()
 
-    def finish(self, status: int, usage) -> tuple[str, int, float, float]:
+    def finish(self, status: int, usage) -> tuple[str, int, float, float, float]:
         rc = os.waitstatus_to_exitcode(status)
         self.proc.returncode = rc
         rc = 0 if rc == 5 else rc  # 5: no test collected in this group (e.g. all deselected by -m)
         dt = time.time() - self.t0
         self.show()
-        return self.group, rc, dt, usage.ru_maxrss / 2 ** 20  # Linux: KiB -> GiB
+        # CPU seconds of the group's process and the children it waited for (torch, subprocess workers)
+        cpu = usage.ru_utime + usage.ru_stime
+        return self.group, rc, dt, usage.ru_maxrss / 2 ** 20, cpu  # Linux: KiB -> GiB
 
 
-def run(chosen: list[str], pytest_args: list[str], env: dict, jobs: int) -> list[tuple[str, int, float, float]]:
+def run(chosen: list[str], pytest_args: list[str], env: dict,
+        jobs: int) -> list[tuple[str, int, float, float, float]]:
     pending, running, results = schedule(chosen), {}, []
     jobs = max(1, min(jobs, len(pending)))  # one group: stream it
     log_dir = tempfile.mkdtemp(prefix="dart_jax_suite_logs_") if jobs > 1 else None
@@ -180,10 +183,14 @@ def main(argv: list[str] | None = None) -> int:
         if "DART_JAX_TEST_XLA_CACHE" not in os.environ:
             shutil.rmtree(cache, ignore_errors=True)
     print(f"\n=== summary ({args.jobs} at a time)")
-    for group, rc, dt, rss in results:
-        print(f"{'ok  ' if rc == 0 else f'FAIL (exit {rc})'} {dt:7.1f} s  peak {rss:5.1f} GiB  {group}")
-    print(f"total {time.time() - t0:.0f} s wall, {sum(r[2] for r in results):.0f} s summed over groups")
-    first_bad = next((rc for group in chosen for g, rc, _, _ in results if g == group and rc), 0)
+    for group, rc, dt, rss, cpu in results:
+        status = "ok  " if rc == 0 else f"FAIL (exit {rc})"
+        print(f"{status} {dt:7.1f} s  cpu {cpu:7.1f} s  peak {rss:5.1f} GiB  {group}")
+    wall, cpu = time.time() - t0, sum(r[4] for r in results)
+    # how busy the host's cores were: below ~90% of the cores, more groups side by side (--jobs) could help
+    print(f"total {wall:.0f} s wall, {sum(r[2] for r in results):.0f} s summed over groups, {cpu:.0f} CPU-s "
+          f"({cpu / max(wall, 1e-9) / (os.cpu_count() or 1):.0%} of {os.cpu_count()} cores)")
+    first_bad = next((rc for group in chosen for g, rc, *_ in results if g == group and rc), 0)
     return first_bad
 
 

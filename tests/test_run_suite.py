@@ -64,10 +64,14 @@ def test_run_reports_every_group_and_waits_for_the_others_before_an_alone_group(
     bad = _group(tmp_path, "badgroup", _body(stamp, "slowgroup" if pair else "", False))
     alone = _group(tmp_path, "tools", _body(stamp, "", True))  # "tools" is in ALONE
     results = run_suite.run([alone, bad, slow], PYTEST_ARGS, dict(os.environ), jobs)
-    by_group = {os.path.basename(g): (rc, dt) for g, rc, dt, _ in results}
+    by_group = {os.path.basename(g): (rc, dt) for g, rc, dt, *_ in results}
     assert set(by_group) == {"slowgroup", "badgroup", "tools"}
     assert by_group["badgroup"][0] == 1 and by_group["slowgroup"][0] == 0 and by_group["tools"][0] == 0
     assert [os.path.basename(g) for g, *_ in results][-1] == "tools"
+    # each group's CPU seconds are its own process's (a pytest start-up is ~0.5 CPU-s on this host), never
+    # more than its wall time on every core
+    for g, _, dt, _, cpu in results:
+        assert 0.1 < cpu < dt * (os.cpu_count() or 1) + 0.5, (g, cpu, dt)
     spans = {n: (float(a), float(b), met) for n, a, b, met in (line.split() for line in stamp.read_text().splitlines())}
     assert spans["tools"][0] >= max(spans["slowgroup"][1], spans["badgroup"][1])  # alone: after both ended
     out = capfd.readouterr().out
