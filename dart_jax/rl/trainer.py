@@ -151,8 +151,10 @@ class Trainer:
         rows = [self.rows[i] for i in self.stream.take(tc.prompts_per_step)]
         seed = int(jax.random.randint(jax.random.fold_in(self.key, step), (), 0, 2 ** 31 - 1))
         share = len(rows) // self.nproc  # every process draws the same rows; each rolls out its block
+        self.agent.time.clear()  # the held-out check's phases are not this step's
         ro = stages.rollout(self.agent, self.rollout_trees(), rows[self.pid * share:(self.pid + 1) * share],
                             tc.group_size, seed, row_offset=self.pid * share * tc.group_size)
+        phases = stages.rollout_phases(self.agent)  # this process's share
         if self.nproc > 1:
             ro = stages.gather_rollouts(ro)
         if ro.overlong.all():  # nothing ran (rollout.tasks.overlong; training rows are filtered at start): a backstop
@@ -176,6 +178,7 @@ class Trainer:
         m = stages.step_metrics(ro, sc, upd, self.protocol.name, bool(self.loss_cfg.kl_coef),
                                 self.updater.plan.old_logp == "recompute",
                                 {"rollout": t1 - t0, "score": t2 - t1, "update": t3 - t2})
+        m.update(phases)
         m["rollout/train_questions_overlong"] = float(self.train_overlong)  # left out at start (context rule)
         if any(r.get("lab") for r in ro.rows):  # the lab's questions: tool and reasoning skills apart (lab.metrics)
             m.update(finite(role_skills(batch_records(ro.tb, ro.rows), ro.rows)))

@@ -8,7 +8,9 @@ exact id stream the model saw.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import time
 import typing
 from typing import Any, Callable
 
@@ -141,6 +143,11 @@ class Agent:
         self.spec = SamplerSpec(cfg, router, SamplingConfig(top_k=sampling.top_k), stops, rollout.route_mode,
                                 RolloutMesh.of(mesh))
         self.obs_close_ids = tokenizer.encode(protocol.obs_close, add_special_tokens=False)
+        # where `run`'s time goes, summed over its calls until the caller clears it (rl.stages.rollout_phases):
+        # seconds in the decode segments, the tool and the observation appends (host wall clock; each waits
+        # for its device work, so the prefill dispatched before `run` is in the first segment's), decode
+        # segments and steps, and row-steps (rows in a segment × its steps) against the tokens they kept
+        self.time: collections.Counter = collections.Counter()
 
     def row_sampling(self, b: int) -> RowSampling:
         """The agent's temperature and top-p for each of b rows (what `prefill` puts in the decode state)."""
@@ -241,7 +248,14 @@ class Agent:
             enabled[np.ix_(final, self.stop_groups["tool"])] = False
             room = np.asarray([limit[i] - len(r["ids"]) for i, r in enumerate(resp)])
             budget = np.clip(np.minimum(room, rc.max_tokens_per_turn), 1, seg_bucket)
+            t = time.perf_counter()
             seg = decoder.segment(active, enabled, budget.astype(np.int32), resp)
+            self.time["decode_s"] += time.perf_counter() - t
+            kept = seg.count[active]
+            self.time["segments"] += 1
+            self.time["decode_steps"] += int(kept.max())  # a segment runs until its longest row stops
+            self.time["row_steps"] += int(kept.max()) * int(active.sum())
+            self.time["kept_tokens"] += int(kept.sum())
             queries, q_rows, obs_texts = [], [], {}
             for i in np.nonzero(active)[0]:
                 n = int(seg.count[i])
@@ -263,7 +277,9 @@ class Agent:
                 turns[i].append({"tokens": n, "action": d.action, "query": end.query if d.action == "tool" else None,
                                  "observation": None})
             if queries:
+                t = time.perf_counter()
                 bodies = self.tool(queries, [meta[i] for i in q_rows])
+                self.time["tool_s"] += time.perf_counter() - t
                 for i, body in zip(q_rows, bodies):
                     obs_texts[i], body, replaced = self.observation(body, int(calls[i]))
                     turns[i][-1]["observation"] = body
@@ -309,7 +325,10 @@ class Agent:
         do = np.zeros(b, bool)
         for i, ids in fits.items():
             obs[i, :len(ids)], obs_len[i], do[i] = ids, len(ids), True
+        t = time.perf_counter()
         obs_routes = decoder.observe(obs, obs_len, do, resp)
+        self.time["append_s"] += time.perf_counter() - t
+        self.time["appends"] += 1
         for i in np.nonzero(do)[0]:
             spans[i].append((len(resp[i]["ids"]), len(fits[i]), int(i) in tool_rows))
             resp[i]["ids"] += fits[i]
