@@ -148,8 +148,11 @@ class Evaluator:
         try:
             for s, rows, counts in loaded:
                 t0 = time.perf_counter()
+                self.agent.take_phases()
                 done[s.name] = self._run_set(s, items[s.name], kept[s.name], base, adapters, bar, out)
                 results[s.name] = summarize(s, rows, done[s.name], counts, n, time.perf_counter() - t0)
+                # where this set's rollouts spent their time (this process's batches; rollout.agent.take_phases)
+                results[s.name]["phases"] = {k: round(v, 3) for k, v in self.agent.take_phases().items()}
         finally:
             bar.close()
             if out:

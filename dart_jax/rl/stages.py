@@ -97,20 +97,6 @@ def rollout(agent: Agent, trees: tuple[Any, Any], rows: list[dict], group_size: 
     return parts[0] if len(parts) == 1 else concat_rollouts(parts)
 
 
-def rollout_phases(agent: Agent) -> dict:
-    """Where the rollouts since the last call spent their time (`Agent.time`, then cleared): seconds in
-    decode segments, tool calls and observation appends, decode segments and steps, and the decode's fill
-    (tokens kept / row-steps run: below 1 where a segment's rows wait for its longest one)."""
-    t, out = dict(agent.time), {}
-    agent.time.clear()
-    for k in ("decode_s", "tool_s", "append_s", "admit_s", "segments", "decode_steps", "appends"):
-        if k in t:
-            out[f"rollout/{k}"] = float(t[k])
-    if t.get("row_steps"):
-        out["rollout/decode_fill"] = float(t["kept_tokens"]) / float(t["row_steps"])
-    return out
-
-
 def runs(flags: list[bool]) -> list[tuple[int, int]]:
     """[a, b) ranges of consecutive equal `flags`, in order."""
     out, a = [], 0

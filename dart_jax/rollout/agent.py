@@ -143,11 +143,25 @@ class Agent:
         self.spec = SamplerSpec(cfg, router, SamplingConfig(top_k=sampling.top_k), stops, rollout.route_mode,
                                 RolloutMesh.of(mesh))
         self.obs_close_ids = tokenizer.encode(protocol.obs_close, add_special_tokens=False)
-        # where `run`'s time goes, summed over its calls until the caller clears it (rl.stages.rollout_phases):
+        # where `run`'s time goes, summed over its calls until the caller takes it (`take_phases`):
         # seconds in the decode segments, the tool and the observation appends (host wall clock; each waits
         # for its device work, so the prefill dispatched before `run` is in the first segment's), decode
         # segments and steps, and row-steps (rows in a segment × its steps) against the tokens they kept
         self.time: collections.Counter = collections.Counter()
+
+    def take_phases(self) -> dict:
+        """Where the rollouts since the last call spent their time (`self.time`, then cleared): seconds in
+        decode segments, tool calls, observation appends (and the engine's admissions), decode segments
+        and steps, appends, and the decode's fill (tokens kept / row-steps run: below 1 where a segment's
+        rows wait for its longest one)."""
+        t, out = dict(self.time), {}
+        self.time.clear()
+        for k in ("decode_s", "tool_s", "append_s", "admit_s", "segments", "decode_steps", "appends"):
+            if k in t:
+                out[k] = float(t[k])
+        if t.get("row_steps"):
+            out["decode_fill"] = float(t["kept_tokens"]) / float(t["row_steps"])
+        return out
 
     def row_sampling(self, b: int) -> RowSampling:
         """The agent's temperature and top-p for each of b rows (what `prefill` puts in the decode state)."""

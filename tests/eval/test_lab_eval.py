@@ -158,6 +158,10 @@ def test_a_lab_set_is_searched_over_its_world_with_role_skills_per_cell(tiny_smo
     assert "lab_world1: retrieval over its own corpus lab/world1/corpus.jsonl (lexical" in md
     saved = json.load(open(os.path.join(out, "results.json")))
     assert saved["datasets"]["lab_world1"]["lab"]["cells"]["h2_bool"]["lab/trajectories"] == 1
+    # where the set's rollouts spent their time (Agent.take_phases): its tool call, parts of its seconds
+    ph = saved["datasets"]["lab_world1"]["phases"]
+    assert ph["segments"] >= 2 and ph["appends"] >= 1 and 0 < ph["decode_fill"] <= 1
+    assert 0 < ph["decode_s"] + ph["tool_s"] + ph["append_s"] <= saved["datasets"]["lab_world1"]["seconds"] + 0.1
     assert "lab/tool_skill" in open(os.path.join(out, "results.csv")).readline()
 
     # resuming reuses a set only over the corpus it was searched over

@@ -154,7 +154,7 @@ def test_sql_task_trains_on_real_spider_databases(tiny_smollm_dir, tmp_path):
     assert row["reward/mean"] == -1.0 and row["reward/spider_dev"] == -1.0
     assert row["advantage/abs_mean"] == 0.0
     assert "adapters" not in out
-    # where the rollout's time went (stages.rollout_phases): parts of it, and a fill a decode can have
+    # where the rollout's time went (Agent.take_phases): parts of it, and a fill a decode can have
     # (the random model calls no tool: no tool_s)
     phases = row["rollout/decode_s"] + row.get("rollout/tool_s", 0.0) + row.get("rollout/append_s", 0.0)
     assert 0 < phases <= row["time/rollout_s"] and row["rollout/segments"] >= 1

@@ -77,7 +77,7 @@ def test_a_grpo_batch_on_the_engine_is_the_batch_samplers(serve_setup):
         assert g == w, i
     for k in ("ids", "positions", "loss_mask", "route_ids"):  # the padding too
         np.testing.assert_array_equal(getattr(got, k), getattr(want, k), err_msg=k)
-    # the engine's phases in the agent's account (stages.rollout_phases), as the batch loop's are
+    # the engine's phases in the agent's account (Agent.take_phases), as the batch loop's are
     assert on.time["decode_s"] > 0 and on.time["admit_s"] > 0 and on.time["appends"] >= 1
     assert want.tool_calls().sum() >= 1 and agent.time["tool_s"] > 0 and agent.time["segments"] >= 2
 
