@@ -343,7 +343,13 @@ def _markdown(summary: dict, per_run: dict, datasets: list[str], times: dict) ->
         # each stage's items in the order they ran
         done = [[stage, item, f"{v['seconds'] / 60:.1f}", v.get("finished", "")] for stage, items in times.items()
                 for item, v in sorted(items.items(), key=lambda kv: str(kv[1].get("finished", "")))]
-        lines += ["", "## Wall time", "", markdown_table(["stage", "run", "minutes", "finished"], done)]
+        lines += ["", "## Wall time", ""]
+        if any(v.get("logged") for v in times.get("train", {}).values()):
+            lines += ["A training's minutes are its logged GRPO steps and held-out checks, summed over every "
+                      "segment of a resumed run; a step's time includes any pause of its process (this host "
+                      "pauses long runs during benchmarks) and any other job beside it. Other stages: the "
+                      "stage's own wall time.", ""]
+        lines.append(markdown_table(["stage", "run", "minutes", "finished"], done))
     return "\n".join(lines) + "\n"
 
 

@@ -146,10 +146,17 @@ class MethodsStages(StageLog):
         self.archive_dir = os.path.join(REPO, archive) if archive and not os.path.isabs(archive) else archive
 
     def times(self) -> dict:
-        """Stage times: the archive's, overridden item by item by `out`'s."""
+        """Stage times: the archive's, overridden item by item by `out`'s; a training's from its logged steps
+        where its metrics are found (`logged_seconds`: every segment of a resumed run)."""
         merged = _read_json(os.path.join(self.archive_dir, "stages.json")) if self.archive_dir else {}
         for stage, items in self._own_times().items():
             merged.setdefault(stage, {}).update(items)
+        for name, item in merged.get("train", {}).items():
+            for root in (self.out, self.archive_dir):
+                logged = logged_seconds(os.path.join(root, "train", name)) if root else None
+                if logged is not None:
+                    item.update(seconds=round(logged, 1), logged=True)
+                    break
         return merged
 
     def train(self) -> dict:
@@ -182,11 +189,12 @@ class MethodsStages(StageLog):
                 log.info("methods train %s: done (%s holds step %d)", name, rc.output.dir, have)
                 done[name] = "skipped"
                 continue
-            # a resumed run's time adds to what its earlier segments took
-            before = self._own_times().get("train", {}).get(name, {}).get("seconds", 0.0) if have else 0.0
+            # a resumed run's time: its logged steps over every segment, those of segments cut short included
             t0 = time.perf_counter()
             Trainer(rc).run(resume=have > 0, overwrite=have == 0)
-            self._record("train", name, before + time.perf_counter() - t0, steps=want, resumed_from=have)
+            logged = logged_seconds(rc.output.dir)
+            self._record("train", name, time.perf_counter() - t0 if logged is None else logged, steps=want,
+                         resumed_from=have, logged=logged is not None)
             done[name] = "trained"
         return done
 
@@ -433,6 +441,23 @@ def _archive_scores(src: str, dst: str) -> None:
         for rec in read_records(src):
             g.write((json.dumps({k: v for k, v in rec.items() if k not in ("pieces", "question")}) + "\n").encode())
     os.replace(dst + ".tmp", dst)
+
+
+def logged_seconds(run_dir: str) -> float | None:
+    """A training run's time as its metrics logged it: each GRPO step's `time/step_s` and each held-out
+    check's `time/eval_s`, summed over every row of metrics.jsonl (a resumed run's segments all count,
+    including those a kill cut short; a restored checkpoint's steps are logged once). None without the
+    file. A step's time includes any pause of its process."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return None
+    rows = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                rows[row.get("step")] = row  # a step logged again by a resumed segment counts once, as last logged
+    return float(sum(r.get("time/step_s", 0.0) + r.get("time/eval_s", 0.0) for r in rows.values()))
 
 
 def _read_json(path: str) -> dict:

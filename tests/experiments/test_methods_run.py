@@ -89,16 +89,17 @@ def test_the_fourth_lab_study_changes_only_the_rate():
 
 
 def test_the_lab_method_comparison_is_the_fourth_study_with_lora16_and_full_beside_dart():
-    """DART's runs are the fourth study's (same run config, read from its archive); LoRA-16 and full
-    differ from them only in the method's own settings."""
+    """DART's runs are the fourth study's (same run config, read from its archive); LoRA-16, full, MixLoRA
+    and 2-Agent-LoRA differ from them only in the method's own settings."""
     from configs import methods_lab_compare, methods_lab_lr
     from dart_jax.experiments.methods_run import METHODS, MethodsStages, run_name
     from dart_jax.run.run_dir import config_differences
     from tests.test_configs import _validate
     c = methods_lab_compare.get_config()
-    assert c.methods.methods == "dart,lora16,full" and c.methods.archive == methods_lab_lr.ARCHIVE
+    methods = ("dart", "lora16", "full", "mixlora", "2agent_lora")
+    assert c.methods.methods == ",".join(methods) and c.methods.archive == methods_lab_lr.ARCHIVE
     stages = MethodsStages(c)
-    assert stages.runs == [(m, s) for m in ("dart", "lora16", "full") for s in (0, 1, 2)]
+    assert stages.runs == [(m, s) for m in methods for s in (0, 1, 2)]
     for s in (0, 1, 2):
         a, b = methods_lab_lr.get_config(f"dart,{s}"), methods_lab_compare.get_config(f"dart,{s}")
         _validate(b)
@@ -118,6 +119,17 @@ def test_the_lab_method_comparison_is_the_fourth_study_with_lora16_and_full_besi
         diffs = {d.split(":")[0] for d in config_differences(config_dict(b), config_dict(full), ignore=())}
         assert diffs <= {"method.variant", "method.rank", "method.alpha", "method.role_mask", "output.dir",
                          "output.export_adapters", "optim.lr", "rollout.invalid_action"}, diffs
+        # MixLoRA and 2-Agent-LoRA: the method's own settings, at DART's rate
+        mix, two = methods_lab_compare.get_config(f"mixlora,{s}"), methods_lab_compare.get_config(f"2agent_lora,{s}")
+        for other in (mix, two):
+            _validate(other)
+            assert other.optim.lr == b.optim.lr and other.train.seed == s
+        assert (mix.method.variant, mix.method.experts, mix.method.top_k) == ("mixlora", 2, 2)
+        assert (two.method.variant, two.method.agent_params, two.method.rank) == ("2agent", "lora", 8)
+        for other, own in ((mix, {"method.experts", "method.top_k", "method.router_aux_coef"}),
+                           (two, {"method.agent_params"})):
+            diffs = {d.split(":")[0] for d in config_differences(config_dict(b), config_dict(other), ignore=())}
+            assert diffs <= {"method.variant", "method.role_mask", "output.dir", "output.export_adapters"} | own, diffs
 
 
 def test_grpo_signal_by_hand(tmp_path):
@@ -150,6 +162,17 @@ def test_paired_mcnemar_by_hand():
     assert paired(a, a, "nq")["p"] == 1.0 and paired(a, b, "hotpotqa")["n"] == 0
 
 
+def test_a_trainings_logged_time_counts_every_segment_and_each_step_once(tmp_path):
+    """A run resumed twice (a segment killed after logging step 2 without its checkpoint, so step 2 ran
+    again): each step's time as last logged, the held-out checks' beside them; no file, no figure."""
+    from dart_jax.experiments.methods_run import logged_seconds
+    rows = [{"step": 0, "time/eval_s": 30.0}, {"step": 1, "time/step_s": 100.0}, {"step": 2, "time/step_s": 90.0},
+            {"step": 2, "time/step_s": 80.0}, {"step": 3, "time/step_s": 70.0, "time/eval_s": 20.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
+    assert logged_seconds(str(tmp_path)) == 30 + 100 + 80 + 70 + 20
+    assert logged_seconds(str(tmp_path / "missing")) is None
+
+
 def test_launch_methods_end_to_end(tiny_smollm_dir, tmp_path, capsys):
     out = tmp_path / "methods"
     assert launch_methods.main(_args(tiny_smollm_dir, out)) == 0
@@ -173,6 +196,10 @@ def test_launch_methods_end_to_end(tiny_smollm_dir, tmp_path, capsys):
     times = json.load(open(out / "stages.json"))
     assert (set(times["train"]) == {"dart_s0", "2agent_s0"}
             and set(times["eval"]) == {"warm_start", "dart_s0", "2agent_s0"})
+    for name, t in times["train"].items():  # a training's time: its logged steps and checks
+        rows = [json.loads(s) for s in open(out / "train" / name / "metrics.jsonl")]
+        logged = sum(r.get("time/step_s", 0) + r.get("time/eval_s", 0) for r in rows)
+        assert t["logged"] and t["seconds"] == pytest.approx(logged, abs=0.05)  # recorded to 0.1 s
     # the starting policy evaluated on the same questions; every run paired against it, and DART against 2-Agent
     assert all(n == 2 for _, n in summary["reference"]["counts"].values())
     pairs = {(q["a"], q["b"], q["dataset"]): q for q in summary["paired"]}
