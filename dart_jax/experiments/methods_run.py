@@ -103,6 +103,10 @@ def apply_method(c, method: str, seed: int):
         c.output.checkpoint_every = m.pop("checkpoint_every")
     for k, v in m.items():
         c.method[k] = v
+    if c.method.variant == "2agent" and c.rollout.get("engine") == "continuous":
+        # two models decode batch-synchronously (serve.rollouts.check_engine): its evaluation runs the batch
+        # loop, the same draws per row as the engine's (greedy: the same tokens up to batch-shape rounding)
+        c.rollout.engine = "batch"
     c.train.seed = int(seed)
     c.output.dir = f"{c.methods.out}/train/{method}_s{seed}"
     c.output.export_adapters = method == "dart"

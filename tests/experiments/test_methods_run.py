@@ -126,8 +126,10 @@ def test_the_lab_method_comparison_is_the_fourth_study_with_lora16_and_full_besi
             assert other.optim.lr == b.optim.lr and other.train.seed == s
         assert (mix.method.variant, mix.method.experts, mix.method.top_k) == ("mixlora", 2, 2)
         assert (two.method.variant, two.method.agent_params, two.method.rank) == ("2agent", "lora", 8)
+        # the engine serves one model: 2-Agent's evaluation runs the batch loop (the study's others: the engine)
+        assert (b.rollout.engine, mix.rollout.engine, two.rollout.engine) == ("continuous", "continuous", "batch")
         for other, own in ((mix, {"method.experts", "method.top_k", "method.router_aux_coef"}),
-                           (two, {"method.agent_params"})):
+                           (two, {"method.agent_params", "rollout.engine"})):
             diffs = {d.split(":")[0] for d in config_differences(config_dict(b), config_dict(other), ignore=())}
             assert diffs <= {"method.variant", "method.role_mask", "output.dir", "output.export_adapters"} | own, diffs
 
