@@ -32,7 +32,8 @@ tokens), both at 2e-4, seeds 0-2, the same steps and questions. The primary test
 minus MixLoRA and DART minus 2-Agent-LoRA are secondary (the same seeds x questions bootstrap; the
 paper: MixLoRA 32.5 average EM on 3B-Base's QA table, 2-Agent 40.6 in the ablation), with their role
 skills and McNemar against the warm start. 2-Agent with two full models is left out: two full-parameter
-runs' state (13 P) and ~2x full's steps, which took 4-17 min each here.
+runs' state (13 P) and ~2x full's steps, which took 4-17 min each here (corrected after the full runs:
+those were medians with the host's pauses; unpaused steps took 2-5 min, docs/results/lab.md).
 
     python -m launch.methods --config=configs/methods_lab_compare.py     # every missing stage, resumable
 """

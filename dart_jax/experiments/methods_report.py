@@ -346,9 +346,9 @@ def _markdown(summary: dict, per_run: dict, datasets: list[str], times: dict) ->
         lines += ["", "## Wall time", ""]
         if any(v.get("logged") for v in times.get("train", {}).values()):
             lines += ["A training's minutes are its logged GRPO steps and held-out checks, summed over every "
-                      "segment of a resumed run; a step's time includes any pause of its process (this host "
-                      "pauses long runs during benchmarks) and any other job beside it. Other stages: the "
-                      "stage's own wall time.", ""]
+                      "segment of a resumed run (a step a kill cut short is not kept); a step's time includes any "
+                      "pause of its process (this host pauses long runs during benchmarks) and any other job "
+                      "beside it. Other stages: the stage's own wall time.", ""]
         lines.append(markdown_table(["stage", "run", "minutes", "finished"], done))
     return "\n".join(lines) + "\n"
 

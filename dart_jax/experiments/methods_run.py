@@ -193,7 +193,7 @@ class MethodsStages(StageLog):
                 log.info("methods train %s: done (%s holds step %d)", name, rc.output.dir, have)
                 done[name] = "skipped"
                 continue
-            # a resumed run's time: its logged steps over every segment, those of segments cut short included
+            # a resumed run's time: its kept steps' logged times over every segment (logged_seconds)
             t0 = time.perf_counter()
             Trainer(rc).run(resume=have > 0, overwrite=have == 0)
             logged = logged_seconds(rc.output.dir)
@@ -277,6 +277,10 @@ class MethodsStages(StageLog):
         if os.path.isfile(os.path.join(dst, "results.json")):
             diffs = [] if self._finished(dst, step, limit) else ["its step, limit or datasets"]
             diffs += self._archive_differences(name) if not diffs else []
+            if not diffs and _same_results(src, dst):
+                # archived before: its config.json (the settings it ran with) is kept, not rewritten with
+                # settings added since
+                return "archived earlier"
             if diffs:
                 log.warning("methods archive %s: %s holds a finished run made differently (%s); left as it is "
                             "(give a trial comparison another methods.archive, or '' for none)", name, dst,
@@ -447,11 +451,17 @@ def _archive_scores(src: str, dst: str) -> None:
     os.replace(dst + ".tmp", dst)
 
 
+def _same_results(src: str, dst: str) -> bool:
+    """The evaluation in `src` is the one archived in `dst` (the same results.json)."""
+    a, b = _read_json(os.path.join(src, "results.json")), _read_json(os.path.join(dst, "results.json"))
+    return bool(a) and a == b
+
+
 def logged_seconds(run_dir: str) -> float | None:
-    """A training run's time as its metrics logged it: each GRPO step's `time/step_s` and each held-out
-    check's `time/eval_s`, summed over every row of metrics.jsonl (a resumed run's segments all count,
-    including those a kill cut short; a restored checkpoint's steps are logged once). None without the
-    file. A step's time includes any pause of its process."""
+    """A training run's time as its metrics logged it: each kept GRPO step's `time/step_s` and each held-out
+    check's `time/eval_s`, summed over metrics.jsonl (a resumed run's segments all count; a resume drops
+    the rows after its checkpoint, so steps a kill cut short, start-up and checkpoint saves do not). None
+    without the file. A step's time includes any pause of its process."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
         return None
@@ -460,7 +470,7 @@ def logged_seconds(run_dir: str) -> float | None:
         for line in f:
             if line.strip():
                 row = json.loads(line)
-                rows[row.get("step")] = row  # a step logged again by a resumed segment counts once, as last logged
+                rows[row.get("step")] = row  # each step once (a resume rewrites the file from its checkpoint)
     return float(sum(r.get("time/step_s", 0.0) + r.get("time/eval_s", 0.0) for r in rows.values()))
 
 

@@ -151,7 +151,6 @@ class Trainer:
         rows = [self.rows[i] for i in self.stream.take(tc.prompts_per_step)]
         seed = int(jax.random.randint(jax.random.fold_in(self.key, step), (), 0, 2 ** 31 - 1))
         share = len(rows) // self.nproc  # every process draws the same rows; each rolls out its block
-        self.agent.take_phases()  # the held-out check's phases are not this step's
         ro = stages.rollout(self.agent, self.rollout_trees(), rows[self.pid * share:(self.pid + 1) * share],
                             tc.group_size, seed, row_offset=self.pid * share * tc.group_size)
         phases = {f"rollout/{k}": v for k, v in self.agent.take_phases().items()}  # this process's share

@@ -146,7 +146,9 @@ class Agent:
         # where `run`'s time goes, summed over its calls until the caller takes it (`take_phases`):
         # seconds in the decode segments, the tool and the observation appends (host wall clock; each waits
         # for its device work, so the prefill dispatched before `run` is in the first segment's), decode
-        # segments and steps, and row-steps (rows in a segment × its steps) against the tokens they kept
+        # segments, decode steps (per decode call, its longest row's tokens; the first token of a call is
+        # drawn from logits already computed) and row-steps (rows in a call × its steps) against the tokens
+        # kept. The serving engine adds its own phase seconds (serve.rollouts), not steps
         self.time: collections.Counter = collections.Counter()
 
     def take_phases(self) -> dict:
@@ -262,14 +264,16 @@ class Agent:
             enabled[np.ix_(final, self.stop_groups["tool"])] = False
             room = np.asarray([limit[i] - len(r["ids"]) for i, r in enumerate(resp)])
             budget = np.clip(np.minimum(room, rc.max_tokens_per_turn), 1, seg_bucket)
-            t = time.perf_counter()
+            t, appended = time.perf_counter(), self.time["append_s"]
             seg = decoder.segment(active, enabled, budget.astype(np.int32), resp)
-            self.time["decode_s"] += time.perf_counter() - t
+            # a decoder that appends inside its segment (a two-model hand-off) books that time as append_s
+            self.time["decode_s"] += time.perf_counter() - t - (self.time["append_s"] - appended)
             kept = seg.count[active]
             self.time["segments"] += 1
-            self.time["decode_steps"] += int(kept.max())  # a segment runs until its longest row stops
-            self.time["row_steps"] += int(kept.max()) * int(active.sum())
             self.time["kept_tokens"] += int(kept.sum())
+            if not getattr(decoder, "own_account", False):  # one decode call: it runs to its longest row's tokens
+                self.time["decode_steps"] += int(kept.max())
+                self.time["row_steps"] += int(kept.max()) * int(active.sum())
             queries, q_rows, obs_texts = [], [], {}
             for i in np.nonzero(active)[0]:
                 n = int(seg.count[i])
@@ -342,7 +346,8 @@ class Agent:
         t = time.perf_counter()
         obs_routes = decoder.observe(obs, obs_len, do, resp)
         self.time["append_s"] += time.perf_counter() - t
-        self.time["appends"] += 1
+        if not getattr(decoder, "own_account", False):  # a two-model decoder books its hand-off appends itself
+            self.time["appends"] += 1
         for i in np.nonzero(do)[0]:
             spans[i].append((len(resp[i]["ids"]), len(fits[i]), int(i) in tool_rows))
             resp[i]["ids"] += fits[i]

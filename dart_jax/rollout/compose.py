@@ -29,6 +29,7 @@ while in the two-model mode each policy reads the whole history through its own 
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Mapping
 
 import jax
@@ -105,6 +106,10 @@ def rollout_policy(agent: Agent, base, adapters, prompts: list[list[int]], uids:
 class TwoPolicies:
     """The agent loop's decoder (`agent.Decoder`) for a two-policy composition (`Agent.run`)."""
 
+    # a segment is a decode call per hand-off, an append each hand-off: it books its own decode steps and
+    # appends in Agent.time (its `observe` only replays the router on the host)
+    own_account = True
+
     def __init__(self, agent: Agent, reasoning: Policy, tool: Policy, prompts: list[list[int]], seed: int,
                  row_offset: int = 0):
         self.agent = agent
@@ -152,8 +157,12 @@ class TwoPolicies:
             obs[i, :len(d)], obs_len[i] = d, len(d)
         st = ensure_capacity(self.states[w], cache_used(self.states[w]) + width + 1 + self.seg_bucket,
                              self.specs[w].placement)
+        t = time.perf_counter()
         self.states[w], _ = run_append(self.bases[w], self.pols[w].adapters, st, obs, obs_len, rows, spec=self.specs[w],
                                        gather_rows=self.agent.rc.gather_rows)
+        jax.block_until_ready(self.states[w])  # its time is the append's, not the next decode's (Agent.time)
+        self.agent.time["append_s"] += time.perf_counter() - t
+        self.agent.time["appends"] += 1
         for i, d in delta.items():
             self.consumed[w, i] += 1 + len(d)
         self.appends[w] += 1
@@ -185,6 +194,9 @@ class TwoPolicies:
                 self.states[w], seg = run_segment(self.bases[w], self.pols[w].adapters, st, rows, en,
                                                   np.maximum(left, 1), spec=self.specs[w], length=n,
                                                   gather_rows=self.agent.rc.gather_rows)
+                steps = int(seg.count[rows].max())  # this call's longest row: a segment is several calls here
+                self.agent.time["decode_steps"] += steps
+                self.agent.time["row_steps"] += steps * int(rows.sum())
                 router = jax.device_get(self.states[w].router)
                 for i in np.nonzero(rows)[0]:
                     k, c = int(seg.count[i]), int(out.count[i])

@@ -126,10 +126,10 @@ def continuous_rollouts(agent: Agent, base, adapters, prompts: list[list[int]], 
                 engine.stats["admits"], engine.stats["appends"], engine.stats["group_admitted"])
     finally:
         engine.close()
-        # the engine's phases in the agent's account (Agent.time; its tool calls overlap the decode: not apart)
+        # the engine's phase seconds in the agent's account (Agent.time): decode (its tool calls overlap it:
+        # not apart), append, admit; no steps or fill (its rows refill as they finish)
         for k, v in engine.time.items():
             agent.time[f"{k}_s"] += v
-        agent.time["appends"] += engine.stats["appends"]
 
 
 def engine_batch(agent: Agent, base, adapters, prompts: list[list[int]], uids: list, metas: list[dict] | None,

@@ -164,12 +164,11 @@ def test_paired_mcnemar_by_hand():
     assert paired(a, a, "nq")["p"] == 1.0 and paired(a, b, "hotpotqa")["n"] == 0
 
 
-def test_a_trainings_logged_time_counts_every_segment_and_each_step_once(tmp_path):
-    """A run resumed twice (a segment killed after logging step 2 without its checkpoint, so step 2 ran
-    again): each step's time as last logged, the held-out checks' beside them; no file, no figure."""
+def test_a_trainings_logged_time_is_its_steps_and_checks(tmp_path):
+    """The held-out checks' time beside the steps' (the last step's row holds both); no file, no figure."""
     from dart_jax.experiments.methods_run import logged_seconds
-    rows = [{"step": 0, "time/eval_s": 30.0}, {"step": 1, "time/step_s": 100.0}, {"step": 2, "time/step_s": 90.0},
-            {"step": 2, "time/step_s": 80.0}, {"step": 3, "time/step_s": 70.0, "time/eval_s": 20.0}]
+    rows = [{"step": 0, "time/eval_s": 30.0}, {"step": 1, "time/step_s": 100.0}, {"step": 2, "time/step_s": 80.0},
+            {"step": 3, "time/step_s": 70.0, "time/eval_s": 20.0}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
     assert logged_seconds(str(tmp_path)) == 30 + 100 + 80 + 70 + 20
     assert logged_seconds(str(tmp_path / "missing")) is None
@@ -255,6 +254,14 @@ def test_methods_archive_outlives_the_output_directory(tiny_smollm_dir, tmp_path
     assert json.load(open(archive / "eval" / "dart_s0" / "config.json"))["optim"]["lr"] == 2e-4
     kept = json.load(open(archive / "stages.json"))
     assert set(kept["train"]) == {"dart_s0"} and set(kept["eval"]) == {"warm_start", "dart_s0"}
+    # archiving again keeps an entry of the same evaluation as it is: its config.json records the settings
+    # it ran with, not settings a later version added
+    cfg_path = archive / "eval" / "dart_s0" / "config.json"
+    as_run = json.load(open(cfg_path))
+    as_run["output"]["progress"] = "as it ran"  # a field that is not a difference (run_dir.UNCHANGING)
+    cfg_path.write_text(json.dumps(as_run))
+    assert launch_methods.main(args + ["--stage=archive"]) == 0
+    assert json.load(open(cfg_path)) == as_run
     shutil.rmtree(archive)                         # --stage=archive rebuilds it from what out holds
     assert launch_methods.main(args + ["--stage=archive"]) == 0
     assert json.load(open(archive / "stages.json")) == kept

@@ -64,7 +64,9 @@ def test_a_grpo_batch_on_the_engine_is_the_batch_samplers(serve_setup):
     agent, base, prompts = serve_setup
     ps, uids = [prompts[0]] * 3 + [prompts[2]] * 3, ["a"] * 3 + ["b"] * 3
     metas = [{"k": i} for i in range(6)]
+    agent.take_phases()  # the session's earlier rollouts
     want = agent.rollout(base, None, ps, uids, metas, seed=5, row_offset=6)
+    phases = agent.take_phases()
     on = Agent(agent.spec.model, agent.tok, agent.protocol, agent.tool, SamplingConfig(temperature=1.0),
                dataclasses.replace(RC, engine_segment=8))
     got = engine_batch(on, base, None, ps, uids, metas, seed=5, row_offset=6)
@@ -77,9 +79,17 @@ def test_a_grpo_batch_on_the_engine_is_the_batch_samplers(serve_setup):
         assert g == w, i
     for k in ("ids", "positions", "loss_mask", "route_ids"):  # the padding too
         np.testing.assert_array_equal(getattr(got, k), getattr(want, k), err_msg=k)
-    # the engine's phases in the agent's account (Agent.take_phases), as the batch loop's are
-    assert on.time["decode_s"] > 0 and on.time["admit_s"] > 0 and on.time["appends"] >= 1
-    assert want.tool_calls().sum() >= 1 and agent.time["tool_s"] > 0 and agent.time["segments"] >= 2
+    # the batch loop's account (Agent.take_phases), from its trajectories: a segment per turn, each as long
+    # as the turn's longest row, every row still running in it; the engine's phase seconds beside
+    turns = want.turns
+    n_seg = max(map(len, turns))
+    longest = [max(t[k]["tokens"] for t in turns if len(t) > k) for k in range(n_seg)]
+    row_steps = sum(m * sum(len(t) > k for t in turns) for k, m in enumerate(longest))
+    assert phases["segments"] == n_seg and phases["decode_steps"] == sum(longest)
+    assert phases["decode_fill"] == pytest.approx(want.loss_mask.sum() / row_steps)
+    assert phases["appends"] >= 1 and phases["tool_s"] > 0 and phases["append_s"] > 0
+    engine = on.take_phases()
+    assert engine["decode_s"] > 0 and engine["admit_s"] > 0 and "segments" not in engine
 
 
 def test_the_engine_refuses_what_it_cannot_run(serve_setup):
