@@ -126,8 +126,11 @@ def test_evaluation_on_the_engine_writes_the_batch_records(serve_setup, tmp_path
     assert [(r["id"], r["sample"]) for r in recs_c] == [(r["id"], r["sample"]) for r in recs_b]  # item order
     assert all(r["turns"] > 1 for r in recs_b)  # every row paused (a tool call or a corrective message)
     assert recs_c == recs_b
-    same = lambda r: json.dumps({k: v for k, v in r[lab.name].items() if k != "seconds"}, sort_keys=True)  # noqa: E731
+    # the same results but where the time went (seconds, the loop's or the engine's phases)
+    same = lambda r: json.dumps({k: v for k, v in r[lab.name].items() if k not in ("seconds", "phases")},  # noqa: E731
+                                sort_keys=True)
     assert same(res_c) == same(res_b)  # (json: the lab's NaN rates compare equal)
+    assert res_b[lab.name]["phases"]["segments"] >= 1 and res_c[lab.name]["phases"]["admit_s"] > 0
 
 
 def test_a_low_memory_map_limit_falls_back_to_the_batch_loop_with_a_warning(tmp_path, caplog):
