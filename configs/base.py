@@ -30,7 +30,9 @@ parses the sections back into them:
                     device, one model; engine_segment tokens per decode segment); gather_rows: a batch of
                     at least this many rows decodes and appends only its running rows once they fit a
                     smaller bucket (1, 2, 4, …; one device; a raised vm.max_map_count on XLA:CPU; 0 =
-                    never): the same draws per row
+                    never): the same draws per row; obs_multiple: an observation append's columns, the
+                    power-of-two bucket of its longest observation (0) or that length rounded up to a
+                    multiple of obs_multiple (more compiled widths, less padded prefill)
     retriever       the <search> tool: a Search-R1 retrieval server at `url`, else the index directory
                     `index_dir` (launch.build_index), else an index of `corpus` by `encoder` built on first
                     use. Prefixes "" take the index's meta.json (detected from the encoder: "query: " /

@@ -43,7 +43,7 @@ from dart_jax.tokenization.tokenizer import encode_text
 INVALID_POLICIES = ("search_r1", "none")
 # rollout settings that place, split or share arrays, not what the trajectories are
 LAYOUT_ONLY = ("decode_layout", "chunk_rows", "share_prompt_prefill", "engine", "train_engine", "engine_segment",
-               "gather_rows")
+               "gather_rows", "obs_multiple")
 # how rollouts are decoded: "batch" (Agent.run: a batch's turns in lockstep, each turn waiting for its
 # longest row) or "continuous" (serve.engine: rows refilled as they finish, tool calls off the decode
 # step, finished and paused rows cost nothing; each row draws as it would in its batch)
@@ -78,6 +78,11 @@ class RolloutConfig:
     # bucket of 1, 2, 4, … rows, whenever that bucket is smaller than the batch (rollout.gather; one
     # device; on XLA:CPU where vm.max_map_count holds the extra programs); 0 = never
     gather_rows: int = 8
+    # columns of a batch's observation append (the batch loop): 0 = the power-of-two bucket of its longest
+    # observation (`bucket`: few compiled widths); k > 0 = that length rounded up to a multiple of k (more
+    # widths to compile, less padding to run: an append is a prefill, compute-bound). Capped at
+    # max_obs_tokens rounded up to 16 either way. The same tokens (padding is masked) up to rounding
+    obs_multiple: int = 0
 
     def __post_init__(self):
         if self.invalid_action not in INVALID_POLICIES:
@@ -96,6 +101,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.engine_segment={self.engine_segment} must be ≥ 1")
         if self.gather_rows < 0:
             raise ValueError(f"rollout.gather_rows={self.gather_rows} must be ≥ 0 (0: never gather)")
+        if self.obs_multiple < 0:
+            raise ValueError(f"rollout.obs_multiple={self.obs_multiple} must be ≥ 0 (0: power-of-two widths)")
         if self.chunk_rows < 0:
             raise ValueError(f"rollout.chunk_rows={self.chunk_rows} must be ≥ 0 (0: the step's share in one batch)")
         for name in ("max_turns", "max_tokens_per_turn", "max_response_tokens"):
@@ -337,7 +344,7 @@ class Agent:
         # bucketed, not to the cap: short SQL results and passages leave the cache, and every
         # later decode step's attention over it, that much smaller. A bucket past the cap is the cap
         # (to a multiple of 16): capped 192-token passages append 192 columns, not 256
-        width = min(-(-rc.max_obs_tokens // 16) * 16, bucket(max(len(x) for x in fits.values())))
+        width = obs_columns(max(len(x) for x in fits.values()), rc)
         obs = np.zeros((b, width), np.int32)
         obs_len = np.zeros(b, np.int32)
         do = np.zeros(b, bool)
@@ -386,6 +393,14 @@ class SinglePolicy:
 
     def final_routes(self, prompts, resp):
         return [self.prompt_routes[i, self.t_prompt - len(p):].tolist() for i, p in enumerate(prompts)], resp
+
+
+def obs_columns(longest: int, rc: RolloutConfig) -> int:
+    """Columns of an observation append whose longest observation has `longest` tokens
+    (`RolloutConfig.obs_multiple`): a power-of-two bucket, or a multiple of obs_multiple; never past the
+    cap rounded up to 16."""
+    width = bucket(longest) if not rc.obs_multiple else -(-longest // rc.obs_multiple) * rc.obs_multiple
+    return min(-(-rc.max_obs_tokens // 16) * 16, width)
 
 
 def observation_ids(tokenizer, protocol: Protocol, text: str, cap: int) -> list[int]:

@@ -76,6 +76,35 @@ def teacher_forced(cfg, base, tb, b):
     return gen, lp[gen - 1, tb.ids[b, gen]]
 
 
+def test_observation_appends_at_a_multiple_of_eight_columns_give_the_same_trajectories(setup, monkeypatch):
+    """rollout.obs_multiple: an append's columns are its longest observation rounded up to a multiple of 8
+    instead of a power of two; the padding is masked, so the same tokens, log-probs to rounding."""
+    from dart_jax.rollout.agent import SinglePolicy, obs_columns
+    cfg, base, _, tok, prompts = setup
+    metas = [{"db_path": DB}] * len(prompts)
+    widths: list[int] = []
+    observe = SinglePolicy.observe
+    monkeypatch.setattr(SinglePolicy, "observe", lambda self, obs, *a: widths.append(obs.shape[1]) or
+                        observe(self, obs, *a))
+    out = {}
+    for k in (0, 8):
+        agent = make_agent(cfg, tok)
+        agent.rc = dataclasses.replace(agent.rc, obs_multiple=k)
+        widths.clear()
+        out[k] = (agent.rollout(base, None, prompts, list(range(len(prompts))), metas, seed=3), list(widths))
+    (a, wa), (b, wb) = out[0], out[8]
+    assert a.tool_calls().sum() >= 2 and len(wa) == len(wb) >= 1
+    assert all(w % 8 == 0 for w in wb) and all(x <= y for x, y in zip(wb, wa)) and sum(wb) < sum(wa), (wa, wb)
+    np.testing.assert_array_equal(b.ids, a.ids)
+    np.testing.assert_array_equal(b.loss_mask, a.loss_mask)
+    # fp32 rounding of other matmul shapes (1.5e-5 seen on SmolLM2, the slow variant)
+    np.testing.assert_allclose(b.sampler_logprobs, a.sampler_logprobs, atol=5e-5)
+    rc = make_agent(cfg, tok).rc  # the cap (48 here) bounds either rule; 0 keeps the power-of-two buckets
+    assert [obs_columns(n, rc) for n in (5, 17, 33, 47)] == [16, 32, 48, 48]
+    rc8 = dataclasses.replace(rc, obs_multiple=8)
+    assert [obs_columns(n, rc8) for n in (5, 17, 33, 47, 90)] == [8, 24, 40, 48, 48]
+
+
 def test_identical_policies_give_the_single_policy_trajectory(setup):
     cfg, base, _, tok, prompts = setup
     metas = [{"db_path": DB}] * len(prompts)
