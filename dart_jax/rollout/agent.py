@@ -101,8 +101,9 @@ class RolloutConfig:
             raise ValueError(f"rollout.engine_segment={self.engine_segment} must be ≥ 1")
         if self.gather_rows < 0:
             raise ValueError(f"rollout.gather_rows={self.gather_rows} must be ≥ 0 (0: never gather)")
-        if self.obs_multiple < 0:
-            raise ValueError(f"rollout.obs_multiple={self.obs_multiple} must be ≥ 0 (0: power-of-two widths)")
+        if self.obs_multiple < 0 or 0 < self.obs_multiple < 8:
+            # each width is a compiled append program per row bucket and cache size (XLA:CPU's memory maps)
+            raise ValueError(f"rollout.obs_multiple={self.obs_multiple}: 0 (power-of-two widths) or ≥ 8")
         if self.chunk_rows < 0:
             raise ValueError(f"rollout.chunk_rows={self.chunk_rows} must be ≥ 0 (0: the step's share in one batch)")
         for name in ("max_turns", "max_tokens_per_turn", "max_response_tokens"):

@@ -103,6 +103,8 @@ def test_observation_appends_at_a_multiple_of_eight_columns_give_the_same_trajec
     assert [obs_columns(n, rc) for n in (5, 17, 33, 47)] == [16, 32, 48, 48]
     rc8 = dataclasses.replace(rc, obs_multiple=8)
     assert [obs_columns(n, rc8) for n in (5, 17, 33, 47, 90)] == [8, 24, 40, 48, 48]
+    with pytest.raises(ValueError, match="obs_multiple=4: 0 .* or ≥ 8"):  # widths (programs) stay bounded
+        dataclasses.replace(rc, obs_multiple=4)
 
 
 def test_identical_policies_give_the_single_policy_trajectory(setup):
