@@ -462,16 +462,11 @@ def logged_seconds(run_dir: str) -> float | None:
     check's `time/eval_s`, summed over metrics.jsonl (a resumed run's segments all count; a resume drops
     the rows after its checkpoint, so steps a kill cut short, start-up and checkpoint saves do not). None
     without the file. A step's time includes any pause of its process."""
+    from dart_jax.run.metrics import read_metrics  # a last line cut short by a kill: skipped, logged
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
         return None
-    rows = {}
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                rows[row.get("step")] = row  # each step once (a resume rewrites the file from its checkpoint)
-    return float(sum(r.get("time/step_s", 0.0) + r.get("time/eval_s", 0.0) for r in rows.values()))
+    return float(sum(r.get("time/step_s", 0.0) + r.get("time/eval_s", 0.0) for r in read_metrics(path)))
 
 
 def _read_json(path: str) -> dict:
