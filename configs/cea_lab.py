@@ -17,7 +17,11 @@ H_Reas are composed per seed.
 
 Questions. The screen samples M_Base 8 times at T = 1 (screen seed 1, not the sample seed) on the first
 96 held-out world-1 questions (hops 2–3, the (hops, operation) cells in turn) and keeps those it answers
-1 to 7 times of 8; the six variants × three seeds then sample 24 answers at T = 1 on the first 32 kept.
+1 to 7 times of 8; while fewer than 32 are kept it screens the next 96, up to 288 (`screen.max_limit`,
+added 2026-12-07 before the screen ran: a throughput check of M_Base at T = 1, not part of the study, drew
+0 right answers in 64 on 4 questions, and the lab's T = 1 training samples were rewarded 2–8% of the
+time, so 96 may keep fewer than 32); the six variants × three seeds then sample 24 answers at T = 1 on
+the first 32 kept.
 
 Stated before the run:
   primary     β23 under the Jeffreys estimator ((k + ½) / (n + 1): no clip), averaged over questions and
@@ -33,6 +37,10 @@ Stated before the run:
               three trainings are the method comparison's full runs (the same run configuration; `cea.adopt`
               links them once finished, after checking it), and the batch loop gathers its running rows
               (1.26x on the lab's rollouts): about 6 of the 9 trainings and 3/4 of the sampling remain.
+              Measured 2026-12-07 (M_Base, 4 questions × 16 samples at T = 1, alone, no compiles): 187 s at
+              batch 32 against 217 s at batch 64, so 768 trajectories take ~37 min of a single model at
+              batch 32 — about 10 h for the 16 samples (the compositions run two models) and 1–2 h for the
+              screen, beside ~4 h for the six trainings.
 """
 
 from ml_collections import ConfigDict
@@ -70,7 +78,7 @@ def get_config(arg: str | None = None):
     adopt = {"unified": methods_lab_compare.OUT + "/train/full_s{seed}"}
     c.cea = ConfigDict(dict(out=OUT, roles="paper", role_masks=role_masks("paper"), datasets=["lab_world1"],
                             adopt=adopt, train_seeds=SEEDS, limit=32, n_samples=24, temperature=1.0, batch=32, seed=0,
-                            screen=dict(limit=96, n_samples=8, seed=1, lo=1 / 8, hi=7 / 8),
+                            screen=dict(limit=96, max_limit=288, n_samples=8, seed=1, lo=1 / 8, hi=7 / 8),
                             n_boot=10_000, boot_seed=0, estimator="jeffreys",
                             title="CEA in the lab (SmolLM2-135M + lab warm start, world 1 held out)"))
     return c

@@ -1,11 +1,14 @@
 """CEA's screen: choose identifiable questions before the expensive sample.
 
-With `cea.screen` = {limit, n_samples, seed, lo, hi} (n_samples > 0), the screen stage samples M_Base
-`n_samples` times (at the study's temperature, with its own seed, which must not be `cea.seed` plus a
+With `cea.screen` = {limit, n_samples, seed, lo, hi[, max_limit]} (n_samples > 0), the screen stage samples
+M_Base `n_samples` times (at the study's temperature, with its own seed, which must not be `cea.seed` plus a
 multiple of `cea.batch`: the sample stage's draws are then not the ones the selection was made on) on
 the first `limit` questions of each set, and keeps the questions whose screen accuracy lies in [lo, hi]
 (file order; e.g. 1/8 ≤ acc ≤ 7/8: questions M_Base always or never answers are the ones whose β the
-clip, not the data, decides). The sample stage then samples every variant on the kept questions only
+clip, not the data, decides). With `max_limit`, a set that keeps fewer than `cea.limit` questions has its
+pool grown by `limit` questions at a time (the questions already screened are reused: eval.resume), up to
+`max_limit`: a rule fixed before the screen, so how many questions are screened depends on M_Base alone,
+never on a trained variant. The sample stage then samples every variant on the kept questions only
 (`cea.limit` takes the first N of them). screen/ holds the screen's evaluation and selected.json (the
 rule, the pool, the kept ids); a changed rule, pool or rollout setting screens again, and a sample made
 on another selection (any change to the kept ids, also beyond the first `cea.limit`) is sampled again
@@ -36,14 +39,42 @@ def screen_config(c):
                          "the screen its own seed (not cea.seed plus a multiple of cea.batch)")
     if int(sc.n_samples) < 2 or not 0.0 <= float(sc.lo) <= float(sc.hi) <= 1.0:
         raise ValueError(f"config.cea.screen = {dict(sc)}: needs n_samples >= 2 and 0 <= lo <= hi <= 1")
+    if sc.get("max_limit") and (not sc.get("limit") or int(sc.max_limit) < int(sc.limit)):
+        raise ValueError(f"config.cea.screen = {dict(sc)}: max_limit grows the pool by `limit` questions at a "
+                         "time: it needs limit set and max_limit >= limit")
     return sc
 
 
 def _setup(st, sc) -> dict:
-    return {"datasets": sorted(st.c.datasets), "limit": int(sc.limit) if sc.get("limit") else None,
-            "n_samples": int(sc.n_samples), "seed": int(sc.seed), "temperature": float(st.c.temperature),
-            "batch": int(st.c.batch),
-            "lo": float(sc.lo), "hi": float(sc.hi), "model": st.config.model.path, "warm_start": st.config.warm_start}
+    setup = {"datasets": sorted(st.c.datasets), "limit": int(sc.limit) if sc.get("limit") else None,
+             "n_samples": int(sc.n_samples), "seed": int(sc.seed), "temperature": float(st.c.temperature),
+             "batch": int(st.c.batch),
+             "lo": float(sc.lo), "hi": float(sc.hi), "model": st.config.model.path, "warm_start": st.config.warm_start}
+    if sc.get("max_limit"):  # the growing pool's rule (absent: a fixed pool, as selections made before it)
+        setup.update(max_limit=int(sc.max_limit), want=int(st.c.limit) if st.c.limit else None)
+    return setup
+
+
+def pools(setup: dict, screened: int = 0) -> list[int | None]:
+    """The pool sizes the screen may sample, in turn: `limit`, then up to `max_limit` in steps of `limit`;
+    those below the pool that holds the `screened` questions an earlier run of the rule sampled are
+    skipped (an evaluation asked for fewer questions than its directory holds would drop the rest)."""
+    if not setup.get("max_limit") or not setup.get("want"):
+        return [setup["limit"]]
+    every = list(range(setup["limit"], setup["max_limit"], setup["limit"])) + [setup["max_limit"]]
+    return [p for p in every if p >= screened] or every[-1:]
+
+
+def _screened(out: str, n_samples: int) -> int:
+    """Questions of a set an earlier screen in `out` sampled (the largest set's count, a partial one included)."""
+    from dart_jax.eval.resume import RECORDS, read_records
+    path = os.path.join(out, RECORDS)
+    if not os.path.isfile(path):
+        return 0
+    counts: dict[str, int] = {}
+    for r in read_records(path):
+        counts[r["dataset"]] = counts.get(r["dataset"], 0) + 1
+    return -(-max(counts.values(), default=0) // n_samples)
 
 
 def _path(st) -> str:
@@ -79,18 +110,30 @@ def screen_stage(st) -> dict | None:
         return None
     want = _setup(st, sc)
     out = os.path.join(st.out, "screen")
-    t0 = time.perf_counter()
-    options = EvalOptions(n_samples=int(sc.n_samples), temperature=float(st.c.temperature), batch=int(st.c.batch),
-                          seed=int(sc.seed), limit=want["limit"], progress=True)
-    results = evaluate(st.config, out, list(st.c.datasets), options)
-    sel = from_main(_select, out, want)
+    t0, sampled = time.perf_counter(), False
+    todo = pools(want, from_main(_screened, out, int(sc.n_samples)))
+    for limit in todo:
+        options = EvalOptions(n_samples=int(sc.n_samples), temperature=float(st.c.temperature),
+                              batch=int(st.c.batch), seed=int(sc.seed), limit=limit, progress=True)
+        results = evaluate(st.config, out, list(st.c.datasets), options)
+        sel = from_main(_select, out, want)
+        sampled |= sum(results["setup"].get("resumed", {}).values()) < sum(sel["pool"].values()) * int(sc.n_samples)
+        kept = {d: len(v) for d, v in sel["selected"].items()}
+        short = {d: k for d, k in kept.items() if st.c.limit and k < int(st.c.limit)}
+        if not short or limit == todo[-1]:
+            break
+        log.info("CEA screen: pools of %s questions keep %s, fewer than cea.limit = %s: screening the next %d",
+                 sel["pool"], kept, st.c.limit, int(sc.limit))
+    empty = [d for d, k in kept.items() if not k]
+    if empty:
+        raise ValueError(f"CEA screen: no question of {empty} has M_Base accuracy in [{want['lo']}, {want['hi']}] "
+                         f"over {want['n_samples']} samples among the {sel['pool']} screened: widen the rule or the "
+                         "pool (cea.screen.limit, max_limit)")
     on_main(_write, _path(st), sel)
-    kept = {d: len(v) for d, v in sel["selected"].items()}
-    short = {d: k for d, k in kept.items() if st.c.limit and k < int(st.c.limit)}
     if short:
         log.warning("CEA screen: %s kept fewer questions than cea.limit = %s: the sample stage samples those", short,
                     st.c.limit)
-    if sum(results["setup"].get("resumed", {}).values()) < sum(sel["pool"].values()) * int(sc.n_samples):
+    if sampled:
         st._record("screen", "base", time.perf_counter() - t0, kept=kept)
     log.info("CEA screen: %s keeps %s of %s", _path(st), kept, sel["pool"])
     return sel
@@ -104,10 +147,6 @@ def _select(out: str, setup: dict) -> dict:
         pool[r["dataset"]] += 1
         if setup["lo"] <= r["correct"] / r["n"] <= setup["hi"]:
             selected[r["dataset"]].append(str(r["id"]))
-    empty = [d for d, v in selected.items() if not v]
-    if empty:
-        raise ValueError(f"CEA screen: no question of {empty} has M_Base accuracy in [{setup['lo']}, {setup['hi']}] "
-                         f"over {setup['n_samples']} samples: widen the rule or the pool (cea.screen.limit)")
     return {"setup": setup, "pool": pool, "selected": selected}
 
 

@@ -188,9 +188,10 @@ def _lab_config(model_dir, out):
     c.rollout.update(max_turns=1, max_tokens_per_turn=8, max_obs_tokens=32, max_response_tokens=48)
     c.optim.total_steps = 1
     c.output.update(progress=False, tensorboard=False, checkpoint_every=1)
-    c.cea.update(out=str(out), train_seeds="0,1", limit=2, n_samples=2, batch=4, n_boot=100)
+    c.cea.update(out=str(out), train_seeds="0,1", limit=2, n_samples=2, batch=2, n_boot=100)
     c.cea.adopt = {}  # every variant trained here (the study's M_Unified adopts the method comparison's runs)
-    c.cea.screen.update(limit=3, n_samples=2, lo=0.0, hi=1.0)  # a random model answers nothing: keep all
+    # a random model answers nothing: keep all; one question at a time until cea.limit = 2 are kept
+    c.cea.screen.update(limit=1, max_limit=3, n_samples=2, lo=0.0, hi=1.0)
     return c
 
 
@@ -209,11 +210,16 @@ def test_the_lab_study_screens_trains_seeds_and_pools_them(tiny_smollm_dir, tmp_
     stages = CEAStages(c)
     with pytest.raises(FileNotFoundError, match="run the screen stage first"):
         stages.sample(())
-    sel = stages.screen()
-    assert sel["pool"] == {"lab_world1": 3} and len(sel["selected"]["lab_world1"]) == 3
+    sel = stages.screen()  # the pool grew from 1 question to 2, where cea.limit = 2 were kept, and stopped
+    assert sel["pool"] == {"lab_world1": 2} and len(sel["selected"]["lab_world1"]) == 2
+    assert (sel["setup"]["limit"], sel["setup"]["max_limit"], sel["setup"]["want"]) == (1, 3, 2)
     screen = json.load(open(out / "screen" / "results.json"))["setup"]
-    assert (screen["seed"], screen["n_samples"], screen["variant"]) == (1, 2, "base")
-    assert stages.screen() == sel  # done: not screened again
+    assert (screen["seed"], screen["n_samples"], screen["variant"], screen["limit"]) == (1, 2, "base", 2)
+    assert screen["resumed"] == {"lab_world1": 2}  # the first question's samples were reused, not drawn again
+    records = (out / "screen" / "per_question.jsonl").read_text()
+    assert stages.screen() == sel  # done: not screened again (from the pool already screened: nothing dropped)
+    assert (out / "screen" / "per_question.jsonl").read_text() == records
+    assert cea_screen.pools(sel["setup"]) == [1, 2, 3] and cea_screen.pools(sel["setup"], 2) == [2, 3]
     same_seed = _lab_config(tiny_smollm_dir, out)
     same_seed.cea.screen.seed = same_seed.cea.seed
     with pytest.raises(ValueError, match="give the screen its own seed"):
