@@ -39,7 +39,7 @@ Stated before the run:
               (1.26x on the lab's rollouts): about 6 of the 9 trainings and 3/4 of the sampling remain.
               Measured 2026-12-07 (M_Base, 4 questions × 16 samples at T = 1, alone, no compiles): 187 s at
               batch 32 against 217 s at batch 64, so 768 trajectories take ~37 min of a single model at
-              batch 32 — about 10 h for the 16 samples (the compositions run two models) and 1–2 h for the
+              batch 32 — about 10 h for the 16 samples (the compositions run two models) and 0.6–2 h for the
               screen, beside ~4 h for the six trainings.
 """
 

@@ -5,10 +5,11 @@ M_Base `n_samples` times (at the study's temperature, with its own seed, which m
 multiple of `cea.batch`: the sample stage's draws are then not the ones the selection was made on) on
 the first `limit` questions of each set, and keeps the questions whose screen accuracy lies in [lo, hi]
 (file order; e.g. 1/8 ≤ acc ≤ 7/8: questions M_Base always or never answers are the ones whose β the
-clip, not the data, decides). With `max_limit`, a set that keeps fewer than `cea.limit` questions has its
-pool grown by `limit` questions at a time (the questions already screened are reused: eval.resume), up to
-`max_limit`: a rule fixed before the screen, so how many questions are screened depends on M_Base alone,
-never on a trained variant. The sample stage then samples every variant on the kept questions only
+clip, not the data, decides). With `max_limit`, while any set keeps fewer than `cea.limit` questions,
+every set's pool grows by `limit` questions (the questions already screened are reused: eval.resume), up
+to `max_limit`: a rule fixed before the screen, so how many questions are screened depends on M_Base
+alone, never on a trained variant (selected.json holds the rule's smallest pool that keeps enough, whatever
+screen/ held before). The sample stage then samples every variant on the kept questions only
 (`cea.limit` takes the first N of them). screen/ holds the screen's evaluation and selected.json (the
 rule, the pool, the kept ids); a changed rule, pool or rollout setting screens again, and a sample made
 on another selection (any change to the kept ids, also beyond the first `cea.limit`) is sampled again
@@ -66,14 +67,20 @@ def pools(setup: dict, screened: int = 0) -> list[int | None]:
 
 
 def _screened(out: str, n_samples: int) -> int:
-    """Questions of a set an earlier screen in `out` sampled (the largest set's count, a partial one included)."""
+    """Questions of a set an earlier screen in `out` sampled (the largest set's count, a partial one included);
+    0 where its records are not of `n_samples` samples a question. Only where the screen starts: the
+    selection itself is the same whatever `out` held (`_smallest_pool`)."""
     from dart_jax.eval.resume import RECORDS, read_records
     path = os.path.join(out, RECORDS)
     if not os.path.isfile(path):
         return 0
     counts: dict[str, int] = {}
+    samples = set()
     for r in read_records(path):
         counts[r["dataset"]] = counts.get(r["dataset"], 0) + 1
+        samples.add(int(r["sample"]))
+    if samples and max(samples) != n_samples - 1:
+        return 0
     return -(-max(counts.values(), default=0) // n_samples)
 
 
@@ -116,11 +123,11 @@ def screen_stage(st) -> dict | None:
         options = EvalOptions(n_samples=int(sc.n_samples), temperature=float(st.c.temperature),
                               batch=int(st.c.batch), seed=int(sc.seed), limit=limit, progress=True)
         results = evaluate(st.config, out, list(st.c.datasets), options)
-        sel = from_main(_select, out, want)
+        sel = from_main(_smallest_pool, out, want, limit)
         sampled |= sum(results["setup"].get("resumed", {}).values()) < sum(sel["pool"].values()) * int(sc.n_samples)
         kept = {d: len(v) for d, v in sel["selected"].items()}
         short = {d: k for d, k in kept.items() if st.c.limit and k < int(st.c.limit)}
-        if not short or limit == todo[-1]:
+        if not short or limit == todo[-1] or all(sel["pool"][d] < limit for d in short):  # no more questions
             break
         log.info("CEA screen: pools of %s questions keep %s, fewer than cea.limit = %s: screening the next %d",
                  sel["pool"], kept, st.c.limit, int(sc.limit))
@@ -139,15 +146,29 @@ def screen_stage(st) -> dict | None:
     return sel
 
 
-def _select(out: str, setup: dict) -> dict:
+def _select(out: str, setup: dict, limit: int | None = None) -> dict:
+    """The kept questions among the first `limit` of each set screened in `out` (None: all of them)."""
     with open(os.path.join(out, "per_question_accuracy.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     selected, pool = {d: [] for d in setup["datasets"]}, {d: 0 for d in setup["datasets"]}
     for r in rows:
+        if limit is not None and pool[r["dataset"]] >= limit:
+            continue
         pool[r["dataset"]] += 1
         if setup["lo"] <= r["correct"] / r["n"] <= setup["hi"]:
             selected[r["dataset"]].append(str(r["id"]))
     return {"setup": setup, "pool": pool, "selected": selected}
+
+
+def _smallest_pool(out: str, setup: dict, limit: int | None) -> dict:
+    """The selection of the rule's smallest pool (≤ `limit`, the questions evaluated) in which every set keeps
+    `want` questions, else of all `limit`: the same whether the screen stopped there or `out` held more."""
+    for p in pools(setup):
+        if p is not None and limit is not None and p < limit:
+            sel = _select(out, setup, p)
+            if all(len(v) >= setup["want"] for v in sel["selected"].values()):
+                return sel
+    return _select(out, setup, limit)
 
 
 def _write(path: str, sel: dict) -> None:

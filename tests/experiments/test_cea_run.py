@@ -6,6 +6,7 @@ the same command skips every stage whose output exists."""
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -216,10 +217,15 @@ def test_the_lab_study_screens_trains_seeds_and_pools_them(tiny_smollm_dir, tmp_
     screen = json.load(open(out / "screen" / "results.json"))["setup"]
     assert (screen["seed"], screen["n_samples"], screen["variant"], screen["limit"]) == (1, 2, "base", 2)
     assert screen["resumed"] == {"lab_world1": 2}  # the first question's samples were reused, not drawn again
-    records = (out / "screen" / "per_question.jsonl").read_text()
     assert stages.screen() == sel  # done: not screened again (from the pool already screened: nothing dropped)
-    assert (out / "screen" / "per_question.jsonl").read_text() == records
+    assert json.load(open(out / "screen" / "results.json"))["setup"]["resumed"] == {"lab_world1": 4}
     assert cea_screen.pools(sel["setup"]) == [1, 2, 3] and cea_screen.pools(sel["setup"], 2) == [2, 3]
+    # a rule that needs fewer questions, over a directory that holds more: the rule's own smallest pool
+    shutil.copytree(out / "screen", tmp_path / "fewer" / "screen")
+    fewer = _lab_config(tiny_smollm_dir, tmp_path / "fewer")
+    fewer.cea.limit = 1
+    one = CEAStages(fewer).screen()
+    assert one["pool"] == {"lab_world1": 1} and one["selected"]["lab_world1"] == sel["selected"]["lab_world1"][:1]
     same_seed = _lab_config(tiny_smollm_dir, out)
     same_seed.cea.screen.seed = same_seed.cea.seed
     with pytest.raises(ValueError, match="give the screen its own seed"):
