@@ -54,7 +54,8 @@ BOOT_SEED = flags.DEFINE_integer("boot-seed", None, "bootstrap seed (default 0, 
 TITLE = flags.DEFINE_string("title", None, "report title", flag_values=F)
 B23_ONLY = flags.DEFINE_bool("interference-only", False, "solve: β23 alone from M_Base / M_Reas / M_Tool / "
                              "M_Unified (it never reads the compositions) into OUT/solve_b23, for a study whose "
-                             "H_Tool / H_Reas were not sampled", flag_values=F)
+                             "H_Tool / H_Reas were not sampled (yet); with training seeds, pooled as the full "
+                             "solve pools them", flag_values=F)
 
 GATE = flags.DEFINE_enum("gate", "warn", ["warn", "strict", "off"], "degeneracy gate on the sampled trajectories: "
                          "warn (flag it), strict (refuse), off", flag_values=F)
@@ -152,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("launch.cea --interference-only goes with --stage=solve")
         s = stages.solve(interference_only=True)
         if not is_main():
+            return 0
+        if "seed_means" in s:  # pooled over training seeds
+            _print(s, config.cea.estimator, os.path.join(config.cea.out, "solve_b23"))
             return 0
         _print_gate(s)
         b = s["clip"]["b23"]

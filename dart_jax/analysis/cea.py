@@ -29,6 +29,7 @@ import numpy as np
 from scipy import stats
 
 VARIANTS = ("base", "reas", "tool", "unified", "h_tool", "h_reas")
+SINGLE = ("base", "reas", "tool", "unified")  # the variants β23 = (z_U − z_T) − (z_R − z_B) reads
 LABELS = {"base": "M_Base", "reas": "M_Reas", "tool": "M_Tool", "unified": "M_Unified",
           "h_tool": "H_Tool", "h_reas": "H_Reas"}
 COEFS = ("b1", "b2", "b3", "b12", "b13", "b23")
@@ -46,30 +47,35 @@ CLIP = 1e-4
 
 @dataclasses.dataclass(frozen=True)
 class Counts:
-    """Correct answers k and samples n per question (rows) and variant (columns, `VARIANTS` order)."""
+    """Correct answers k and samples n per question (rows) and variant (columns, `variants` order: the six
+    `VARIANTS`, or the four single-model ones, `SINGLE`, of a study whose compositions were not sampled)."""
     ids: tuple[str, ...]
-    k: np.ndarray  # f64[Q, 6]
-    n: np.ndarray  # f64[Q, 6]
+    k: np.ndarray  # f64[Q, V]
+    n: np.ndarray  # f64[Q, V]
+    variants: tuple[str, ...] = VARIANTS
 
     def __post_init__(self):
+        if self.variants not in (VARIANTS, SINGLE):
+            raise ValueError(f"Counts.variants {self.variants}; expected {VARIANTS} or {SINGLE}")
         q = len(self.ids)
         for name, a in (("k", self.k), ("n", self.n)):
-            if a.shape != (q, len(VARIANTS)):
-                raise ValueError(f"Counts.{name} has shape {a.shape}; expected ({q}, {len(VARIANTS)})")
+            if a.shape != (q, len(self.variants)):
+                raise ValueError(f"Counts.{name} has shape {a.shape}; expected ({q}, {len(self.variants)})")
         if np.any(self.n < 1):
             raise ValueError("every question needs n >= 1 samples from every variant")
         if np.any(self.k < 0) or np.any(self.k > self.n):
             raise ValueError("correct counts must lie in [0, n]")
 
 
-def counts_from_rows(per_variant: Mapping[str, Sequence[Mapping]]) -> Counts:
+def counts_from_rows(per_variant: Mapping[str, Sequence[Mapping]], variants: tuple[str, ...] = VARIANTS) -> Counts:
     """Join `launch.evaluate`'s per_question_accuracy rows ({dataset, id, n, correct}) of the six
-    variants on (dataset, id). Every variant must cover the same questions."""
-    missing = [v for v in VARIANTS if v not in per_variant]
+    variants (or of `variants`: `SINGLE`, for β23 alone) on (dataset, id). Every variant must cover the
+    same questions."""
+    missing = [v for v in variants if v not in per_variant]
     if missing:
-        raise ValueError(f"CEA needs all six variants; missing {missing} (have {sorted(per_variant)})")
+        raise ValueError(f"CEA needs the variants {variants}; missing {missing} (have {sorted(per_variant)})")
     tables = {}
-    for v in VARIANTS:
+    for v in variants:
         t = {}
         for r in per_variant[v]:
             key = f"{r['dataset']}/{r['id']}"
@@ -78,15 +84,15 @@ def counts_from_rows(per_variant: Mapping[str, Sequence[Mapping]]) -> Counts:
             t[key] = (float(r["correct"]), float(r["n"]))
         tables[v] = t
     ids = sorted(tables["base"])
-    for v in VARIANTS[1:]:
+    for v in variants[1:]:
         if set(tables[v]) != set(ids):
             only_v = sorted(set(tables[v]) - set(ids))[:3]
             only_b = sorted(set(ids) - set(tables[v]))[:3]
             raise ValueError(f"variant {v!r} covers different questions than 'base' (e.g. only in {v}: {only_v}, "
                              f"only in base: {only_b}): sample every variant on the same questions")
-    k = np.array([[tables[v][q][0] for v in VARIANTS] for q in ids], np.float64).reshape(len(ids), len(VARIANTS))
-    n = np.array([[tables[v][q][1] for v in VARIANTS] for q in ids], np.float64).reshape(len(ids), len(VARIANTS))
-    return Counts(tuple(ids), k, n)
+    k = np.array([[tables[v][q][0] for v in variants] for q in ids], np.float64).reshape(len(ids), len(variants))
+    n = np.array([[tables[v][q][1] for v in variants] for q in ids], np.float64).reshape(len(ids), len(variants))
+    return Counts(tuple(ids), k, n, tuple(variants))
 
 
 def accuracy(k: np.ndarray, n: np.ndarray, estimator: str = "clip", eps: float = CLIP) -> np.ndarray:
@@ -108,6 +114,18 @@ def solve(z: np.ndarray) -> np.ndarray:
     land on one side of every sign statistic."""
     zb, zr, zt, zu, zht, zhr = (z[..., i] for i in range(len(VARIANTS)))
     return np.stack([zb, zht - zb, zhr - zb, zt - zht, zr - zhr, (zu - zt) - (zr - zb)], axis=-1)
+
+
+def betas(z: np.ndarray) -> tuple[tuple[str, ...], np.ndarray]:
+    """z f64[..., V] -> (coefficient names, β f64[..., C]): every coefficient (`solve`) from the six
+    `VARIANTS`, β23 alone from the four `SINGLE` ones (the same number: `solve`'s β23 never reads the
+    compositions)."""
+    if z.shape[-1] == len(VARIANTS):
+        return COEFS, solve(z)
+    if z.shape[-1] == len(SINGLE):
+        zb, zr, zt, zu = (z[..., i] for i in range(len(SINGLE)))
+        return ("b23",), ((zu - zt) - (zr - zb))[..., None]
+    raise ValueError(f"β needs the logits of {VARIANTS} or {SINGLE} in the last axis; got {z.shape}")
 
 
 def answered(k: np.ndarray) -> np.ndarray:
@@ -232,7 +250,6 @@ def accuracy_bins(beta: np.ndarray, acc: np.ndarray, coef: str = "b23", bins: in
 
 
 # -- β23 alone: the interference term needs no composition ------------------------------------------
-SINGLE = ("base", "reas", "tool", "unified")  # the variants β23 = (z_U − z_T) − (z_R − z_B) reads
 
 
 def interference(k: np.ndarray, n: np.ndarray, estimator: str = "clip", eps: float = CLIP
@@ -246,9 +263,7 @@ def interference(k: np.ndarray, n: np.ndarray, estimator: str = "clip", eps: flo
     if k.shape != n.shape or k.ndim != 2 or k.shape[1] != len(SINGLE):
         raise ValueError(f"interference needs k, n of shape [Q, {len(SINGLE)}] ({SINGLE}); got {k.shape}, {n.shape}")
     keep = answered(k)
-    z = logit(accuracy(k[keep], n[keep], estimator, eps))
-    zb, zr, zt, zu = (z[:, i] for i in range(len(SINGLE)))
-    return keep, (zu - zt) - (zr - zb)
+    return keep, betas(logit(accuracy(k[keep], n[keep], estimator, eps)))[1][:, 0]
 
 
 def interference_bootstrap(k: np.ndarray, n: np.ndarray, n_boot: int = 10_000, seed: int = 0,

@@ -21,12 +21,13 @@ from dart_jax.analysis.tables import markdown_table
 ACCURACY_FILE = "per_question_accuracy.jsonl"
 
 
-def read_inputs(inputs: Mapping[str, str]) -> cea.Counts:
-    """variant -> a `per_question_accuracy.jsonl` (or the evaluation directory holding one)."""
+def read_inputs(inputs: Mapping[str, str], variants: tuple[str, ...] = cea.VARIANTS) -> cea.Counts:
+    """variant -> a `per_question_accuracy.jsonl` (or the evaluation directory holding one); `variants`:
+    the six, or `cea.SINGLE` for β23 alone."""
     rows = {}
     for v, path in inputs.items():
-        if v not in cea.VARIANTS:
-            raise ValueError(f"unknown CEA variant {v!r}; expected one of {cea.VARIANTS}")
+        if v not in variants:
+            raise ValueError(f"unknown CEA variant {v!r}; expected one of {variants}")
         f = os.path.join(path, ACCURACY_FILE) if os.path.isdir(path) else path
         if not os.path.isfile(f):
             raise FileNotFoundError(f"variant {v!r}: {f} not found (written by launch.evaluate --n-samples > 1)")
@@ -34,7 +35,7 @@ def read_inputs(inputs: Mapping[str, str]) -> cea.Counts:
             rows[v] = [json.loads(line) for line in fh if line.strip()]
         if not rows[v]:
             raise ValueError(f"variant {v!r}: {f} holds no questions")
-    return cea.counts_from_rows(rows)
+    return cea.counts_from_rows(rows, variants)
 
 
 def _fmt_ci(ci) -> str:

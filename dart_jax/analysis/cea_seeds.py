@@ -30,14 +30,18 @@ from dart_jax.analysis.tables import markdown_table
 
 
 def stack(counts_by_seed: Mapping[int, cea.Counts]) -> tuple[list[int], tuple[str, ...], np.ndarray, np.ndarray]:
-    """-> (seeds, question ids, k f64[S, Q, 6], n f64[S, Q, 6]); every seed on the same questions."""
+    """-> (seeds, question ids, k f64[S, Q, V], n f64[S, Q, V]); every seed on the same questions and variants
+    (V: the six, or the four single-model ones of a β23-only study)."""
     seeds = sorted(counts_by_seed)
     if not seeds:
         raise ValueError("CEA over seeds: no seed's counts")
-    ids = counts_by_seed[seeds[0]].ids
+    ids, variants = counts_by_seed[seeds[0]].ids, counts_by_seed[seeds[0]].variants
     for s in seeds[1:]:
         if counts_by_seed[s].ids != ids:
             raise ValueError(f"CEA over seeds: seed {s} was sampled on other questions than seed {seeds[0]}")
+        if counts_by_seed[s].variants != variants:
+            raise ValueError(f"CEA over seeds: seed {s} has the variants {counts_by_seed[s].variants}, seed "
+                             f"{seeds[0]} {variants}")
     return seeds, ids, np.stack([counts_by_seed[s].k for s in seeds]), np.stack([counts_by_seed[s].n for s in seeds])
 
 
@@ -60,11 +64,12 @@ def two_way_bootstrap(x: np.ndarray, n_boot: int = 10_000, seed: int = 0, level:
 
 def decided(k: np.ndarray, n: np.ndarray, coef: str = "b23", draws: int = 4000, seed: int = 0,
             threshold: float = 0.9, chunk: int = 250) -> dict:
-    """k, n f64[S, Q, 6] -> per question P(seed-mean β_coef < 0) under Jeffreys posterior draws of every
-    (seed, question, variant) accuracy; counts of questions decided negative / positive at `threshold`.
-    A variant column that is the same sample in every seed (M_Base) is drawn once per question and shared
-    by the seeds (drawing it per seed would average its noise away)."""
-    j = cea.COEFS.index(coef)
+    """k, n f64[S, Q, V] (V: the six variants, or the four single-model ones) -> per question P(seed-mean
+    β_coef < 0) under Jeffreys posterior draws of every (seed, question, variant) accuracy; counts of
+    questions decided negative / positive at `threshold`. A variant column that is the same sample in every
+    seed (M_Base) is drawn once per question and shared by the seeds (drawing it per seed would average its
+    noise away)."""
+    j = cea.betas(np.zeros(k.shape[-1]))[0].index(coef)
     shared = [i for i in range(k.shape[-1]) if np.array_equal(k[:, :, i], k[:1, :, i].repeat(len(k), 0))
               and np.array_equal(n[:, :, i], n[:1, :, i].repeat(len(n), 0))] if len(k) > 1 else []
     rng = np.random.default_rng(seed)
@@ -74,7 +79,7 @@ def decided(k: np.ndarray, n: np.ndarray, coef: str = "b23", draws: int = 4000, 
         p = rng.beta(k[None] + 0.5, n[None] - k[None] + 0.5, size=(d, *k.shape))  # [d, S, Q, 6]
         for i in shared:  # one draw per question, the same in every seed
             p[:, :, :, i] = p[:, :1, :, i]
-        below += (cea.solve(cea.logit(np.clip(p, 1e-12, 1 - 1e-12)))[..., j].mean(1) < 0).sum(0)
+        below += (cea.betas(cea.logit(np.clip(p, 1e-12, 1 - 1e-12)))[1][..., j].mean(1) < 0).sum(0)
     p_neg = below / draws
     return {"coef": coef, "threshold": threshold, "draws": draws, "questions": int(len(p_neg)),
             "negative": int((p_neg >= threshold).sum()), "positive": int((p_neg <= 1 - threshold).sum()),
@@ -85,37 +90,40 @@ def pooled(counts_by_seed: Mapping[int, cea.Counts], estimator: str = "jeffreys"
            boot_seed: int = 0, cells: Mapping[str, str] | None = None) -> dict:
     """β over seeds (see the module's docstring). Questions no variant of any seed answered are dropped.
     `cells`: question id -> cell label (the lab's "h2/compare"); questions without one are left out of the
-    cell table."""
+    cell table. Counts of the four single-model variants (`cea.SINGLE`) give β23 alone (its drop rule then
+    sees those four)."""
     seeds, ids, k, n = stack(counts_by_seed)
+    variants = counts_by_seed[seeds[0]].variants
     keep = cea.answered(k.sum(0))
     k, n = k[:, keep], n[:, keep]
     kept = [q for q, kq in zip(ids, keep) if kq]
     if not kept:
         raise ValueError(f"CEA over seeds: all {len(ids)} questions were dropped (no variant answered any)")
-    z = cea.logit(cea.accuracy(k, n, estimator))  # [S, Q, 6]
-    beta = cea.solve(z)
+    z = cea.logit(cea.accuracy(k, n, estimator))  # [S, Q, V]
+    coefs, beta = cea.betas(z)
+    b23 = beta[..., coefs.index("b23")]
     out = {"seeds": seeds, "estimator": estimator, "questions": len(ids), "kept": len(kept),
            "dropped": int((~keep).sum()), "samples_per_answer": sorted({int(x) for x in np.unique(n)}),
            "variants": {v: [float((k[s, :, i] / n[s, :, i]).mean()) for s in range(len(seeds))]
-                        for i, v in enumerate(cea.VARIANTS)},
+                        for i, v in enumerate(variants)},
            "coefficients": {}, "seed_means": {}}
-    for j, c in enumerate(cea.COEFS):
+    for j, c in enumerate(coefs):
         out["coefficients"][c] = two_way_bootstrap(beta[..., j], n_boot, boot_seed)
         out["seed_means"][c] = beta[..., j].mean(1).tolist()
     out["decided"] = {kk: v for kk, v in decided(k, n, seed=boot_seed).items() if kk != "p_negative"}
-    u, r = cea.VARIANTS.index("unified"), cea.VARIANTS.index("reas")
+    u, r = variants.index("unified"), variants.index("reas")
     out["seed_noise"] = [dict(a=a, b=b, **_question_boot((z[ia, :, u] - z[ib, :, u]) - (z[ia, :, r] - z[ib, :, r]),
                                                          n_boot, boot_seed))
                          for (ia, a), (ib, b) in itertools.combinations(enumerate(seeds), 2)]
-    out["b23_spread"] = {"per_question_sd": float(beta[..., 5].mean(0).std(ddof=1)) if len(kept) > 1 else 0.0,
-                         "seed_means_sd": float(beta[..., 5].mean(1).std(ddof=1)) if len(seeds) > 1 else 0.0}
+    out["b23_spread"] = {"per_question_sd": float(b23.mean(0).std(ddof=1)) if len(kept) > 1 else 0.0,
+                         "seed_means_sd": float(b23.mean(1).std(ddof=1)) if len(seeds) > 1 else 0.0}
     if cells:
         labels = [cells.get(q) for q in kept]
         out["cells"] = []
         for cell in sorted({x for x in labels if x is not None}):
             cols = [i for i, x in enumerate(labels) if x == cell]
-            out["cells"].append({"cell": cell, **two_way_bootstrap(beta[:, cols, 5], n_boot, boot_seed)})
-    out["per_question"] = [{"id": q, "b23": beta[:, i, 5].tolist(), "b23_mean": float(beta[:, i, 5].mean()),
+            out["cells"].append({"cell": cell, **two_way_bootstrap(b23[:, cols], n_boot, boot_seed)})
+    out["per_question"] = [{"id": q, "b23": b23[:, i].tolist(), "b23_mean": float(b23[:, i].mean()),
                             **({"cell": cells.get(q)} if cells else {})} for i, q in enumerate(kept)]
     return out
 
@@ -137,7 +145,10 @@ def report_markdown(s: dict, title: str = "CEA over seeds") -> str:
     lines = [f"# {title}", "",
              f"Seeds {s['seeds']} (M_Base shared); {s['questions']} questions, {s['kept']} kept, {s['dropped']} "
              f"dropped (no variant of any seed answered them); samples per accuracy {s['samples_per_answer']}; "
-             f"estimator {s['estimator']}. Intervals: percentile bootstrap over seeds × questions.", "",
+             f"estimator {s['estimator']}. Intervals: percentile bootstrap over seeds × questions."
+             + ("" if len(s["variants"]) == len(cea.VARIANTS) else " β23 alone, from the four single-model "
+                "variants: H_Tool / H_Reas were not sampled (β23 = (z_U − z_T) − (z_R − z_B) does not read them), "
+                "and the drop rule sees these four."), "",
              "## β, seed- and question-mean", "",
              markdown_table(["coefficient", "mean (95% CI)", "t interval on the seed means", "per-seed means"],
                             [[c, _ci(r), "[{:+.3f}, {:+.3f}]".format(*r["seed_t_ci"]) if "seed_t_ci" in r else "—",

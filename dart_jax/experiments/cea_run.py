@@ -308,21 +308,18 @@ class CEAStages(StageLog):
         if missing:
             raise FileNotFoundError(f"CEA solve: variants {missing} have not been sampled under {self.out}/sample "
                                     "(run the sample stage first)")
-        if interference_only and self.seeds != [None]:
-            raise ValueError("CEA solve: --interference-only solves a study of one training seed (cea.train_seeds "
-                             "is set: the full solve pools the seeds)")
         gate = self.check_gate(need, collective=False)
         t0 = time.perf_counter()
-        if interference_only:
+        if self.seeds != [None]:
+            out = os.path.join(self.out, "solve_b23" if interference_only else "solve")
+            s = self._solve_seeds(out, need)
+            self._record("solve", "b23" if interference_only else "all", time.perf_counter() - t0)
+        elif interference_only:
             out = os.path.join(self.out, "solve_b23")
             s = interference_and_report({v: self.sample_dir(v) for v in cea.SINGLE}, out,
                                         int(c.n_boot), int(c.boot_seed), c.title + ": β23 from the four single-model "
                                         "variants")
             self._record("solve", "b23", time.perf_counter() - t0)
-        elif self.seeds != [None]:
-            out = os.path.join(self.out, "solve")
-            s = self._solve_seeds(out)
-            self._record("solve", "all", time.perf_counter() - t0)
         else:
             out = os.path.join(self.out, "solve")
             counts = read_inputs({v: self.sample_dir(v) for v in cea.VARIANTS})
@@ -333,22 +330,29 @@ class CEAStages(StageLog):
             s[dgate.KEY] = gate
         return s
 
-    def _solve_seeds(self, out: str) -> dict:
-        """Each seed's six variants solved alone (solve/s<seed>/, with its figures), then pooled over the
+    def _solve_seeds(self, out: str, variants: tuple[str, ...] = cea.VARIANTS) -> dict:
+        """Each seed's six variants solved alone (out/s<seed>/, with its figures), then pooled over the
         seeds (analysis.cea_seeds: the seeds × questions interval, decided questions, the seed noise floor,
-        the lab's cells) into solve/summary.json and solve/report.md."""
+        the lab's cells) into out/summary.json and out/report.md. `variants` = cea.SINGLE: β23 alone, from
+        the four single-model variants (before, or without, the compositions' samples)."""
         from dart_jax.analysis import cea_seeds
         c = self.c
         counts, per_seed = {}, {}
         for seed in self.seeds:
-            counts[seed] = read_inputs({v: self.sample_dir(v, None if v == "base" else seed) for v in cea.VARIANTS})
-            s = solve_and_report(counts[seed], os.path.join(out, f"s{seed}"), c.estimator, int(c.n_boot),
-                                 int(c.boot_seed), f"{c.title} (training seed {seed})")
+            dirs = {v: self.sample_dir(v, None if v == "base" else seed) for v in variants}
+            counts[seed] = read_inputs(dirs, variants)
+            title = f"{c.title} (training seed {seed})"
+            if variants == cea.VARIANTS:
+                s = solve_and_report(counts[seed], os.path.join(out, f"s{seed}"), c.estimator, int(c.n_boot),
+                                     int(c.boot_seed), title)
+            else:
+                s = interference_and_report(dirs, os.path.join(out, f"s{seed}"), int(c.n_boot), int(c.boot_seed),
+                                            title + ": β23 from the four single-model variants")
             per_seed[seed] = {"kept": s["kept"], "b23": s[c.estimator]["b23"]}
         s = cea_seeds.pooled(counts, c.estimator, int(c.n_boot), int(c.boot_seed), cells=lab_cells(c.datasets))
         per_question = s.pop("per_question")
         s["per_seed"] = per_seed
-        s["role_skills"] = self._role_skills()
+        s["role_skills"] = self._role_skills(variants)
         with open(os.path.join(out, "per_question_seeds.jsonl"), "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in per_question)
         with open(os.path.join(out, "summary.json"), "w") as f:
@@ -358,10 +362,10 @@ class CEAStages(StageLog):
                     + "\nEach seed alone: " + ", ".join(f"[seed {x}](s{x}/report.md)" for x in self.seeds) + ".\n")
         return s
 
-    def _role_skills(self) -> dict:
+    def _role_skills(self, variants: tuple[str, ...] = cea.VARIANTS) -> dict:
         """{sample: {set: the lab's pooled role skills}} from each sample's results (lab sets only)."""
         out = {}
-        for v, seed in self.keys():
+        for v, seed in self.keys(variants):
             with open(os.path.join(self.sample_dir(v, seed), "results.json")) as f:
                 sets = json.load(f)["datasets"]
             lab = {d: {k.split("/", 1)[1]: x for k, x in r["lab"]["pooled"].items()} for d, r in sets.items()

@@ -86,3 +86,25 @@ def test_a_base_sample_shared_by_the_seeds_is_drawn_once():
     p1 = cea_seeds.decided(one, n_one, draws=20_000, seed=1)["p_negative"][0]
     p3 = cea_seeds.decided(k3, n3, draws=20_000, seed=2)["p_negative"][0]
     assert 0.2 < p1 < 0.8 and p3 == pytest.approx(p1, abs=0.02)
+
+
+def test_beta23_from_the_four_single_model_variants_is_the_full_pools():
+    """Counts of M_Base / M_Reas / M_Tool / M_Unified alone (a study whose compositions are not sampled yet):
+    the same β23, seed means, cells and seed noise as the six-variant pool (no question here is answered by a
+    composition alone, so both drop rules keep the same ones); decided signs within Monte Carlo error."""
+    four = lambda k: cea.Counts(("q0", "q1", "q2"), np.asarray(k, float)[:, :4], np.full((3, 4), 8.0),  # noqa: E731
+                                cea.SINGLE)
+    cells = {"q0": "h2/x", "q2": "h3/y"}
+    full = cea_seeds.pooled({0: _counts(K0), 1: _counts(K1)}, "jeffreys", n_boot=500, cells=cells)
+    b23 = cea_seeds.pooled({0: four(K0), 1: four(K1)}, "jeffreys", n_boot=500, cells=cells)
+    assert list(b23["coefficients"]) == ["b23"] and list(b23["variants"]) == list(cea.SINGLE)
+    assert b23["coefficients"]["b23"] == pytest.approx(full["coefficients"]["b23"], abs=1e-12)
+    assert b23["seed_noise"] == full["seed_noise"] and b23["cells"] == full["cells"]
+    assert [q["b23"] for q in b23["per_question"]] == [q["b23"] for q in full["per_question"]]
+    k6, n6 = np.stack([_counts(K0).k, _counts(K1).k]), np.full((2, 3, 6), 8.0)
+    p6 = cea_seeds.decided(k6, n6, draws=20_000, seed=1)["p_negative"]
+    p4 = cea_seeds.decided(k6[..., :4], n6[..., :4], draws=20_000, seed=2)["p_negative"]
+    assert p4 == pytest.approx(p6, abs=0.03)  # independent draws: MC sd ≤ 0.005 each
+    assert "β23 alone" in cea_seeds.report_markdown(b23)
+    with pytest.raises(ValueError, match="has the variants"):
+        cea_seeds.pooled({0: _counts(K0), 1: four(K1)})

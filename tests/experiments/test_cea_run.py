@@ -274,8 +274,14 @@ def test_the_lab_study_screens_trains_seeds_and_pools_them(tiny_smollm_dir, tmp_
     assert "## β23 per cell" in report and "## Role skills per variant" in report and "[seed 1](s1/report.md)" in report
     launch_cea._print(s, "jeffreys", str(out / "solve"))
     assert "over seeds × questions" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="one training seed"):
-        stages.solve(interference_only=True)
+    # β23 alone from the four single-model variants, pooled the same way (before the compositions are sampled)
+    b23 = stages.solve(interference_only=True)
+    assert list(b23["coefficients"]) == ["b23"] and b23["kept"] == s["kept"] == 2
+    assert b23["coefficients"]["b23"]["mean"] == pytest.approx(s["coefficients"]["b23"]["mean"], abs=1e-12)
+    assert b23["seed_means"]["b23"] == pytest.approx(s["seed_means"]["b23"], abs=1e-12)
+    assert set(b23["role_skills"]) == {k for k in keys if not k.startswith("h_")}
+    assert all((out / "solve_b23" / x / "report.md").is_file() for x in ("s0", "s1", "."))
+    assert "β23 alone, from the four single-model variants" in (out / "solve_b23" / "report.md").read_text()
 
 
 def test_a_variant_trained_by_another_study_is_adopted_after_its_configuration_is_checked(tiny_smollm_dir, tmp_path):
