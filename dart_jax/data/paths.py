@@ -1,5 +1,6 @@
 """Where the repository and its shipped data live: paths in configs resolve from any working
-directory (`data/...` is the repository's data folder, not the caller's)."""
+directory (`data/...` is the repository's data folder, not the caller's); and where dart_jax keeps
+what it derives from its inputs (indexes, compiled programs, converted tokenizers): `cache_root`."""
 
 from __future__ import annotations
 
@@ -15,3 +16,9 @@ def repo_path(path: str) -> str:
     if not path or os.path.isabs(path) or os.path.exists(path):
         return path
     return os.path.join(REPO, path)
+
+
+def cache_root(environ=None) -> str:
+    """$DART_JAX_CACHE, default ~/.cache/dart_jax: what dart_jax derives from its inputs and keeps between runs."""
+    env = os.environ if environ is None else environ
+    return env.get("DART_JAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dart_jax")

@@ -26,6 +26,7 @@ import os
 import platform
 import sys
 
+from dart_jax.data.paths import cache_root
 from dart_jax.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,7 @@ def cache_dir(environ=None) -> str | None:
     chosen = env.get("DART_JAX_XLA_CACHE", "").strip()
     if chosen.lower() in OFF:
         return None
-    root = chosen or os.path.join(env.get("DART_JAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                                            "dart_jax"), "xla")
+    root = chosen or os.path.join(cache_root(env), "xla")
     return os.path.join(root, host_tag())
 
 

@@ -29,6 +29,7 @@ import sqlite3
 import threading
 import time
 
+from dart_jax.data.paths import cache_root
 from dart_jax.errors import UserError
 from dart_jax.tools.retrieval import DEFAULT_CORPUS, META
 from dart_jax.tools.sqlite_exec import readonly_uri
@@ -155,8 +156,7 @@ def index_kind(index_dir: str) -> str:
 
 
 def default_lexical_dir(corpus_path: str = DEFAULT_CORPUS) -> str:
-    root = os.environ.get("DART_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "dart_jax"))
-    return os.path.join(root, "index", f"lexical-{_sha1(corpus_path)[:12]}")
+    return os.path.join(cache_root(), "index", f"lexical-{_sha1(corpus_path)[:12]}")
 
 
 def ensure_lexical_index(corpus_path: str = DEFAULT_CORPUS) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from dart_jax.data.corpus import CorpusFile, line_offsets, read_corpus
+from dart_jax.data.paths import cache_root
 from dart_jax.errors import UserError
 from dart_jax.tools.encoder import Encoder, choose_prefixes, encoder_dim, resolve_encoder
 
@@ -231,8 +232,7 @@ def shipped_embeddings(corpus_path: str, encoder: str) -> np.ndarray | None:
 
 
 def default_index_dir(corpus_path: str = DEFAULT_CORPUS, encoder: str = DEFAULT_ENCODER) -> str:
-    root = os.environ.get("DART_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "dart_jax"))
-    return os.path.join(root, "index", f"{encoder}-{_sha1(corpus_path)[:12]}")
+    return os.path.join(cache_root(), "index", f"{encoder}-{_sha1(corpus_path)[:12]}")
 
 
 def ensure_index(corpus_path: str = DEFAULT_CORPUS, encoder: str = DEFAULT_ENCODER, kind: str = "flat") -> str:
