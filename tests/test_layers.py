@@ -36,7 +36,7 @@ ALLOWED = {
     # tokenizers, sentinel tags and their rows
     "tokenization": {"data", "models", "roles"},
     # HF / GGUF / PEFT / DART / authors' files
-    "checkpoints": {"models", "parallel", "roles", "tokenization"},
+    "checkpoints": {"data", "models", "parallel", "roles", "tokenization"},
     # method variants and isolation
     "adapters": {"checkpoints", "models", "roles"},
     # retrieval, SQLite

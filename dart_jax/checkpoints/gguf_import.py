@@ -2,17 +2,30 @@
 
 llama.cpp's converter permutes the rows of q and k for the Llama architecture (interleaved RoPE
 pairs); `unpermute_qk` undoes it so the weights match the HF `rotate_half` layout.
+
+The file's layout (its scalar metadata, each array's length, and each tensor's type, shape and byte
+range: what `gguf.GGUFReader` parses, ~4 s of Python for a 49k-token vocabulary) is kept as a small JSON
+under the cache root (`layout_path`, keyed by the file and the `gguf` version) after the first read; later
+loads map the tensors from it directly (the same arrays, tested), and re-parse a copy that does not load.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
+from importlib.metadata import version
 
 import gguf
 import numpy as np
 
 from dart_jax.checkpoints.sources import GGUF_LAYER, GGUF_TOP, TensorSource
+from dart_jax.data.paths import cache_root
 from dart_jax.models.config import ModelConfig
+
+log = logging.getLogger(__name__)
+LAYOUT_VERSION = 1
 
 _ARCH_TO_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
@@ -24,13 +37,80 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def layout_path(path: str) -> str:
+    """Where a GGUF file's layout is kept: under the cache root, keyed by the file (path, size, modification
+    time) and the `gguf` package's version."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    key = f"{real}|{st.st_size}|{st.st_mtime_ns}|{version('gguf')}|{LAYOUT_VERSION}"
+    name = os.path.splitext(os.path.basename(real))[0]
+    return os.path.join(cache_root(), "gguf", f"{name}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json")
+
+
+def _parse_layout(path: str) -> dict:
+    """The layout `gguf.GGUFReader` reads: scalar fields, array fields' lengths, and per tensor its ggml
+    type, shape (ggml order), data offset, item dtype and count, and the numpy shape of its data."""
+    reader = gguf.GGUFReader(path)
+    if reader.byte_order != "I":
+        raise ValueError(f"{path}: a GGUF of the other byte order")
+    fields, lengths = {}, {}
+    for key, f in reader.fields.items():
+        c = f.contents()
+        if isinstance(c, list):
+            lengths[key] = len(c)
+        elif isinstance(c, (str, int, float, bool)):
+            fields[key] = c
+    tensors = [{"name": t.name, "type": int(t.tensor_type), "shape": [int(d) for d in t.shape],
+                "offset": int(t.data_offset), "dtype": t.data.dtype.str, "count": int(t.data.size),
+                "data_shape": [int(d) for d in t.data.shape]} for t in reader.tensors]
+    return {"fields": fields, "array_lengths": lengths, "tensors": tensors}
+
+
+def read_layout(path: str) -> dict:
+    """The file's layout, from its kept copy (`layout_path`) or parsed and then kept (written whole or not at
+    all; where the cache cannot be written, parsed at every load)."""
+    kept = layout_path(path)
+    if os.path.isfile(kept):
+        try:
+            with open(kept) as f:
+                layout = json.load(f)
+            if layout.get("version") == LAYOUT_VERSION:
+                return layout
+        except (OSError, ValueError) as e:
+            log.warning("GGUF: the kept layout %s does not load (%s): parsing %s again", kept, e, path)
+    layout = {"version": LAYOUT_VERSION, **_parse_layout(path)}
+    tmp = f"{kept}.tmp{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(kept), exist_ok=True)
+        with open(tmp, "w") as f:
+            json.dump(layout, f)
+        os.replace(tmp, kept)
+    except OSError as e:
+        log.debug("GGUF: layout not kept in %s (%s)", kept, e)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return layout
+
+
+class _Tensor:
+    """One tensor of a GGUF file, as `gguf.GGUFReader` gives it: its ggml type, shape (ggml order) and data
+    (a read-only view of the file's bytes)."""
+
+    def __init__(self, mm: np.memmap, t: dict):
+        self.name, self.tensor_type, self.shape = t["name"], gguf.GGMLQuantizationType(t["type"]), t["shape"]
+        dtype = np.dtype(t["dtype"])
+        self.data = mm[t["offset"]:t["offset"] + t["count"] * dtype.itemsize].view(dtype).reshape(t["data_shape"])
+
+
 class GGUFSource(TensorSource):
     def __init__(self, path: str):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"GGUF file {path} not found")
         self.origin = path
-        self.reader = gguf.GGUFReader(path)
-        self._tensors = {t.name: t for t in self.reader.tensors}
+        layout = read_layout(path)
+        self._fields, self._lengths = layout["fields"], layout["array_lengths"]
+        mm = np.memmap(path, dtype=np.uint8, mode="r")
+        self._tensors = {t["name"]: _Tensor(mm, t) for t in layout["tensors"]}
         self._memo: dict[str, np.ndarray] = {}
         self.arch = self.field("general.architecture")
         if self.arch not in _ARCH_TO_MODEL_TYPE:
@@ -41,8 +121,11 @@ class GGUFSource(TensorSource):
                              "supported; load the HF directory instead")
 
     def field(self, key: str, default=None):
-        f = self.reader.fields.get(key)
-        return default if f is None else f.contents()
+        """A scalar metadata field (str, int, float, bool), or `default`; array fields: `array_length`."""
+        return self._fields.get(key, default)
+
+    def array_length(self, key: str) -> int | None:
+        return self._lengths.get(key)
 
     def model_config(self, **overrides) -> ModelConfig:
         a = self.arch
@@ -53,8 +136,7 @@ class GGUFSource(TensorSource):
                 raise ValueError(f"{self.origin}: GGUF metadata is missing {a}.{key}")
             return v
 
-        tokens = self.field("tokenizer.ggml.tokens")
-        vocab = self.field(f"{a}.vocab_size") or (len(tokens) if tokens else None)
+        vocab = self.field(f"{a}.vocab_size") or self.array_length("tokenizer.ggml.tokens") or None
         if vocab is None:
             vocab = int(self._tensors["token_embd.weight"].shape[-1])
         num_heads = int(need("attention.head_count"))
