@@ -6,7 +6,8 @@ pairs); `unpermute_qk` undoes it so the weights match the HF `rotate_half` layou
 The file's layout (its scalar metadata, each array's length, and each tensor's type, shape and byte
 range: what `gguf.GGUFReader` parses, ~4 s of Python for a 49k-token vocabulary) is kept as a small JSON
 under the cache root (`layout_path`, keyed by the file and the `gguf` version) after the first read; later
-loads map the tensors from it directly (the same arrays, tested), and re-parse a copy that does not load.
+loads map the tensors from it directly (the same arrays, tested), and parse again where a kept layout does
+not load or does not fit the file.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 from importlib.metadata import version
 
 import gguf
 import numpy as np
 
 from dart_jax.checkpoints.sources import GGUF_LAYER, GGUF_TOP, TensorSource
-from dart_jax.data.paths import cache_root
+from dart_jax.data.paths import cache_root, file_key
 from dart_jax.models.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -38,21 +40,15 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def layout_path(path: str) -> str:
-    """Where a GGUF file's layout is kept: under the cache root, keyed by the file (path, size, modification
-    time) and the `gguf` package's version."""
-    real = os.path.realpath(path)
-    st = os.stat(real)
-    key = f"{real}|{st.st_size}|{st.st_mtime_ns}|{version('gguf')}|{LAYOUT_VERSION}"
-    name = os.path.splitext(os.path.basename(real))[0]
+    """Where a GGUF file's layout is kept: under the cache root, keyed by the file (`file_key`) and the `gguf`
+    package's version."""
+    key = f"{file_key(path)}|{version('gguf')}|{LAYOUT_VERSION}"
+    name = os.path.splitext(os.path.basename(os.path.realpath(path)))[0]
     return os.path.join(cache_root(), "gguf", f"{name}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json")
 
 
-def _parse_layout(path: str) -> dict:
-    """The layout `gguf.GGUFReader` reads: scalar fields, array fields' lengths, and per tensor its ggml
-    type, shape (ggml order), data offset, item dtype and count, and the numpy shape of its data."""
-    reader = gguf.GGUFReader(path)
-    if reader.byte_order != "I":
-        raise ValueError(f"{path}: a GGUF of the other byte order")
+def _fields(reader) -> tuple[dict, dict]:
+    """(scalar fields, array fields' lengths) of a `gguf.GGUFReader`."""
     fields, lengths = {}, {}
     for key, f in reader.fields.items():
         c = f.contents()
@@ -60,36 +56,35 @@ def _parse_layout(path: str) -> dict:
             lengths[key] = len(c)
         elif isinstance(c, (str, int, float, bool)):
             fields[key] = c
+    return fields, lengths
+
+
+def _layout(reader) -> dict:
+    """The layout `gguf.GGUFReader` read: scalar fields, array fields' lengths, and per tensor its ggml type,
+    shape (ggml order), data offset, item dtype and count, and the numpy shape of its data."""
+    fields, lengths = _fields(reader)
     tensors = [{"name": t.name, "type": int(t.tensor_type), "shape": [int(d) for d in t.shape],
                 "offset": int(t.data_offset), "dtype": t.data.dtype.str, "count": int(t.data.size),
                 "data_shape": [int(d) for d in t.data.shape]} for t in reader.tensors]
-    return {"fields": fields, "array_lengths": lengths, "tensors": tensors}
+    return {"version": LAYOUT_VERSION, "fields": fields, "array_lengths": lengths, "tensors": tensors}
 
 
-def read_layout(path: str) -> dict:
-    """The file's layout, from its kept copy (`layout_path`) or parsed and then kept (written whole or not at
-    all; where the cache cannot be written, parsed at every load)."""
-    kept = layout_path(path)
-    if os.path.isfile(kept):
-        try:
-            with open(kept) as f:
-                layout = json.load(f)
-            if layout.get("version") == LAYOUT_VERSION:
-                return layout
-        except (OSError, ValueError) as e:
-            log.warning("GGUF: the kept layout %s does not load (%s): parsing %s again", kept, e, path)
-    layout = {"version": LAYOUT_VERSION, **_parse_layout(path)}
-    tmp = f"{kept}.tmp{os.getpid()}"
+def _keep(kept: str, layout: dict) -> None:
+    """Write the layout whole or not at all (a temporary file renamed into place); not at all where the cache
+    cannot be written."""
+    tmp = None
     try:
         os.makedirs(os.path.dirname(kept), exist_ok=True)
-        with open(tmp, "w") as f:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(kept), prefix=os.path.basename(kept) + ".tmp")
+        with os.fdopen(fd, "w") as f:
             json.dump(layout, f)
         os.replace(tmp, kept)
+        tmp = None
     except OSError as e:
         log.debug("GGUF: layout not kept in %s (%s)", kept, e)
-        if os.path.exists(tmp):
+    finally:
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
-    return layout
 
 
 class _Tensor:
@@ -102,15 +97,38 @@ class _Tensor:
         self.data = mm[t["offset"]:t["offset"] + t["count"] * dtype.itemsize].view(dtype).reshape(t["data_shape"])
 
 
+def _mapped(path: str, layout: dict) -> tuple[dict, dict, dict]:
+    """(fields, array lengths, {name: tensor}) from a kept layout; raises where it does not fit the file."""
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    if layout.get("version") != LAYOUT_VERSION:
+        raise ValueError(f"layout version {layout.get('version')!r}")
+    tensors = {t["name"]: _Tensor(mm, t) for t in layout["tensors"]}
+    return dict(layout["fields"]), dict(layout["array_lengths"]), tensors
+
+
+def read_tensors(path: str) -> tuple[dict, dict, dict]:
+    """(scalar fields, array lengths, {name: tensor}) of a GGUF file: mapped from its kept layout
+    (`layout_path`), else parsed with `gguf.GGUFReader` and the layout kept (a file of the other byte order
+    is parsed every time: its views are the reader's own)."""
+    kept = layout_path(path)
+    if os.path.isfile(kept):
+        try:
+            with open(kept) as f:
+                return _mapped(path, json.load(f))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("GGUF: the kept layout %s does not load (%s): parsing %s again", kept, e, path)
+    reader = gguf.GGUFReader(path)
+    if reader.byte_order == "I":
+        _keep(kept, _layout(reader))
+    return (*_fields(reader), {t.name: t for t in reader.tensors})
+
+
 class GGUFSource(TensorSource):
     def __init__(self, path: str):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"GGUF file {path} not found")
         self.origin = path
-        layout = read_layout(path)
-        self._fields, self._lengths = layout["fields"], layout["array_lengths"]
-        mm = np.memmap(path, dtype=np.uint8, mode="r")
-        self._tensors = {t["name"]: _Tensor(mm, t) for t in layout["tensors"]}
+        self._fields, self._lengths, self._tensors = read_tensors(path)
         self._memo: dict[str, np.ndarray] = {}
         self.arch = self.field("general.architecture")
         if self.arch not in _ARCH_TO_MODEL_TYPE:

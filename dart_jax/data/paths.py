@@ -22,3 +22,11 @@ def cache_root(environ=None) -> str:
     """$DART_JAX_CACHE, default ~/.cache/dart_jax: what dart_jax derives from its inputs and keeps between runs."""
     env = os.environ if environ is None else environ
     return env.get("DART_JAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dart_jax")
+
+
+def file_key(path: str) -> str:
+    """A file's identity for what is derived from it and kept (`cache_root`): its real path, size, modification
+    and change times and inode (a copy made with its modification time kept still differs in the last two)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return f"{real}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"

@@ -26,15 +26,18 @@ for one so the untrusted spans still hold, and logs how many it replaced; valid 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
 import shutil
+import tempfile
+import uuid
 from collections.abc import Sequence
 
 import transformers
 
-from dart_jax.data.paths import cache_root
+from dart_jax.data.paths import cache_root, file_key
 from dart_jax.data.text import valid_text
 from dart_jax.models.names import is_gguf, resolve
 
@@ -52,40 +55,65 @@ def load_tokenizer(name_or_path: str):
 
 def converted_dir(gguf_path: str) -> str:
     """Where the HF tokenizer converted from a GGUF file is kept: under the cache root, keyed by the file
-    (path, size, modification time) and the transformers / tokenizers versions that converted it."""
+    (`file_key`) and the transformers / tokenizers versions that converted it."""
     import tokenizers
-    real = os.path.realpath(gguf_path)
-    st = os.stat(real)
-    key = f"{real}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}|{tokenizers.__version__}"
-    name = os.path.splitext(os.path.basename(real))[0]
+    key = f"{file_key(gguf_path)}|{transformers.__version__}|{tokenizers.__version__}"
+    name = os.path.splitext(os.path.basename(os.path.realpath(gguf_path)))[0]
     return os.path.join(cache_root(), "tokenizers", f"{name}-{hashlib.sha1(key.encode()).hexdigest()[:16]}")
+
+
+# what the conversion sets that save_pretrained does not write (transformers 5: the GGUF's add_bos / add_eos
+# flags, and whether setting them rebuilds the post-processor); kept beside the copy, written last
+KEPT_FLAGS = ("_add_bos_token", "_add_eos_token", "_should_update_post_processor")
+FLAGS_FILE = "dart_jax_flags.json"
+
+
+def _discard(path: str) -> None:
+    """Remove a kept copy that does not load: moved aside first (one rename), so a reader sees it whole or not."""
+    aside = f"{path}.bad{uuid.uuid4().hex}"
+    try:
+        os.replace(path, aside)
+    except OSError:
+        return  # gone already (another process discarded or replaced it)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _gguf_tokenizer(path: str):
     """A GGUF file's tokenizer. transformers converts it from the file's metadata (~4 s of parsing on this
-    project's 2-core host, at every load); the converted tokenizer is saved once (`converted_dir`, written
-    whole or not at all) and loaded from there after (~0.3 s), encoding as the conversion does (tested:
-    the same tokenizer JSON, added tokens, special tokens and chat template). Where the cache cannot be
-    read or written the conversion is used as it is."""
+    project's 2-core host, at every load); the converted tokenizer is kept once (`converted_dir`: written in a
+    temporary folder and renamed into place, so whole or not at all; a copy another process kept first stays)
+    and loaded from there after (~0.3 s), the same as the conversion (tested: the tokenizer JSON, added and
+    special tokens, chat template, flags, ids). A copy that does not load is converted again; where the cache
+    cannot be written the conversion is used as it is."""
     out = converted_dir(path)
-    if os.path.isfile(os.path.join(out, "tokenizer.json")):
+    flags_path = os.path.join(out, FLAGS_FILE)
+    if os.path.isfile(flags_path):
         try:
-            return transformers.AutoTokenizer.from_pretrained(out)
+            tok = transformers.AutoTokenizer.from_pretrained(out)
+            with open(flags_path) as f:
+                for k, v in json.load(f).items():
+                    object.__setattr__(tok, k, v)  # as the conversion set them (no post-processor rebuild)
+            return tok
         except (OSError, ValueError) as e:
             log.warning("tokenizer: the converted copy in %s does not load (%s): converting %s again", out, e, path)
-            shutil.rmtree(out, ignore_errors=True)
+            _discard(out)
     tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),
                                                      gguf_file=os.path.basename(path))
-    tmp = f"{out}.tmp{os.getpid()}"
+    tmp = None
     try:
-        if os.path.isdir(out):  # a copy that did not load, or holds no tokenizer.json
-            shutil.rmtree(out)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=os.path.dirname(out), prefix=os.path.basename(out) + ".tmp")
         tok.save_pretrained(tmp)
-        os.replace(tmp, out)  # whole or not at all; another process's copy, already there, is kept
+        with open(os.path.join(tmp, FLAGS_FILE), "w") as f:
+            json.dump({k: getattr(tok, k) for k in KEPT_FLAGS if hasattr(tok, k)}, f)
+        if os.path.isdir(out) and not os.path.isfile(flags_path):  # a copy without its flags: not whole
+            _discard(out)
+        os.replace(tmp, out)  # fails where another process's whole copy is already there: that one is kept
     except OSError as e:
         log.debug("tokenizer: not kept in %s (%s)", out, e)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
     return tok
 
 

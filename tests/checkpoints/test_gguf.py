@@ -37,6 +37,7 @@ def test_the_kept_layout_maps_the_tensors_gguf_reads(tmp_path, monkeypatch, capl
     """GGUFSource reads the file's layout once with gguf.GGUFReader and keeps it under the cache root; a later
     source maps every tensor from the kept copy without parsing: the same ggml type, shape and data (bitwise)
     as the reader's, the same config; a damaged copy is parsed again."""
+    import json
     import logging
     import os
 
@@ -65,9 +66,16 @@ def test_the_kept_layout_maps_the_tensors_gguf_reads(tmp_path, monkeypatch, capl
     assert second.model_config() == first.model_config()
     assert second.field("general.architecture") == "llama" and second.array_length("tokenizer.ggml.tokens") == 49152
     np.testing.assert_array_equal(second.get("blk.0.attn_k.weight"), first.get("blk.0.attn_k.weight"))
+    layout = json.load(open(kept))
     with open(kept, "w") as f:
-        f.write('{"version": 1, "fields"')
+        f.write('{"version": 1, "fields"')  # cut short
     with caplog.at_level(logging.WARNING, logger="dart_jax.checkpoints.gguf_import"):
         again = gguf_import.GGUFSource(path)
     assert parsed == [path, path] and "does not load" in caplog.text
-    assert again.model_config() == first.model_config()
+    assert again.model_config() == first.model_config() and json.load(open(kept)) == layout  # kept again
+    layout["tensors"][-1]["offset"] = os.path.getsize(path)  # whole JSON, but past the file's end
+    with open(kept, "w") as f:
+        json.dump(layout, f)
+    gguf_import.GGUFSource(path)
+    assert parsed == [path, path, path]
+    assert [p for p in os.listdir(os.path.dirname(kept)) if ".tmp" in p] == []

@@ -13,7 +13,7 @@ import transformers
 
 from dart_jax.models.names import resolve
 from dart_jax.tokenization.sentinels import add_sentinel_tokens
-from dart_jax.tokenization.tokenizer import converted_dir, encode_chat, load_tokenizer
+from dart_jax.tokenization.tokenizer import FLAGS_FILE, converted_dir, encode_chat, load_tokenizer
 
 TEXTS = ["<think>I need the author.</think>\n<search> war and peace author</search>\n\n<information>Doc 1"
          "(Title: \"War and Peace\") War and Peace is a novel by Leo Tolstoy.</information>",
@@ -25,6 +25,9 @@ def _same(a, b):
     assert a.backend_tokenizer.to_str() == b.backend_tokenizer.to_str()
     assert a.get_added_vocab() == b.get_added_vocab() and a.special_tokens_map == b.special_tokens_map
     assert a.all_special_ids == b.all_special_ids and a.chat_template == b.chat_template
+    for k in ("add_bos_token", "add_eos_token", "_should_update_post_processor", "padding_side", "truncation_side",
+              "model_max_length", "split_special_tokens", "clean_up_tokenization_spaces"):
+        assert getattr(a, k, None) == getattr(b, k, None), k
     for t in TEXTS:
         assert a.encode(t, add_special_tokens=False) == b.encode(t, add_special_tokens=False), t
         assert a.decode(a.encode(t)) == b.decode(b.encode(t))
@@ -65,7 +68,14 @@ def test_a_gguf_tokenizer_is_converted_once_and_kept_as_converted(tmp_path, monk
     with caplog.at_level(logging.WARNING, logger="dart_jax.tokenization.tokenizer"):
         again = load_tokenizer("smollm2-135m-instruct")
     assert calls == [None, os.path.basename(gguf)] and "does not load" in caplog.text
-    _same(again, transformers.AutoTokenizer.from_pretrained(kept))
+    _same(again, first)
+
+    # a copy without its flags file (not whole): converted again, and the flags kept with it
+    os.remove(os.path.join(kept, FLAGS_FILE))
+    calls.clear()
+    _same(load_tokenizer("smollm2-135m-instruct"), first)
+    assert calls == [os.path.basename(gguf)] and os.path.isfile(os.path.join(kept, FLAGS_FILE))
+    assert [p for p in os.listdir(os.path.dirname(kept)) if ".tmp" in p or ".bad" in p] == []
 
     # another file (a copy: another path and time) is converted into its own copy
     other = tmp_path / "model" / os.path.basename(gguf)
