@@ -5,8 +5,9 @@ identifiable questions, a clip-free estimator and a seed noise floor.
     python -m launch.cea --config=configs/cea_lab.py                       # every missing stage, resumable
     python -m launch.cea --config=configs/cea_lab.py --stage=screen        # one stage: screen|train|sample|solve
     python -m launch.train --config=configs/cea_lab.py:tool,1              # one variant's training, one seed
-    python -m launch.cea --config=configs/cea_lab.py --stage=solve --interference-only   # the primary (β23) as
-                                  # soon as the single-model variants are sampled (they are sampled first)
+    python -m launch.cea --config=configs/cea_lab.py --stage=solve --interference-only   # the primary (β23) from
+                                  # the single-model variants alone (the sample stage also writes it, solve_b23/,
+                                  # once they are sampled and before the compositions)
 
 Variants. M_Base = SmolLM2-135M-Instruct with the lab warm start merged in. M_Reas / M_Tool / M_Unified =
 full-parameter GRPO from M_Base (`paper` roles: tool = the tokens inside <search> … </search>, reasoning =

@@ -245,8 +245,11 @@ class CEAStages(StageLog):
         options = EvalOptions(n_samples=int(c.n_samples), temperature=float(c.temperature), batch=int(c.batch),
                               seed=int(c.seed), limit=int(c.limit) if c.limit else None, progress=True)
         sets = sample_sets(self)
-        done = {}
+        done, early = {}, set(cea.SINGLE) <= set(variants) and any(v not in cea.SINGLE for v in variants)
         for v, seed in self.keys(variants):
+            if early and v not in cea.SINGLE:
+                early = False
+                self._early_b23()
             out, key = self.sample_dir(v, seed), run_key(v, seed)
             diffs = from_main(self.sample_mismatch, v, seed)
             if diffs == []:
@@ -279,6 +282,21 @@ class CEAStages(StageLog):
         if self.gate == "warn":
             self.check_gate(variants)
         return done
+
+    def _early_b23(self) -> None:
+        """Between the single-model variants' samples and the compositions' (about half the sampling): β23,
+        the primary, which reads only the former, solved into solve_b23/ (`solve(interference_only=True)`), so
+        a study stopped during the compositions still has it. A failure is logged, not raised: sampling goes on."""
+        try:
+            s = self.solve(interference_only=True)
+        except (ValueError, FileNotFoundError) as e:
+            log.warning("CEA sample: β23 from the single-model variants not solved yet (%s); sampling the "
+                        "compositions", e)
+            return
+        b = s["coefficients"]["b23"] if isinstance(s.get("coefficients"), dict) else None  # pooled over seeds
+        said = f"mean {b['mean']:+.3f} [{b['ci'][0]:+.3f}, {b['ci'][1]:+.3f}]" if b else f"{s['kept']} questions kept"
+        log.info("CEA sample: the single-model variants are sampled: β23 solved into %s (%s) before the "
+                 "compositions are sampled", os.path.join(self.out, "solve_b23"), said)
 
     # -- degeneracy gate ---------------------------------------------------------------------------
     def check_gate(self, variants=cea.VARIANTS, collective: bool = True) -> dict | None:

@@ -243,8 +243,16 @@ def test_the_lab_study_screens_trains_seeds_and_pools_them(tiny_smollm_dir, tmp_
     for s in (0, 1):
         saved = saved_config(str(out / "train" / f"tool_s{s}"))
         assert saved["train"]["seed"] == s and saved["method"]["role_mask"] == "tool"
-    stages.sample()
     keys = ["base"] + [f"{v}_s{s}" for v in cea.VARIANTS[1:] for s in (0, 1)]
+    stages.sample(cea.SINGLE)
+    assert not (out / "solve_b23").exists() and not (out / "sample" / "h_tool_s0").exists()
+    for key in keys[:7]:  # the single-model samples answer some questions (a random model answers none)
+        path = out / "sample" / key / "per_question_accuracy.jsonl"
+        path.write_text("".join(json.dumps(dict(r, correct=1.0)) + "\n" for r in map(json.loads, open(path))))
+    stages.sample()  # the single-model samples are done: β23 is solved before the compositions are sampled
+    early = out / "solve_b23" / "summary.json"
+    assert json.load(open(early))["seeds"] == [0, 1] and list(json.load(open(early))["coefficients"]) == ["b23"]
+    assert os.path.getmtime(early) < os.path.getmtime(out / "sample" / "h_tool_s0" / "results.json")
     assert sorted(p.name for p in (out / "sample").iterdir()) == sorted(keys)
     kept = sel["selected"]["lab_world1"]
     for key in keys:
